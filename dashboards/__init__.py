@@ -1,0 +1,1 @@
+"""The web dashboards (issue 8)."""

@@ -1,0 +1,1 @@
+"""Bundled example agents: the demo the main job traces."""

@@ -1,0 +1,1 @@
+"""Verifiable training environments synthesised from capability gaps (issue 5)."""

@@ -1,0 +1,64 @@
+"""Tracer settings: arguments to `tracegym.init`, else environment variables, else defaults."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_HOME = ".tracegym"
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return default
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ[name])
+    except (KeyError, ValueError):
+        return default
+
+
+def resolve_home(home: str | os.PathLike[str] | None = None) -> Path:
+    """The data directory: `home`, else $TRACEGYM_HOME, else ./.tracegym."""
+    return Path(home or os.environ.get("TRACEGYM_HOME") or DEFAULT_HOME).expanduser()
+
+
+@dataclass
+class Settings:
+    """What the hot path reads on every span; replaced as a whole by `tracegym.init`."""
+
+    capture_content: bool = True
+    capture_messages: bool = False
+    max_value_length: int = 8192
+    home: Path = field(default_factory=resolve_home)
+    flush_interval_s: float = 1.0
+    max_queue_size: int = 65536
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        return cls(
+            capture_content=_env_bool("TRACEGYM_CAPTURE_CONTENT", True),
+            capture_messages=_env_bool(
+                "TRACEGYM_CAPTURE_MESSAGES",
+                _env_bool("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", False),
+            ),
+            max_value_length=max(64, _env_int("TRACEGYM_MAX_VALUE_LENGTH", 8192)),
+            home=resolve_home(),
+            flush_interval_s=max(0.01, _env_float("TRACEGYM_FLUSH_INTERVAL_S", 1.0)),
+            max_queue_size=max(16, _env_int("TRACEGYM_MAX_QUEUE_SIZE", 65536)),
+        )
+
+
+settings = Settings.from_env()

@@ -1,0 +1,417 @@
+"""The span kinds of the contract (see semconv.py): what each is called and what it records."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Link
+from tracegym.tracer import semconv as sc
+from tracegym.tracer.context import Budget, Run, Scope, current
+from tracegym.tracer.operations import Handle, Operation, _record_usage, state
+from tracegym.tracer.serialize import content_hash, to_json
+
+
+def _json(value: Any) -> str:
+    return to_json(value, state.settings.max_value_length)
+
+
+def _input_of(op: Operation, arguments: dict[str, Any]) -> Any:
+    """Decorator form: the call's arguments; `with` form: its `input=` value."""
+    if op._binder is None:
+        return arguments.get("input")
+    return arguments
+
+
+def _budget_used(handle: Handle, limits: Mapping[str, float | None]) -> None:
+    """Write a scope's usage (steps, tokens, seconds) and whether it exceeded its limits."""
+    budget = handle.scope.budgets[-1]  # type: ignore[union-attr]
+    seconds = time.monotonic() - budget.started
+    span = handle.span
+    span.set_attribute(sc.USED_STEPS, budget.steps)
+    span.set_attribute(sc.USED_TOKENS, budget.tokens)
+    span.set_attribute(sc.USED_SECONDS, round(seconds, 6))
+    used = {"steps": budget.steps, "tokens": budget.tokens, "seconds": seconds}
+    if any(v is not None for v in limits.values()):
+        exceeded = any(limit is not None and used[k] > limit for k, limit in limits.items())
+        span.set_attribute(sc.BUDGET_EXCEEDED, exceeded)
+
+
+class Agent(Operation):
+    """`invoke_agent {name}`. The outermost agent call starts a run: a new trace of its own
+    (linked to any span the application had open), with a run id and a step counter."""
+
+    operation = sc.OP_AGENT
+    takes_step = False
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        agent_id: str | None = None,
+        conversation_id: str | None = None,
+        run_id: str | Callable[..., str] | None = None,
+        capture: bool | None = None,
+        **call: Any,
+    ) -> None:
+        super().__init__(name, capture=capture, **call)
+        self.agent_id = agent_id
+        self.conversation_id = conversation_id
+        self.run_id = run_id
+
+    def static_attributes(self) -> dict[str, Any]:
+        attrs = {sc.OPERATION: self.operation, sc.AGENT_NAME: self.name}
+        if self.agent_id:
+            attrs[sc.AGENT_ID] = self.agent_id
+        if self.conversation_id:
+            attrs[sc.CONVERSATION_ID] = self.conversation_id
+        return attrs
+
+    def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
+        attrs[sc.AGENT_NAME] = self.name  # an agent span names itself, not its parent
+        if capture and arguments:
+            attrs[sc.INPUT] = _json(_input_of(self, arguments))
+        run_id = self.run_id
+        if callable(run_id):
+            run_id = run_id(**arguments)
+        if run_id is not None:
+            attrs[sc.RUN_ID] = str(run_id)
+
+    def start_span(self, attrs: dict[str, Any], parent: Scope | None) -> trace.Span:
+        if parent is not None:  # a sub-agent: a child in the same run
+            return super().start_span(attrs, parent)
+        outer = trace.get_current_span().get_span_context()
+        links = [Link(outer, {"tracegym.link": "caller"})] if outer.is_valid else None
+        return state.tracer.start_span(
+            self._span_name,
+            context=otel_context.Context(),  # a run is a trace of its own
+            attributes=attrs,
+            links=links,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+
+    def open_scope(self, span: trace.Span, parent: Scope | None, arguments: dict) -> Scope:
+        budget = Budget()
+        if parent is not None:
+            return Scope(parent.run, self.name or "", (*parent.budgets, budget))
+        run_id = span.attributes.get(sc.RUN_ID) if hasattr(span, "attributes") else None  # type: ignore[attr-defined]
+        if run_id is None:
+            ctx = span.get_span_context()
+            run_id = format(ctx.trace_id, "032x") if ctx.is_valid else uuid.uuid4().hex
+            span.set_attribute(sc.RUN_ID, run_id)
+        return Scope(Run(str(run_id)), self.name or "", (budget,))
+
+    def on_result(self, handle: Handle, result: Any, capture: bool) -> None:
+        if capture:
+            handle.span.set_attribute(sc.OUTPUT, _json(result))
+
+    def on_end(self, handle: Handle) -> None:
+        _budget_used(handle, {})
+
+
+class Tool(Operation):
+    """`execute_tool {name}`: call id, arguments and result (when content is captured)."""
+
+    operation = sc.OP_TOOL
+
+    def __init__(self, name: str | None = None, *, call_id: str | None = None, **kw: Any):
+        super().__init__(name, **kw)
+        self.call_id = call_id
+
+    def static_attributes(self) -> dict[str, Any]:
+        return {sc.OPERATION: self.operation, sc.TOOL_NAME: self.name}
+
+    def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
+        attrs[sc.TOOL_CALL_ID] = self.call_id or f"call_{random.getrandbits(64):016x}"
+        if capture:
+            if self._binder is None:  # `with` form: `tool("name", arguments={...})`
+                arguments = arguments.get("arguments", {})
+            attrs[sc.TOOL_ARGUMENTS] = _json(arguments)
+
+    def on_result(self, handle: Handle, result: Any, capture: bool) -> None:
+        if capture:
+            handle.span.set_attribute(sc.TOOL_RESULT, _json(result))
+
+
+def _usage_of(result: Any) -> tuple[Any, Any] | None:
+    """Token usage from the response shapes of common clients (OpenAI, Anthropic, dicts)."""
+    usage = result.get("usage") if isinstance(result, Mapping) else getattr(result, "usage", None)
+    if usage is None:
+        return None
+    if isinstance(usage, Mapping):
+        get = usage.get
+    else:
+
+        def get(key: str) -> Any:
+            return getattr(usage, key, None)
+
+    input_tokens = get("input_tokens")
+    output_tokens = get("output_tokens")
+    if input_tokens is None:
+        input_tokens = get("prompt_tokens")
+    if output_tokens is None:
+        output_tokens = get("completion_tokens")
+    return input_tokens, output_tokens
+
+
+class LLM(Operation):
+    """`chat {model}`: model, token usage, and the messages when message capture is on."""
+
+    operation = sc.OP_CHAT
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        model: str | None = None,
+        provider: str | None = None,
+        usage: Callable[[Any], tuple[int | None, int | None]] | None = None,
+        capture_messages: bool | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(name, **kw)
+        self.model = model
+        self.provider = provider
+        self.usage = usage
+        self.capture_messages = capture_messages
+
+    def span_name(self) -> str:
+        return f"chat {self.model or self.name}"
+
+    def static_attributes(self) -> dict[str, Any]:
+        attrs: dict[str, Any] = {sc.OPERATION: self.operation}
+        if self.model:
+            attrs[sc.REQUEST_MODEL] = self.model
+        if self.provider:
+            attrs[sc.PROVIDER] = self.provider
+        return attrs
+
+    def _messages_on(self, capture: bool) -> bool:
+        wanted = self.capture_messages
+        if wanted is None:
+            wanted = state.settings.capture_messages
+        return capture and wanted
+
+    def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
+        model = arguments.get("model")
+        if isinstance(model, str):
+            attrs[sc.REQUEST_MODEL] = model
+        if self._messages_on(capture):
+            attrs[sc.INPUT_MESSAGES] = _json(arguments.get("messages", arguments))
+
+    def on_result(self, handle: Handle, result: Any, capture: bool) -> None:
+        span = handle.span
+        usage = self.usage(result) if self.usage is not None else _usage_of(result)
+        if usage is not None:
+            _record_usage(span, *usage)
+        model = (
+            result.get("model") if isinstance(result, Mapping) else getattr(result, "model", None)
+        )
+        if isinstance(model, str):
+            span.set_attribute(sc.RESPONSE_MODEL, model)
+        if self._messages_on(capture):
+            span.set_attribute(sc.OUTPUT_MESSAGES, _json(result))
+
+
+class _Memory(Operation):
+    """Shared by memory operations: the store, and which argument names the record."""
+
+    operation = ""
+    verb = ""
+
+    def __init__(
+        self,
+        store: str | None = None,
+        *,
+        id_from: str | None = None,
+        content_from: str | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(store, **kw)
+        self.id_from = id_from  # decorator form: the parameter that holds the record id
+        self.content_from = content_from  # decorator form: the parameter that holds the content
+
+    def span_name(self) -> str:
+        return f"{self.operation} {self.name}"
+
+    def static_attributes(self) -> dict[str, Any]:
+        return {sc.OPERATION: self.operation, sc.MEMORY_STORE: self.name}
+
+    def _pick(self, arguments: dict[str, Any], wanted: str | None, position: int) -> Any:
+        if self._binder is None:  # `with` form: the values themselves were given
+            return self.call.get({0: "record_id", 1: "content"}[position])
+        if wanted is not None:
+            return arguments.get(wanted)
+        values = list(arguments.values())
+        return values[position] if len(values) > position else None
+
+
+class MemoryWrite(_Memory):
+    """`update_memory {store}`: record id and content hash (plus content when captured).
+
+    Decorator form: the record id is the first argument (or the one `id_from` names) and the
+    content the second (or the one `content_from` names), else the return value. The `with`
+    form takes the values themselves: `memory_write("notes", record_id=k, content=v)`.
+    """
+
+    operation = sc.OP_MEMORY_UPDATE
+
+    def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
+        record = self._pick(arguments, self.id_from, 0)
+        if record is not None:
+            attrs[sc.MEMORY_RECORD] = str(record)
+        content = self._pick(arguments, self.content_from, 1)
+        if content is not None:
+            attrs[sc.MEMORY_CONTENT_HASH] = content_hash(content)
+            if capture:
+                attrs[sc.MEMORY_CONTENT] = _json(content)
+
+    def on_result(self, handle: Handle, result: Any, capture: bool) -> None:
+        attributes = getattr(handle.span, "attributes", None) or {}
+        if sc.MEMORY_CONTENT_HASH not in attributes and result is not None:
+            handle.span.set_attribute(sc.MEMORY_CONTENT_HASH, content_hash(result))
+            if capture:
+                handle.span.set_attribute(sc.MEMORY_CONTENT, _json(result))
+
+
+class MemoryDelete(_Memory):
+    """`delete_memory {store}`: the record id deleted."""
+
+    operation = sc.OP_MEMORY_DELETE
+
+    def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
+        record = self._pick(arguments, self.id_from, 0)
+        if record is not None:
+            attrs[sc.MEMORY_RECORD] = str(record)
+
+
+def _records(result: Any, query: Any) -> list[tuple[Any, Any]]:
+    """(record id, content) pairs from what a memory read returned.
+
+    A list of (id, content) pairs or of dicts with an "id" key give their own ids; a list of
+    anything else gives anonymous records; a single value is the record stored under the query
+    key (so `remember(k, v)` then `recall(k) -> v` links up); None is nothing found.
+    """
+    if result is None:
+        return []
+    if isinstance(result, (list, tuple)):
+        pairs = []
+        for item in result:
+            if isinstance(item, tuple) and len(item) == 2:
+                pairs.append((item[0], item[1]))
+            elif isinstance(item, Mapping) and "id" in item:
+                content = next((item[k] for k in ("content", "text", "value") if k in item), item)
+                pairs.append((item["id"], content))
+            else:
+                pairs.append((None, item))
+        return pairs
+    return [(query, result)]
+
+
+class MemoryRead(_Memory):
+    """`search_memory {store}`: the query, and the ids and content hashes of what came back,
+    so analysis can link this read to the write that produced each record."""
+
+    operation = sc.OP_MEMORY_SEARCH
+
+    def __init__(
+        self,
+        store: str | None = None,
+        *,
+        query_from: str | None = None,
+        records: Callable[[Any], Iterable[tuple[Any, Any]]] | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(store, **kw)
+        self.query_from = query_from
+        self.records = records
+
+    def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
+        query = self._query_of(arguments)
+        if query is not None and capture:
+            attrs[sc.MEMORY_QUERY] = _json(query)
+
+    def _query_of(self, arguments: dict[str, Any]) -> Any:
+        if self._binder is None:
+            return self.call.get("query")
+        if self.query_from is not None:
+            return arguments.get(self.query_from)
+        return next(iter(arguments.values()), None)
+
+    def on_result(self, handle: Handle, result: Any, capture: bool) -> None:
+        query = self._query_of(handle.arguments)
+        pairs = list(self.records(result)) if self.records is not None else _records(result, query)
+        span = handle.span
+        span.set_attribute(
+            sc.MEMORY_RESULT_IDS, [str(i) if i is not None else "" for i, _ in pairs]
+        )
+        span.set_attribute(sc.MEMORY_RESULT_HASHES, [content_hash(c) for _, c in pairs])
+        if capture:
+            span.set_attribute(sc.OUTPUT, _json(result))
+
+
+class Step(Operation):
+    """`step {name}`: one step of the agent's own loop (plan, reflect, act ...)."""
+
+    operation = sc.OP_STEP
+
+    def static_attributes(self) -> dict[str, Any]:
+        return {sc.OPERATION: self.operation, sc.STEP_NAME: self.name}
+
+    def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
+        if capture and arguments:
+            attrs[sc.INPUT] = _json(_input_of(self, arguments))
+
+    def on_result(self, handle: Handle, result: Any, capture: bool) -> None:
+        if capture:
+            handle.span.set_attribute(sc.OUTPUT, _json(result))
+
+
+class Subtask(Operation):
+    """`subtask {name}`: a part of the run with an optional budget; records what it used."""
+
+    operation = sc.OP_SUBTASK
+    takes_step = False
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        budget_steps: int | None = None,
+        budget_tokens: int | None = None,
+        budget_seconds: float | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(name, **kw)
+        self.limits = {"steps": budget_steps, "tokens": budget_tokens, "seconds": budget_seconds}
+
+    def static_attributes(self) -> dict[str, Any]:
+        attrs: dict[str, Any] = {sc.OPERATION: self.operation, sc.SUBTASK_NAME: self.name}
+        for key, attr in (
+            ("steps", sc.BUDGET_STEPS),
+            ("tokens", sc.BUDGET_TOKENS),
+            ("seconds", sc.BUDGET_SECONDS),
+        ):
+            if self.limits[key] is not None:
+                attrs[attr] = self.limits[key]
+        return attrs
+
+    def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
+        parent = current.get()
+        if parent is not None:
+            attrs[sc.AGENT_NAME] = parent.agent
+
+    def open_scope(self, span: trace.Span, parent: Scope | None, arguments: dict) -> Scope:
+        budget = Budget()
+        if parent is None:  # a subtask outside any agent still counts its own steps
+            return Scope(Run(uuid.uuid4().hex), "", (budget,))
+        return Scope(parent.run, parent.agent, (*parent.budgets, budget))
+
+    def on_end(self, handle: Handle) -> None:
+        _budget_used(handle, self.limits)

@@ -1,0 +1,447 @@
+"""The traced operations (agent, tool, llm, memory, step, subtask): each a decorator and a
+context manager over one OpenTelemetry span.
+
+`Operation` holds the machinery shared by every kind: wrapping sync, async, generator and
+async-generator functions, entering and leaving the span's context, recording errors without
+changing them, and swallowing (and counting) every failure of its own. Subclasses only say
+what their span is called and which attributes it carries.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+from tracegym.tracer import context as scope_context
+from tracegym.tracer import internal
+from tracegym.tracer import semconv as sc
+from tracegym.tracer.config import settings as _default_settings
+from tracegym.tracer.context import Scope
+
+F = TypeVar("F", bound=Callable[..., Any])
+_UNSET: Any = object()
+_GENERATOR_KEEP = 100  # yielded items kept for the span's output
+
+
+class _State:
+    """What `init` and `testing` swap: the tracer spans come from and the settings."""
+
+    tracer: trace.Tracer = trace.get_tracer(sc.INSTRUMENTATION_SCOPE)
+    settings = _default_settings
+
+
+state = _State()
+
+
+def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
+    """A fast `(args, kwargs) -> {name: value}` for `fn`, leaving out self/cls."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return lambda args, kwargs: {"args": args, **kwargs} if args else dict(kwargs)
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = [p.name for p in params if p.kind in kinds]
+    star = next((p.name for p in params if p.kind is inspect.Parameter.VAR_POSITIONAL), "args")
+    skip = 1 if names and names[0] in ("self", "cls") else 0
+    count = len(names)
+
+    def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
+        bound = dict(zip(names[skip:], args[skip:], strict=False))
+        if len(args) > count:
+            bound[star] = args[count:]
+        if kwargs:
+            bound.update(kwargs)
+        return bound
+
+    return bind
+
+
+class Handle:
+    """One live span of an operation; what a `with` block gets to add results and usage."""
+
+    __slots__ = ("_tokens", "arguments", "ctx", "op", "result", "scope", "span")
+
+    def __init__(
+        self, op: Operation, span: trace.Span, scope: Scope | None, arguments: dict[str, Any]
+    ) -> None:
+        self.op = op
+        self.arguments = arguments
+        self.span = span
+        self.scope = scope  # set by operations that open a new scope (agent, subtask)
+        self.ctx = trace.set_span_in_context(span)
+        self.result: Any = _UNSET
+        self._tokens: list[tuple[object, object]] = []
+
+    def activate(self) -> None:
+        token = otel_context.attach(self.ctx)
+        scope_token = scope_context.current.set(self.scope) if self.scope is not None else None
+        self._tokens.append((token, scope_token))
+
+    def deactivate(self) -> None:
+        token, scope_token = self._tokens.pop()
+        if scope_token is not None:
+            scope_context.current.reset(scope_token)  # type: ignore[arg-type]
+        otel_context.detach(token)  # type: ignore[arg-type]
+
+    # Public helpers for `with` blocks -------------------------------------------------------
+    def set_result(self, value: Any) -> None:
+        """Record the operation's result (tool result, model output, records read, ...)."""
+        self.result = value
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        try:
+            self.span.set_attribute(key, value)
+        except Exception as exc:
+            internal.report_error("set_attribute", exc)
+
+    def set_usage(self, input_tokens: int | None = None, output_tokens: int | None = None) -> None:
+        """Record LLM token usage on this span and charge it to the run's budgets."""
+        _record_usage(self.span, input_tokens, output_tokens)
+
+
+def _record_usage(span: trace.Span, input_tokens: Any, output_tokens: Any) -> None:
+    try:
+        total = 0
+        if isinstance(input_tokens, int):
+            span.set_attribute(sc.INPUT_TOKENS, input_tokens)
+            total += input_tokens
+        if isinstance(output_tokens, int):
+            span.set_attribute(sc.OUTPUT_TOKENS, output_tokens)
+            total += output_tokens
+        if total:
+            scope_context.charge_tokens(total)
+    except Exception as exc:
+        internal.report_error("usage", exc)
+
+
+def _error_type(exc: BaseException) -> str:
+    kind = type(exc)
+    return (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+
+
+class Operation:
+    """Base of every traced operation: use one as `@decorator`, `with` or `async with`."""
+
+    operation: str = ""  # gen_ai.operation.name
+    takes_step = True  # claims a step index of the run
+
+    def __init__(self, name: str | None = None, *, capture: bool | None = None, **call: Any):
+        self.name = name
+        self.capture = capture  # None: follow the global content-capture setting
+        self.call = call  # values given to a `with` form instead of function arguments
+        self._binder: Callable[[tuple, dict], dict[str, Any]] | None = None
+        self._active: list[Handle] = []
+
+    # What subclasses describe ---------------------------------------------------------------
+    def span_name(self) -> str:
+        return f"{self.operation} {self.name}"
+
+    def static_attributes(self) -> dict[str, Any]:
+        return {sc.OPERATION: self.operation}
+
+    def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
+        """Add the attributes that depend on this call's arguments."""
+
+    def on_result(self, handle: Handle, result: Any, capture: bool) -> None:
+        """Record what the call returned."""
+
+    def open_scope(self, span: trace.Span, parent: Scope | None, arguments: dict) -> Scope | None:
+        """Operations that contain others (agent, subtask) return the scope their children see."""
+        return None
+
+    def on_end(self, handle: Handle) -> None:
+        """Last words before the span ends (budgets used)."""
+
+    # Span lifecycle -------------------------------------------------------------------------
+    def _capture(self) -> bool:
+        return state.settings.capture_content if self.capture is None else self.capture
+
+    def start_span(self, attrs: dict[str, Any], parent: Scope | None) -> trace.Span:
+        return state.tracer.start_span(
+            self._span_name, attributes=attrs, record_exception=False, set_status_on_exception=False
+        )
+
+    def begin(self, args: tuple = (), kwargs: dict | None = None) -> Handle | None:
+        """Start and activate the span; None (counted) if tracegym itself failed."""
+        try:
+            arguments = self._binder(args, kwargs or {}) if self._binder else self.call
+            capture = self._capture()
+            parent = scope_context.current.get()
+            attrs = dict(self._static)
+            if self.takes_step and parent is not None:
+                attrs[sc.STEP_INDEX] = scope_context.next_step(parent)
+                attrs[sc.AGENT_NAME] = parent.agent
+            self.call_attributes(attrs, arguments, capture)
+            span = self.start_span(attrs, parent)
+            handle = Handle(self, span, self.open_scope(span, parent, arguments), arguments)
+            handle.activate()
+            return handle
+        except Exception as exc:
+            internal.report_error(f"begin.{self.operation}", exc)
+            return None
+
+    def finish(self, handle: Handle | None, result: Any = _UNSET) -> None:
+        """Record the result, then deactivate and end the span. Never raises."""
+        if handle is None:
+            return
+        try:
+            if result is _UNSET:
+                result = handle.result
+            if result is not _UNSET:
+                self.on_result(handle, result, self._capture())
+            self.on_end(handle)
+        except Exception as exc:
+            internal.report_error(f"finish.{self.operation}", exc)
+        self._close(handle)
+
+    def fail(self, handle: Handle | None, exc: BaseException) -> None:
+        """Record the user's exception on the span (type, status, event). Never raises."""
+        if handle is None:
+            return
+        try:
+            span = handle.span
+            error_type = _error_type(exc)
+            span.set_attribute(sc.ERROR_TYPE, error_type)
+            span.set_status(Status(StatusCode.ERROR, f"{error_type}: {exc}"[:1024]))
+            span.record_exception(exc, escaped=True)
+            self.on_end(handle)
+        except Exception as inner:
+            internal.report_error(f"fail.{self.operation}", inner)
+        self._close(handle)
+
+    def _close(self, handle: Handle) -> None:
+        try:
+            if handle._tokens:
+                handle.deactivate()
+        except Exception as exc:
+            internal.report_error("detach", exc)
+        try:
+            handle.span.end()
+        except Exception as exc:
+            internal.report_error("end", exc)
+
+    @property
+    def _span_name(self) -> str:
+        name = self.__dict__.get("_cached_name")
+        if name is None:
+            name = self.__dict__["_cached_name"] = self.span_name()
+        return name
+
+    @property
+    def _static(self) -> dict[str, Any]:
+        static = self.__dict__.get("_cached_static")
+        if static is None:
+            static = self.__dict__["_cached_static"] = self.static_attributes()
+        return static
+
+    # Context-manager forms ------------------------------------------------------------------
+    def __enter__(self) -> Handle:
+        handle = self.begin()
+        self._active.append(handle)  # type: ignore[arg-type]
+        return handle if handle is not None else Handle.__new__(_NoopHandle)
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        handle = self._active.pop() if self._active else None
+        if exc is not None:
+            self.fail(handle, exc)
+        else:
+            self.finish(handle)
+
+    async def __aenter__(self) -> Handle:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    # Decorator form -------------------------------------------------------------------------
+    def __call__(self, fn: F) -> F:
+        if isinstance(fn, (staticmethod, classmethod)):
+            return type(fn)(self(fn.__func__))  # type: ignore[return-value]
+        op = copy.copy(self)
+        op._active = []
+        op.__dict__.pop("_cached_name", None)
+        op.__dict__.pop("_cached_static", None)
+        if op.name is None:
+            op.name = getattr(fn, "__name__", "call")
+        op._binder = _binder(fn)
+        if inspect.isasyncgenfunction(fn):
+            wrapper = _wrap_async_generator(op, fn)
+        elif inspect.isgeneratorfunction(fn):
+            wrapper = _wrap_generator(op, fn)
+        elif inspect.iscoroutinefunction(fn):
+            wrapper = _wrap_coroutine(op, fn)
+        else:
+            wrapper = _wrap_function(op, fn)
+        wrapper = functools.wraps(fn)(wrapper)
+        wrapper.__tracegym_operation__ = op  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+
+class _NoopHandle(Handle):
+    """Given to a `with` block when tracegym failed to start its span: accepts and ignores."""
+
+    def set_result(self, value: Any) -> None:
+        pass
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        pass
+
+    def set_usage(self, input_tokens: int | None = None, output_tokens: int | None = None) -> None:
+        pass
+
+
+def _wrap_function(op: Operation, fn: Callable[..., Any]) -> Callable[..., Any]:
+    begin, finish, fail = op.begin, op.finish, op.fail
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        handle = begin(args, kwargs)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            fail(handle, exc)
+            raise
+        finish(handle, result)
+        return result
+
+    return traced
+
+
+def _wrap_coroutine(op: Operation, fn: Callable[..., Any]) -> Callable[..., Any]:
+    begin, finish, fail = op.begin, op.finish, op.fail
+
+    async def traced(*args: Any, **kwargs: Any) -> Any:
+        handle = begin(args, kwargs)
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            fail(handle, exc)
+            raise
+        finish(handle, result)
+        return result
+
+    return traced
+
+
+class _Yielded:
+    """The first items a generator yielded (its span's output) and how many there were."""
+
+    __slots__ = ("count", "items")
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.count = 0
+
+    def add(self, item: Any) -> None:
+        self.count += 1
+        if self.count <= _GENERATOR_KEEP:
+            self.items.append(item)
+
+    def finish(self, op: Operation, handle: Handle | None, result: Any = None) -> None:
+        if handle is not None:
+            try:
+                handle.span.set_attribute(sc.GENERATOR_ITEMS, self.count)
+            except Exception as exc:
+                internal.report_error("generator", exc)
+        op.finish(handle, self.items if result is None else result)
+
+
+def _run_in(handle: Handle | None, method: Callable[[Any], Any], arg: Any) -> Any:
+    """Resume a wrapped generator with the span's context active only while it runs."""
+    if handle is None:
+        return method(arg)
+    handle.activate()
+    try:
+        return method(arg)
+    finally:
+        handle.deactivate()
+
+
+async def _arun_in(handle: Handle | None, method: Callable[[Any], Any], arg: Any) -> Any:
+    """`_run_in` for async generators: the context stays active across the await."""
+    if handle is None:
+        return await method(arg)
+    handle.activate()
+    try:
+        return await method(arg)
+    finally:
+        handle.deactivate()
+
+
+def _wrap_generator(op: Operation, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        handle = op.begin(args, kwargs)
+        if handle is not None:
+            handle.deactivate()  # the consumer's code between items is not inside the span
+        yielded = _Yielded()
+        try:
+            gen = fn(*args, **kwargs)
+            method, arg = gen.send, None
+            while True:
+                try:
+                    item = _run_in(handle, method, arg)
+                except StopIteration as stop:
+                    result = stop.value
+                    break
+                yielded.add(item)
+                try:
+                    arg = yield item
+                    method = gen.send
+                except GeneratorExit:
+                    _run_in(handle, lambda _: gen.close(), None)
+                    raise
+                except BaseException as exc:  # thrown in by the consumer: pass it on
+                    method, arg = gen.throw, exc
+        except GeneratorExit:
+            yielded.finish(op, handle)  # closed early by the consumer: not an error
+            raise
+        except BaseException as exc:
+            op.fail(handle, exc)
+            raise
+        yielded.finish(op, handle, result)
+        return result
+
+    return traced
+
+
+def _wrap_async_generator(op: Operation, fn: Callable[..., Any]) -> Callable[..., Any]:
+    async def traced(*args: Any, **kwargs: Any) -> Any:
+        handle = op.begin(args, kwargs)
+        if handle is not None:
+            handle.deactivate()
+        yielded = _Yielded()
+        try:
+            agen = fn(*args, **kwargs)
+            method, arg = agen.asend, None
+            while True:
+                try:
+                    item = await _arun_in(handle, method, arg)
+                except StopAsyncIteration:
+                    break
+                yielded.add(item)
+                try:
+                    arg = yield item
+                    method = agen.asend
+                except GeneratorExit:
+                    await _arun_in(handle, lambda _: agen.aclose(), None)
+                    raise
+                except BaseException as exc:
+                    method, arg = agen.athrow, exc
+        except GeneratorExit:
+            yielded.finish(op, handle)
+            raise
+        except BaseException as exc:
+            op.fail(handle, exc)
+            raise
+        yielded.finish(op, handle)
+
+    return traced

@@ -1,0 +1,142 @@
+"""Turn any Python value into a bounded JSON string for a span attribute, without ever raising.
+
+Agents pass whatever they like to tools: dataclasses, pydantic models, bytes, sockets, cyclic
+graphs, 50 MB strings. `to_json` walks the value with limits on depth, items and string length
+(so the work is bounded too, not only the output), replaces what JSON cannot hold with a short
+description, and caps the final text at `max_length` characters with a visible marker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+TRUNCATION_MARKER = "…[truncated {} chars]"
+MAX_DEPTH = 8
+MAX_ITEMS = 100
+
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_encode_sorted = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False
+).encode
+
+
+def truncate(text: str, max_length: int) -> str:
+    """Cap `text` at `max_length` characters, saying how much was cut."""
+    if len(text) <= max_length:
+        return text
+    cut = len(text) - max_length
+    return text[:max_length] + TRUNCATION_MARKER.format(cut)
+
+
+def _describe(value: Any) -> str:
+    try:
+        return f"<{type(value).__qualname__}>"
+    except Exception:
+        return "<unrepresentable>"
+
+
+def _repr(value: Any, max_length: int) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        return _describe(value)
+    if not isinstance(text, str):
+        return _describe(value)
+    return truncate(text, max_length)
+
+
+def _plain(value: Any, max_length: int, depth: int, seen: set[int]) -> Any:
+    """A JSON-safe copy of `value`, bounded in depth, items and string length."""
+    kind = type(value)
+    if kind is str:
+        return truncate(value, max_length)
+    if kind is bool or kind is int or value is None:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else str(value)
+    if depth >= MAX_DEPTH:
+        return _describe(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value[: max_length // 2 + 1])
+        text = data.decode("utf-8", "backslashreplace")
+        return (
+            truncate(text, max_length) if len(value) <= max_length // 2 else f"<bytes {len(value)}>"
+        )
+    if isinstance(value, str):  # str subclasses and str-valued enums: the underlying text
+        return truncate(str.__str__(value), max_length)
+    if isinstance(value, int):  # bool and int subclasses (IntEnum, ...)
+        return bool(value) if isinstance(value, bool) else int.__index__(value)
+    if isinstance(value, float):
+        return _plain(float.__float__(value), max_length, depth, seen)
+    ident = id(value)
+    if ident in seen:
+        return "<cycle>"
+    seen.add(ident)
+    try:
+        if isinstance(value, Mapping):
+            out: dict[str, Any] = {}
+            for i, (key, item) in enumerate(value.items()):
+                if i >= MAX_ITEMS:
+                    out["…"] = f"+{len(value) - MAX_ITEMS} more items"
+                    break
+                name = key if type(key) is str else _repr(key, 200)
+                out[name] = _plain(item, max_length, depth + 1, seen)
+            return out
+        if isinstance(value, (list, tuple, set, frozenset)):
+            items = []
+            for i, item in enumerate(value):
+                if i >= MAX_ITEMS:
+                    items.append(f"…+{len(value) - MAX_ITEMS} more items")
+                    break
+                items.append(_plain(item, max_length, depth + 1, seen))
+            return items
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            fields = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
+            return _plain(fields, max_length, depth, seen)
+        dump = getattr(type(value), "model_dump", None)  # pydantic v2 models
+        if callable(dump):
+            return _plain(dump(value), max_length, depth, seen)
+        return _repr(value, max_length)
+    finally:
+        seen.discard(ident)
+
+
+def to_plain(value: Any, max_length: int) -> Any:
+    """A JSON-safe, bounded copy of `value`; never raises."""
+    try:
+        return _plain(value, max_length, 0, set())
+    except Exception:
+        return _describe(value)
+
+
+def to_json(value: Any, max_length: int = 8192) -> str:
+    """`value` as JSON text of at most `max_length` characters (plus marker); never raises."""
+    if type(value) is str:  # the common case: already text; keep it readable, not quoted
+        return truncate(value, max_length)
+    try:
+        return truncate(_encode(_plain(value, max_length, 0, set())), max_length)
+    except Exception:
+        return _describe(value)
+
+
+def content_hash(value: Any) -> str:
+    """A stable hash of a memory record's content, the same for a write and a later read of it.
+
+    Strings hash as their UTF-8 bytes; anything else as canonical JSON (sorted keys), so that a
+    dict written and the equal dict read back hash alike. Never raises.
+    """
+    try:
+        if type(value) is str:
+            data = value.encode("utf-8", "surrogatepass")
+        elif isinstance(value, (bytes, bytearray)):
+            data = bytes(value)
+        else:
+            data = _encode_sorted(_plain(value, 1 << 20, 0, set())).encode("utf-8", "surrogatepass")
+        return hashlib.sha256(data).hexdigest()[:32]
+    except Exception:
+        return hashlib.sha256(_describe(value).encode()).hexdigest()[:32]

@@ -1,0 +1,256 @@
+"""`init`, `flush`, `shutdown` and `stats`: wiring tracegym's pipelines into OpenTelemetry.
+
+tracegym adds one processor to the application's TracerProvider (or to one of its own when the
+application has none): secret redaction in front of a batch processor per exporter, the spool
+(embedded store) by default and OTLP when configured. Calling `init` again swaps the pipelines
+inside that processor rather than stacking new ones.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+from tracegym.tracer import internal
+from tracegym.tracer import semconv as sc
+from tracegym.tracer.config import Settings, _env_bool, resolve_home
+from tracegym.tracer.operations import state
+from tracegym.tracer.processors import CountingBatchSpanProcessor
+from tracegym.tracer.redact import RedactingSpanProcessor, Redactor
+from tracegym.tracer.spool import SpoolSpanExporter
+
+try:
+    __version__ = version("tracegym")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+
+@dataclass(frozen=True)
+class TracerStats:
+    """What happened to the spans of this process. Nothing is lost without showing up here."""
+
+    spans_exported: int
+    spans_dropped: int  # a full queue, or spans ended after shutdown
+    spans_failed: int  # handed to an exporter that failed (dead endpoint, disk full)
+    spans_redacted: int
+    spans_queued: int
+    internal_errors: int
+    counters: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class _Installation:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.processor: RedactingSpanProcessor | None = None
+        self.provider: Any = None
+        self.batches: list[CountingBatchSpanProcessor] = []
+        self.atexit_registered = False
+
+
+_installed = _Installation()
+
+
+def _otlp_exporter(endpoint: str | None, headers: dict[str, str] | None) -> SpanExporter:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/traces"):
+        endpoint = endpoint.rstrip("/") + "/v1/traces"
+    timeout = float(os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT", "5"))
+    return OTLPSpanExporter(endpoint=endpoint, headers=headers, timeout=timeout)
+
+
+def _wants_otlp(endpoint: str | None) -> bool:
+    if endpoint:
+        return True
+    if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    ):
+        return True
+    return "otlp" in os.environ.get("OTEL_TRACES_EXPORTER", "").lower()
+
+
+def _provider_for(service: str | None, provider: Any) -> Any:
+    if provider is not None:
+        return provider
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):  # the application's own: add to it
+        return current
+    attributes = {SERVICE_NAME: service} if service else {}
+    created = TracerProvider(resource=Resource.create(attributes))
+    trace.set_tracer_provider(created)
+    if trace.get_tracer_provider() is not created:  # someone else won the one-time set
+        internal.logger.info("tracegym: a global TracerProvider exists; using a private one")
+    return created
+
+
+def init(
+    service: str | None = None,
+    *,
+    home: str | os.PathLike[str] | None = None,
+    spool: bool | None = None,
+    otlp_endpoint: str | None = None,
+    otlp_headers: dict[str, str] | None = None,
+    exporters: Iterable[SpanExporter] = (),
+    capture_content: bool | None = None,
+    capture_messages: bool | None = None,
+    max_value_length: int | None = None,
+    redact: bool = True,
+    redact_patterns: Iterable[str] = (),
+    flush_interval_s: float | None = None,
+    max_queue_size: int | None = None,
+    provider: Any = None,
+) -> Path | None:
+    """Start tracing this process. Returns the data directory spans are spooled to (or None).
+
+    Defaults come from the environment: TRACEGYM_HOME (else ./.tracegym), TRACEGYM_SPOOL,
+    TRACEGYM_CAPTURE_CONTENT, TRACEGYM_CAPTURE_MESSAGES (or the GenAI convention's
+    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT), TRACEGYM_MAX_VALUE_LENGTH,
+    TRACEGYM_FLUSH_INTERVAL_S, TRACEGYM_MAX_QUEUE_SIZE, and the usual OTEL_* variables
+    (service name, resource attributes, OTLP endpoint and headers, OTEL_SDK_DISABLED).
+    Never raises: a failure is logged once and tracing stays off.
+    """
+    try:
+        return _init(**{k: v for k, v in locals().items()})
+    except Exception as exc:
+        internal.report_error("init", exc)
+        return None
+
+
+def _init(
+    service: str | None,
+    home: str | os.PathLike[str] | None,
+    spool: bool | None,
+    otlp_endpoint: str | None,
+    otlp_headers: dict[str, str] | None,
+    exporters: Iterable[SpanExporter],
+    capture_content: bool | None,
+    capture_messages: bool | None,
+    max_value_length: int | None,
+    redact: bool,
+    redact_patterns: Iterable[str],
+    flush_interval_s: float | None,
+    max_queue_size: int | None,
+    provider: Any,
+) -> Path | None:
+    settings = Settings.from_env()
+    settings.home = resolve_home(home)
+    if capture_content is not None:
+        settings.capture_content = capture_content
+    if capture_messages is not None:
+        settings.capture_messages = capture_messages
+    if max_value_length is not None:
+        settings.max_value_length = max(64, int(max_value_length))
+    if flush_interval_s is not None:
+        settings.flush_interval_s = max(0.01, float(flush_interval_s))
+    if max_queue_size is not None:
+        settings.max_queue_size = max(16, int(max_queue_size))
+    state.settings = settings
+    if _env_bool("OTEL_SDK_DISABLED", False):
+        state.tracer = trace.NoOpTracer()
+        return None
+
+    named: list[tuple[str, SpanExporter]] = []
+    use_spool = _env_bool("TRACEGYM_SPOOL", True) if spool is None else spool
+    if use_spool:
+        named.append(("spool", SpoolSpanExporter(settings.home)))
+    if _wants_otlp(otlp_endpoint):
+        named.append(("otlp", _otlp_exporter(otlp_endpoint, otlp_headers)))
+    named.extend((type(e).__name__, e) for e in exporters)
+    batches = [
+        CountingBatchSpanProcessor(
+            exporter,
+            name,
+            max_queue_size=settings.max_queue_size,
+            schedule_delay_millis=settings.flush_interval_s * 1000,
+        )
+        for name, exporter in named
+    ]
+    redactor = Redactor(redact_patterns) if redact else None
+
+    with _installed.lock:
+        target = _provider_for(service, provider)
+        old = _installed.batches
+        if _installed.processor is not None and _installed.provider is target:
+            _installed.processor.replace(batches, redactor)
+        else:
+            if _installed.processor is not None:  # a different provider: retire the old one
+                _installed.processor.replace([], None)
+            _installed.processor = RedactingSpanProcessor(batches, redactor)
+            _installed.provider = target
+            target.add_span_processor(_installed.processor)
+        _installed.batches = batches
+        state.tracer = target.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__)
+        if not _installed.atexit_registered:
+            atexit.register(shutdown)
+            _installed.atexit_registered = True
+    for batch in old:
+        batch.shutdown()
+    return settings.home if use_spool else None
+
+
+def flush(timeout_s: float = 30.0) -> bool:
+    """Export everything queued so far; True when every pipeline finished in time."""
+    processor = _installed.processor
+    if processor is None:
+        return True
+    try:
+        return processor.force_flush(int(timeout_s * 1000))
+    except Exception as exc:
+        internal.report_error("flush", exc)
+        return False
+
+
+def shutdown() -> None:
+    """Flush and stop tracegym's pipelines (runs at exit); reports lost spans once."""
+    with _installed.lock:
+        batches, _installed.batches = _installed.batches, []
+        if _installed.processor is not None:
+            _installed.processor.replace([], _installed.processor.redactor)
+    for batch in batches:
+        try:
+            batch.shutdown()
+        except Exception as exc:
+            internal.report_error("shutdown", exc)
+    current = stats()
+    if current.spans_dropped or current.spans_failed:
+        internal.logger.warning(
+            "tracegym: %d spans dropped and %d failed to export in this process (see "
+            "tracegym.stats())",
+            current.spans_dropped,
+            current.spans_failed,
+        )
+
+
+def stats() -> TracerStats:
+    """Counts of exported, dropped, failed and redacted spans, and of internal errors."""
+    counters, errors = internal.snapshot()
+
+    def total(prefix: str) -> int:
+        return sum(v for k, v in counters.items() if k.startswith(prefix))
+
+    return TracerStats(
+        spans_exported=total("spans_exported."),
+        spans_dropped=total("spans_dropped"),
+        spans_failed=total("spans_failed."),
+        spans_redacted=counters.get("spans_redacted", 0),
+        spans_queued=sum(b.queued() for b in list(_installed.batches)),
+        internal_errors=sum(errors.values()),
+        counters=counters,
+        errors=errors,
+    )
+
+
+def processors() -> list[SpanProcessor]:
+    """tracegym's batch processors currently installed (for inspection and tests)."""
+    return list(_installed.batches)

@@ -1,0 +1,199 @@
+"""The embedded store's write side: per-process, append-only JSON-lines spool files.
+
+Format (version 1), documented for readers in docs/spool.md:
+- files live in `<home>/spool/` and are named `<UTC start>-<host>-<pid>-<random>.jsonl`;
+- one span per line, a JSON object with the fields of `span_record` below;
+- each export batch is one `write()` to a file opened with O_APPEND, so many processes can
+  spool at once, and a process killed with SIGKILL loses only what had not been exported yet;
+- a line without its final newline was cut by a crash mid-write and must be skipped;
+- the writing process holds an exclusive `flock` on the file while it may still append; once a
+  reader can take that lock the file is complete (closed, rotated, or its writer died).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from tracegym.tracer import internal
+
+SPOOL_VERSION = 1
+SPOOL_DIR = "spool"
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
+
+
+def _hex_id(value: int, width: int) -> str:
+    return format(value, f"0{width}x")
+
+
+def span_record(span: ReadableSpan) -> dict[str, Any]:
+    """A span as one spool line (before JSON encoding)."""
+    ctx = span.context
+    parent = span.parent
+    status = span.status
+    scope = span.instrumentation_scope
+    return {
+        "v": SPOOL_VERSION,
+        "trace_id": _hex_id(ctx.trace_id, 32),
+        "span_id": _hex_id(ctx.span_id, 16),
+        "parent_span_id": _hex_id(parent.span_id, 16) if parent is not None else None,
+        "name": span.name,
+        "kind": span.kind.name,
+        "start_ns": span.start_time,
+        "end_ns": span.end_time,
+        "status": status.status_code.name,
+        "status_message": status.description,
+        "attributes": dict(span.attributes or {}),
+        "events": [
+            {"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})}
+            for e in span.events
+        ],
+        "links": [
+            {
+                "trace_id": _hex_id(link.context.trace_id, 32),
+                "span_id": _hex_id(link.context.span_id, 16),
+                "attributes": dict(link.attributes or {}),
+            }
+            for link in span.links
+        ],
+        "resource": dict(span.resource.attributes) if span.resource is not None else {},
+        "scope": scope.name if scope is not None else None,
+    }
+
+
+def spool_dir(home: Path) -> Path:
+    return Path(home) / SPOOL_DIR
+
+
+class SpoolWriter:
+    """Appends whole lines to this process's current spool file; rotates by size and age."""
+
+    def __init__(
+        self, home: Path, max_file_bytes: int = 64 << 20, max_file_seconds: float = 300.0
+    ) -> None:
+        self.directory = spool_dir(home)
+        self.max_file_bytes = max_file_bytes
+        self.max_file_seconds = max_file_seconds
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._pid = 0
+        self._opened_at = 0.0
+        self._size = 0
+        self.path: Path | None = None
+
+    def _open(self) -> int:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        host = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:32]
+        path = self.directory / f"{stamp}-{host}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._fd, self._pid, self.path = fd, os.getpid(), path
+        self._opened_at, self._size = time.monotonic(), 0
+        internal.add("spool_files_opened")
+        return fd
+
+    def _close(self) -> None:
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)  # releases the flock: readers may now take the file whole
+        self._fd = None
+
+    def write(self, data: bytes) -> None:
+        """Append `data` (whole lines) in one write; raises OSError on failure."""
+        with self._lock:
+            fd = self._fd
+            if fd is not None and (
+                self._pid != os.getpid()  # forked: the parent owns that file
+                or self._size >= self.max_file_bytes
+                or time.monotonic() - self._opened_at >= self.max_file_seconds
+            ):
+                self._close()
+                fd = None
+            if fd is None:
+                fd = self._open()
+            view = memoryview(data)
+            while view:  # os.write may write less than asked (signals, huge buffers)
+                written = os.write(fd, view)
+                view = view[written:]
+            self._size += len(data)
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+
+class SpoolSpanExporter(SpanExporter):
+    """Exports spans as spool lines; runs on the batch processor's thread, not the agent's."""
+
+    def __init__(self, home: Path, **writer_options: Any) -> None:
+        self.writer = SpoolWriter(home, **writer_options)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        lines = []
+        for span in spans:
+            try:
+                lines.append(_encode(span_record(span)))
+            except Exception as exc:
+                internal.report_error("spool.encode", exc)
+                internal.add("spans_failed.spool")
+        if not lines:
+            return SpanExportResult.SUCCESS
+        try:
+            self.writer.write(("\n".join(lines) + "\n").encode("utf-8", "surrogatepass"))
+        except OSError as exc:
+            internal.report_error("spool.write", exc)
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.writer.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def is_complete(path: Path) -> bool:
+    """True when no live process may still append to the spool file at `path`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def read_spool_file(path: Path) -> Iterator[dict[str, Any]]:
+    """The complete records of one spool file; a crash-cut last line is skipped."""
+    with open(path, "rb") as handle:
+        for line in handle:
+            if not line.endswith(b"\n"):
+                internal.add("spool_partial_lines_skipped")
+                break
+            try:
+                yield json.loads(line)
+            except ValueError:
+                internal.add("spool_bad_lines_skipped")
+
+
+def iter_spool(home: Path) -> Iterator[dict[str, Any]]:
+    """Every complete record under `<home>/spool`, file by file in name (time) order."""
+    directory = spool_dir(home)
+    if not directory.is_dir():
+        return
+    for path in sorted(directory.glob("*.jsonl")):
+        yield from read_spool_file(path)

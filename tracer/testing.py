@@ -1,0 +1,86 @@
+"""A public helper for testing code instrumented with tracegym (and for tracegym's own tests).
+
+    with tracegym.testing.capture() as captured:
+        my_agent("task")
+    assert captured.names() == ["execute_tool get_order", "invoke_agent support"]
+
+Spans go to memory through the same redaction processor as in production; the global
+OpenTelemetry provider is not touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tracegym.tracer import semconv as sc
+from tracegym.tracer.config import Settings
+from tracegym.tracer.operations import state
+from tracegym.tracer.redact import RedactingSpanProcessor, Redactor
+
+
+@dataclass
+class Captured:
+    """The spans ended inside a `capture()` block, with helpers to look at them."""
+
+    exporter: InMemorySpanExporter
+
+    @property
+    def spans(self) -> list[ReadableSpan]:
+        return list(self.exporter.get_finished_spans())
+
+    def names(self) -> list[str]:
+        return [s.name for s in self.spans]
+
+    def one(self, name: str) -> ReadableSpan:
+        """The single span called `name` (AssertionError when there are none or several)."""
+        found = [s for s in self.spans if s.name == name]
+        assert len(found) == 1, f"expected one span {name!r}, got {len(found)}: {self.names()}"
+        return found[0]
+
+    def by_operation(self, operation: str) -> list[ReadableSpan]:
+        return [s for s in self.spans if (s.attributes or {}).get(sc.OPERATION) == operation]
+
+    def children(self, parent: ReadableSpan) -> list[ReadableSpan]:
+        pid = parent.context.span_id
+        return [s for s in self.spans if s.parent is not None and s.parent.span_id == pid]
+
+    def tree(self) -> list[tuple[str, list[Any]]]:
+        """Root spans and their descendants as nested (name, children) pairs, in start order."""
+        spans = sorted(self.spans, key=lambda s: s.start_time or 0)
+        ids = {s.context.span_id for s in spans}
+
+        def build(span: ReadableSpan) -> tuple[str, list[Any]]:
+            return (
+                span.name,
+                [build(c) for c in spans if c.parent and c.parent.span_id == span.context.span_id],
+            )
+
+        return [build(s) for s in spans if s.parent is None or s.parent.span_id not in ids]
+
+
+@contextmanager
+def capture(redact: bool = True, **settings: Any) -> Iterator[Captured]:
+    """Record tracegym spans in memory for the duration of the block.
+
+    `settings` override the tracer settings (capture_content, capture_messages,
+    max_value_length) inside the block.
+    """
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(
+        RedactingSpanProcessor([SimpleSpanProcessor(exporter)], Redactor() if redact else None)
+    )
+    saved = state.tracer, state.settings
+    state.tracer = provider.get_tracer(sc.INSTRUMENTATION_SCOPE)
+    state.settings = Settings(**{**Settings.from_env().__dict__, **settings})
+    try:
+        yield Captured(exporter)
+    finally:
+        state.tracer, state.settings = saved
+        provider.shutdown()
