@@ -19,7 +19,7 @@ from tracegym.tracer.api import (
     subtask,
     tool,
 )
-from tracegym.tracer.redact import RedactingSpanProcessor, Redactor
+from tracegym.tracer.redact import RedactingSpanExporter, RedactingSpanProcessor, Redactor
 from tracegym.tracer.setup import TracerStats, flush, init, shutdown, stats
 from tracegym.tracer.threads import (
     ContextThreadPoolExecutor,
@@ -30,6 +30,7 @@ from tracegym.tracer.threads import (
 
 __all__ = [
     "ContextThreadPoolExecutor",
+    "RedactingSpanExporter",
     "RedactingSpanProcessor",
     "Redactor",
     "TracerStats",

@@ -52,7 +52,9 @@ def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
     count = len(names)
 
     def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
-        bound = dict(zip(names[skip:], args[skip:], strict=False))
+        bound = dict(zip(names, args, strict=False))
+        if skip:
+            bound.pop(names[0], None)
         if len(args) > count:
             bound[star] = args[count:]
         if kwargs:

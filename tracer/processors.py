@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from tracegym.tracer import internal
 
@@ -87,3 +88,29 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
     def queued(self) -> int:
         """Spans waiting in the queue right now."""
         return len(self._queue) if self._queue is not None else 0
+
+
+class FanOutSpanProcessor(SpanProcessor):
+    """tracegym's one processor on a provider: hands spans to its pipelines, which a second
+    `tracegym.init` swaps in place instead of stacking new processors on the provider."""
+
+    def __init__(self, processors: Sequence[SpanProcessor] = ()) -> None:
+        self._processors = tuple(processors)
+
+    def replace(self, processors: Sequence[SpanProcessor]) -> None:
+        self._processors = tuple(processors)
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        for processor in self._processors:
+            processor.on_start(span, parent_context=parent_context)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        for processor in self._processors:
+            processor.on_end(span)
+
+    def shutdown(self) -> None:
+        for processor in self._processors:
+            processor.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return all(p.force_flush(timeout_millis) for p in self._processors)

@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 TRUNCATION_MARKER = "…[truncated {} chars]"
@@ -114,11 +114,52 @@ def to_plain(value: Any, max_length: int) -> Any:
         return _describe(value)
 
 
+def _default(value: Any) -> Any:
+    """The fast path's hook for what JSON lacks; anything unusual goes to the careful walk."""
+    if isinstance(value, (set, frozenset)) and len(value) <= MAX_ITEMS:
+        return list(value)
+    raise _Unusual
+
+
+class _Unusual(Exception):
+    pass
+
+
+def _make_fast_encoder() -> Callable[[Any], str]:
+    """The C encoder, built per call with fresh cycle markers: half the cost of json.dumps."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pure-Python json: take the standard route
+        return json.JSONEncoder(
+            ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_default
+        ).encode
+    basestring = json.encoder.encode_basestring
+
+    def encode(value: Any) -> str:
+        return "".join(
+            make({}, _default, basestring, None, ":", ",", False, False, False)(value, 0)
+        )
+
+    return encode
+
+
+_encode_fast = _make_fast_encoder()
+
+
 def to_json(value: Any, max_length: int = 8192) -> str:
-    """`value` as JSON text of at most `max_length` characters (plus marker); never raises."""
-    if type(value) is str:  # the common case: already text; keep it readable, not quoted
+    """`value` as JSON text of at most `max_length` characters (plus marker); never raises.
+
+    Small plain values (the usual tool arguments and results) go straight through the C
+    encoder; cycles, NaN, bytes, odd keys, objects and big containers take the bounded walk.
+    """
+    kind = type(value)
+    if kind is str:  # the common case: already text; keep it readable, not quoted
         return truncate(value, max_length)
     try:
+        if (kind is dict or kind is list or kind is tuple) and len(value) <= MAX_ITEMS:
+            try:
+                return truncate(_encode_fast(value), max_length)
+            except (_Unusual, ValueError, TypeError, RecursionError):
+                pass
         return truncate(_encode(_plain(value, max_length, 0, set())), max_length)
     except Exception:
         return _describe(value)

@@ -1,9 +1,9 @@
 """`init`, `flush`, `shutdown` and `stats`: wiring tracegym's pipelines into OpenTelemetry.
 
 tracegym adds one processor to the application's TracerProvider (or to one of its own when the
-application has none): secret redaction in front of a batch processor per exporter, the spool
-(embedded store) by default and OTLP when configured. Calling `init` again swaps the pipelines
-inside that processor rather than stacking new ones.
+application has none): a batch processor per exporter (the spool, i.e. the embedded store, by
+default; OTLP when configured), each redacting secrets on its export thread before exporting.
+Calling `init` again swaps the pipelines inside that processor rather than stacking new ones.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.config import Settings, _env_bool, resolve_home
 from tracegym.tracer.operations import state
-from tracegym.tracer.processors import CountingBatchSpanProcessor
-from tracegym.tracer.redact import RedactingSpanProcessor, Redactor
+from tracegym.tracer.processors import CountingBatchSpanProcessor, FanOutSpanProcessor
+from tracegym.tracer.redact import RedactingSpanExporter, Redactor
 from tracegym.tracer.spool import SpoolSpanExporter
 
 try:
@@ -52,7 +52,7 @@ class TracerStats:
 class _Installation:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.processor: RedactingSpanProcessor | None = None
+        self.processor: FanOutSpanProcessor | None = None
         self.provider: Any = None
         self.batches: list[CountingBatchSpanProcessor] = []
         self.atexit_registered = False
@@ -167,26 +167,26 @@ def _init(
     if _wants_otlp(otlp_endpoint):
         named.append(("otlp", _otlp_exporter(otlp_endpoint, otlp_headers)))
     named.extend((type(e).__name__, e) for e in exporters)
+    redactor = Redactor(redact_patterns) if redact else None
     batches = [
         CountingBatchSpanProcessor(
-            exporter,
+            RedactingSpanExporter(exporter, redactor) if redactor else exporter,
             name,
             max_queue_size=settings.max_queue_size,
             schedule_delay_millis=settings.flush_interval_s * 1000,
         )
         for name, exporter in named
     ]
-    redactor = Redactor(redact_patterns) if redact else None
 
     with _installed.lock:
         target = _provider_for(service, provider)
         old = _installed.batches
         if _installed.processor is not None and _installed.provider is target:
-            _installed.processor.replace(batches, redactor)
+            _installed.processor.replace(batches)
         else:
             if _installed.processor is not None:  # a different provider: retire the old one
-                _installed.processor.replace([], None)
-            _installed.processor = RedactingSpanProcessor(batches, redactor)
+                _installed.processor.replace([])
+            _installed.processor = FanOutSpanProcessor(batches)
             _installed.provider = target
             target.add_span_processor(_installed.processor)
         _installed.batches = batches
@@ -216,7 +216,7 @@ def shutdown() -> None:
     with _installed.lock:
         batches, _installed.batches = _installed.batches, []
         if _installed.processor is not None:
-            _installed.processor.replace([], _installed.processor.redactor)
+            _installed.processor.replace([])
     for batch in batches:
         try:
             batch.shutdown()

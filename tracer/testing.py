@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.config import Settings
 from tracegym.tracer.operations import state
-from tracegym.tracer.redact import RedactingSpanProcessor, Redactor
+from tracegym.tracer.redact import RedactingSpanProcessor
 
 
 @dataclass
@@ -73,9 +73,8 @@ def capture(redact: bool = True, **settings: Any) -> Iterator[Captured]:
     """
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(
-        RedactingSpanProcessor([SimpleSpanProcessor(exporter)], Redactor() if redact else None)
-    )
+    simple = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(RedactingSpanProcessor([simple]) if redact else simple)
     saved = state.tracer, state.settings
     state.tracer = provider.get_tracer(sc.INSTRUMENTATION_SCOPE)
     state.settings = Settings(**{**Settings.from_env().__dict__, **settings})
