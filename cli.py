@@ -1,0 +1,322 @@
+"""The `tracegym` command.
+
+    tracegym [--home DIR] demo [--tasks N] [--seed S]   trace the example agent into the store
+    tracegym [--home DIR] summary [--json]              what the spool holds
+    tracegym [--home DIR] outcome RUN_ID --success|--failure [--reward R] [--source S] [--label k=v]
+    tracegym version
+
+Every command works on one data directory: `--home` (before or after the command name), else
+$TRACEGYM_HOME, else ./.tracegym. Bad input ends with a one-line message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from tracegym.tracer.config import resolve_home
+
+app = typer.Typer(
+    name="tracegym",
+    help="Trace agents as OpenTelemetry spans, find the capability gaps behind their failures, "
+    "and train them away.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+HomeOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--home",
+        help="Data directory (default: $TRACEGYM_HOME, else ./.tracegym).",
+        show_default=False,
+    ),
+]
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def _home(ctx: typer.Context, home: Path | None) -> Path:
+    """The command's --home, else the global one, else $TRACEGYM_HOME, else ./.tracegym."""
+    given = home if home is not None else (ctx.obj or {}).get("home")
+    return resolve_home(given)
+
+
+def _existing_home(home: Path) -> Path:
+    if not home.exists():
+        _fail(
+            f"no tracegym home at {home} (run `tracegym demo`, or point --home / "
+            "TRACEGYM_HOME at an existing one)"
+        )
+    if not home.is_dir():
+        _fail(f"tracegym home {home} is not a directory")
+    return home
+
+
+def _writable_home(home: Path) -> Path:
+    if home.exists() and not home.is_dir():
+        _fail(f"tracegym home {home} is not a directory")
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _fail(f"cannot create tracegym home {home}: {exc.strerror or exc}")
+    return home
+
+
+@app.callback()
+def main(ctx: typer.Context, home: HomeOption = None) -> None:
+    """tracegym: trace agents, find their capability gaps, train them away."""
+    ctx.obj = {"home": home}
+
+
+# Rendering --------------------------------------------------------------------------------------
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _when(ns: int | None) -> str:
+    if ns is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ns / 1e9))
+
+
+def render_summary(
+    console: Console,
+    home: Path,
+    summary: dict[str, Any],
+    files: dict[str, int],
+    stats: Any = None,
+) -> None:
+    """Print a `summarize` result (and, in-process, the tracer's stats) as Rich tables."""
+    console.print(f"[bold]tracegym store:[/] {home}")
+    overview = Table(show_header=False)
+    overview.add_column(style="bold")
+    overview.add_column(justify="right")
+    overview.add_row("spool files", f"{files['files']} ({_bytes(files['bytes'])})")
+    overview.add_row("spans", str(summary["spans"]))
+    overview.add_row("traces", str(summary["traces"]))
+    overview.add_row("runs", str(summary["runs"]))
+    overview.add_row("spans with errors", str(summary["errors"]))
+    llm = summary["llm"]
+    overview.add_row(
+        "LLM calls / tokens in / out",
+        f"{llm['calls']} / {llm['input_tokens']} / {llm['output_tokens']}",
+    )
+    services = ", ".join(f"{k} ({v})" for k, v in summary["services"].items()) or "-"
+    overview.add_row("services", services)
+    overview.add_row("first span", _when(summary["time"]["first_start_ns"]))
+    overview.add_row("last span", _when(summary["time"]["last_end_ns"]))
+    console.print(overview)
+
+    ops = Table(title="spans by operation", title_justify="left", min_width=40)
+    ops.add_column("gen_ai.operation.name")
+    ops.add_column("spans", justify="right")
+    for operation, count in summary["operations"].items():
+        ops.add_row(operation, str(count))
+    console.print(ops)
+
+    if summary["tools"]:
+        tools = Table(title="tool calls", title_justify="left", min_width=40)
+        tools.add_column("tool")
+        tools.add_column("calls", justify="right")
+        tools.add_column("errors", justify="right")
+        for name, entry in summary["tools"].items():
+            errors = entry["errors"]
+            tools.add_row(name, str(entry["calls"]), f"[red]{errors}[/]" if errors else "0")
+        console.print(tools)
+
+    out = summary["outcomes"]
+    outcomes = Table(title="outcomes (latest per run)", title_justify="left")
+    for column in ("success", "failure", "unknown", "mean reward", "runs without", "recorded"):
+        outcomes.add_column(column, justify="right")
+    mean = out["mean_reward"]
+    outcomes.add_row(
+        f"[green]{out['success']}[/]",
+        f"[red]{out['failure']}[/]",
+        str(out["unknown"]),
+        "-" if mean is None else f"{mean:.3f}",
+        str(out["runs_without_outcome"]),
+        str(out["recorded"]),
+    )
+    console.print(outcomes)
+    if out["unmatched"]:
+        console.print(f"{out['unmatched']} outcome target(s) match no run in this store.")
+
+    if stats is not None:
+        tracer = Table(title="tracer (this process)", title_justify="left")
+        for column in ("exported", "dropped", "failed", "redacted", "internal errors"):
+            tracer.add_column(column, justify="right")
+        tracer.add_row(
+            str(stats.spans_exported),
+            _alarm(stats.spans_dropped),
+            _alarm(stats.spans_failed),
+            str(stats.spans_redacted),
+            _alarm(stats.internal_errors),
+        )
+        console.print(tracer)
+
+
+def _alarm(n: int) -> str:
+    return f"[bold red]{n}[/]" if n else "0"
+
+
+def _render_demo(console: Console, rows: list[dict[str, Any]], seed: int) -> None:
+    kinds: dict[str, list[int]] = {}
+    flaws: dict[str, list[int]] = {}
+    for row in rows:
+        kinds.setdefault(row["kind"], [0, 0])[0 if row["success"] else 1] += 1
+        if row["flaw"]:
+            flaws.setdefault(row["flaw"], [0, 0])[0 if row["success"] else 1] += 1
+    wins = sum(1 for row in rows if row["success"])
+    console.print(f"[bold]demo:[/] {len(rows)} support tickets (seed {seed}), {wins} solved")
+    table = Table()
+    table.add_column("ticket kind")
+    table.add_column("solved", justify="right")
+    table.add_column("failed", justify="right")
+    for kind, (good, bad) in sorted(kinds.items()):
+        table.add_row(kind, str(good), str(bad))
+    console.print(table)
+    if flaws:
+        console.print("[bold]injected flaws[/] (the ground truth analysis should recover)")
+        truth = Table()
+        truth.add_column("flaw")
+        truth.add_column("runs solved", justify="right")
+        truth.add_column("runs failed", justify="right")
+        for flaw, (good, bad) in sorted(flaws.items()):
+            truth.add_row(flaw, str(good), str(bad))
+        console.print(truth)
+
+
+def _read_summary(home: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    from tracegym.summary import spool_files, summarize
+    from tracegym.tracer.spool import iter_spool
+
+    try:
+        return summarize(iter_spool(home)), spool_files(home)
+    except OSError as exc:
+        _fail(f"cannot read the spool under {home}: {exc}")
+
+
+# Commands ---------------------------------------------------------------------------------------
+@app.command()
+def demo(
+    ctx: typer.Context,
+    tasks: Annotated[int, typer.Option("--tasks", min=1, help="Support tickets to run.")] = 40,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the task set and policy.")] = 0,
+    home: HomeOption = None,
+) -> None:
+    """Run the example support agent, traced into the embedded store, and summarise it."""
+    import tracegym as tg
+    from tracegym.examples.support_agent import run_demo
+
+    target = _writable_home(_home(ctx, home))
+    spooled = tg.init(service="tracegym-demo", home=target, capture_messages=True)
+    console = Console()
+    if spooled is None:
+        console.print(
+            "[yellow]warning:[/] spans are not spooled (OTEL_SDK_DISABLED or TRACEGYM_SPOOL=0); "
+            "the summary below will not include this demo."
+        )
+    rows = run_demo(n_tasks=tasks, seed=seed)
+    flushed = tg.flush()
+    stats = tg.stats()
+    _render_demo(console, rows, seed)
+    summary, files = _read_summary(target)
+    render_summary(console, target, summary, files, stats)
+    if not flushed or stats.spans_dropped or stats.spans_failed:
+        _fail(
+            f"not every span reached the store ({stats.spans_dropped} dropped, "
+            f"{stats.spans_failed} failed, flush {'ok' if flushed else 'timed out'})",
+            code=1,
+        )
+
+
+@app.command()
+def summary(
+    ctx: typer.Context,
+    home: HomeOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,
+) -> None:
+    """Summarise what the spool holds: runs, spans by operation, tool calls, outcomes."""
+    target = _existing_home(_home(ctx, home))
+    result, files = _read_summary(target)
+    if as_json:
+        typer.echo(json.dumps({"home": str(target), **files, **result}, indent=2))
+        return
+    render_summary(Console(), target, result, files)
+
+
+def _labels(pairs: list[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            _fail(f"--label wants key=value, got {pair!r}")
+        labels[key.strip()] = value
+    return labels
+
+
+@app.command()
+def outcome(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="Run id (or trace id) the outcome is about.")],
+    success: Annotated[
+        bool | None,
+        typer.Option("--success/--failure", help="Whether the run succeeded.", show_default=False),
+    ] = None,
+    reward: Annotated[float | None, typer.Option("--reward", help="Reward of the run.")] = None,
+    source: Annotated[str, typer.Option("--source", help="Who judged the run.")] = "user",
+    label: Annotated[
+        list[str] | None, typer.Option("--label", help="key=value; may be repeated.")
+    ] = None,
+    home: HomeOption = None,
+) -> None:
+    """Record how a run ended (from any process); the store joins it to the run."""
+    import tracegym as tg
+
+    run_id = run_id.strip()
+    if not run_id:
+        _fail("RUN_ID is empty")
+    if success is None and reward is None:
+        _fail("say how the run ended: --success or --failure, and/or --reward R")
+    if reward is not None and not math.isfinite(reward):
+        _fail(f"--reward must be a finite number, got {reward}")
+    labels = _labels(label or [])
+    target = _existing_home(_home(ctx, home))
+    if tg.init(service="tracegym-cli", home=target) is None:
+        _fail("tracing is off (OTEL_SDK_DISABLED or TRACEGYM_SPOOL=0): nowhere to record to")
+    tg.record_outcome(run_id, success=success, reward=reward, source=source, labels=labels or None)
+    flushed = tg.flush()
+    stats = tg.stats()
+    if not flushed or stats.counters.get("spans_exported.spool", 0) < 1:
+        _fail(f"the outcome did not reach the store under {target}", code=1)
+    verdict = {True: "success", False: "failure", None: "-"}[success]
+    shown = "-" if reward is None else f"{reward:g}"
+    typer.echo(f"recorded outcome for {run_id}: {verdict}, reward {shown}, source {source}")
+
+
+@app.command()
+def version() -> None:
+    """Print tracegym's version."""
+    from tracegym import __version__
+
+    typer.echo(f"tracegym {__version__}")
+
+
+if __name__ == "__main__":
+    app(prog_name="tracegym")
