@@ -1,0 +1,127 @@
+"""`tracegym import FORMAT PATH`: recorded runs of other agents, turned into traces.
+
+Each format is a module with one function,
+
+    convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict]
+
+returning spool records (`tracegym.store.records.span_record` / `outcome_record`) for one
+source file, or raising `ImportFormatError` that names the file and the record. The driver
+here converts every file first and writes nothing if any fails (nothing half-imported); each
+source file then becomes one spool file, written atomically, named after the hash of its bytes,
+and remembered under `<home>/imports/`, so importing the same file twice adds nothing.
+Span and trace ids derive from the file hash and positions, so they are stable too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracegym.store.records import write_spool_file
+
+# Format name -> (module, file suffixes looked for when PATH is a folder).
+FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "tau-bench": ("tracegym.store.importers.tau", (".json",)),
+    "tau2-bench": ("tracegym.store.importers.tau", (".json",)),
+    "whowhen": ("tracegym.store.importers.whowhen", (".json",)),
+    "swe-agent": ("tracegym.store.importers.swe_agent", (".traj", ".json")),
+    "openai-chat": ("tracegym.store.importers.openai_chat", (".json", ".jsonl")),
+    "otlp-json": ("tracegym.store.importers.otlp_json", (".json", ".jsonl")),
+}
+
+
+class ImportFormatError(ValueError):
+    """The input is not what the format expects; the message names the file and record."""
+
+    def __init__(self, path: Path | str, message: str, record: Any = None) -> None:
+        where = f"{path}" if record is None else f"{path} (record {record})"
+        super().__init__(f"{where}: {message}")
+        self.path = Path(path)
+        self.record = record
+
+
+@dataclass
+class ImportReport:
+    format: str
+    files: int = 0
+    runs: int = 0
+    spans: int = 0
+    already_imported: list[Path] = field(default_factory=list)
+    spool_files: list[Path] = field(default_factory=list)
+
+
+def _files(path: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in suffixes)
+    raise FileNotFoundError(f"{path}: no such file or folder")
+
+
+def load_json(path: Path, data: bytes) -> Any:
+    """Parse JSON, turning errors into ImportFormatError with the position."""
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError as exc:
+        raise ImportFormatError(path, f"not UTF-8 text ({exc.reason})") from None
+    except json.JSONDecodeError as exc:
+        raise ImportFormatError(
+            path, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+
+
+def iter_json_lines(path: Path, data: bytes) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object) for each non-empty line of a JSONL file."""
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ImportFormatError(path, f"invalid JSON: {exc}", record=f"line {number}") from None
+
+
+def converter(fmt: str) -> Callable[..., list[dict[str, Any]]]:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    module = importlib.import_module(FORMATS[fmt][0])
+    return module.convert if fmt != "tau2-bench" else module.convert_tau2
+
+
+def import_path(
+    fmt: str, path: Path | str, home: Path | str, *, labels: Path | str | None = None
+) -> ImportReport:
+    """Import every file of `fmt` under `path` into the spool of `home`; all or nothing."""
+    convert = converter(fmt)
+    path, home = Path(path), Path(home)
+    registry = home / "imports"
+    report = ImportReport(fmt)
+    pending: list[tuple[str, list[dict[str, Any]]]] = []
+    for file in _files(path, FORMATS[fmt][1]):
+        data = file.read_bytes()
+        digest = hashlib.sha256(fmt.encode() + b"\0" + data).hexdigest()[:20]
+        if (registry / digest).exists():
+            report.already_imported.append(file)
+            continue
+        kwargs = {"labels": Path(labels)} if labels is not None else {}
+        records = convert(file, data, **kwargs)
+        pending.append((digest, records))
+        report.files += 1
+        report.spans += sum(1 for r in records if r["name"] != "tracegym.outcome")
+        report.runs += len(
+            {
+                r["trace_id"]
+                for r in records
+                if r["parent_span_id"] is None and r["name"] != "tracegym.outcome"
+            }
+        )
+    registry.mkdir(parents=True, exist_ok=True)
+    for digest, records in pending:
+        report.spool_files.append(write_spool_file(home, records, f"import-{fmt}-{digest}"))
+        (registry / digest).write_text(fmt + "\n")
+    return report

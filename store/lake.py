@@ -1,0 +1,174 @@
+"""Compaction of the spool into a Parquet lake partitioned by day, exactly once.
+
+Each complete spool file becomes Parquet parts named after it (`spans/day=D/part-<stem>-N`;
+outcome records go to `outcomes/` alike), many files per DuckDB pass,
+written to a staging folder by DuckDB, fsynced, then renamed into the lake; only then is the
+spool file removed. A crash anywhere leaves the spool file in place, and the rerun rewrites
+the very same part names: every span ends up in the lake exactly once. Files still held by a
+live writer (see `tracegym.tracer.spool.is_complete`) are left alone and read live instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+from tracegym.store.schema import read_json_source, row_select
+from tracegym.tracer.spool import is_complete, spool_dir
+
+LAKE_DIR = "lake"
+SPANS_DIR = "spans"
+OUTCOMES_DIR = "outcomes"  # outcome records, kept apart so `spans` needs no filter
+STAGING_DIR = "_staging"
+
+
+def lake_dir(home: Path) -> Path:
+    return Path(home) / LAKE_DIR
+
+
+def spans_dir(home: Path) -> Path:
+    return lake_dir(home) / SPANS_DIR
+
+
+def outcomes_dir(home: Path) -> Path:
+    return lake_dir(home) / OUTCOMES_DIR
+
+
+@dataclass
+class CompactionReport:
+    """What one compaction did."""
+
+    files: int = 0
+    spans: int = 0
+    parts: int = 0
+    truncated_lines: int = 0
+    skipped_live: list[Path] = field(default_factory=list)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _drop_partial_tail(path: Path) -> int:
+    """Cut a crash-cut last line off a spool file nobody writes any more; 1 if cut, else 0."""
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with open(path, "rb+") as handle:
+        handle.seek(-1, os.SEEK_END)
+        if handle.read(1) == b"\n":
+            return 0
+        # Walk back to the last newline in blocks.
+        end = size
+        while end > 0:
+            start = max(0, end - 65536)
+            handle.seek(start)
+            block = handle.read(end - start)
+            cut = block.rfind(b"\n")
+            if cut != -1:
+                handle.truncate(start + cut + 1)
+                return 1
+            end = start
+        handle.truncate(0)
+        return 1
+
+
+def complete_spool_files(home: Path) -> tuple[list[Path], list[Path]]:
+    """(files ready to compact, files a live writer still holds), in name order."""
+    directory = spool_dir(home)
+    if not directory.is_dir():
+        return [], []
+    ready, live = [], []
+    for path in sorted(directory.glob("*.jsonl")):
+        (ready if is_complete(path) else live).append(path)
+    return ready, live
+
+
+def _stem_of_part(name: str) -> str:
+    """`part-<stem>-<i>.parquet` -> `<stem>`."""
+    return name[len("part-") :].rsplit("-", 1)[0]
+
+
+def compact_batch(con: duckdb.DuckDBPyConnection, home: Path, paths: list[Path]) -> tuple[int, int]:
+    """Move complete spool files into the lake in one DuckDB pass; returns (spans, parts).
+
+    Parts are named after their source file, so a rerun after a crash rewrites the same names;
+    parts a previous attempt left under a source's name and this one did not write are removed.
+    """
+    staging = lake_dir(home) / STAGING_DIR / paths[0].stem
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    spans = 0
+    nonempty = [str(p) for p in paths if p.stat().st_size]
+    if nonempty:
+        select = row_select(read_json_source("$paths", filename=True), with_source=True)
+        rows = con.execute(
+            f"COPY ({select}) TO '{_sql_path(staging)}' "
+            "(FORMAT parquet, PARTITION_BY (_table, day, _src), OVERWRITE_OR_IGNORE true, "
+            "COMPRESSION zstd)",
+            {"paths": nonempty},
+        ).fetchall()
+        spans = int(rows[0][0]) if rows else 0
+    stems = {p.stem for p in paths}
+    previous = [p for p in lake_dir(home).glob("*/day=*/part-*.parquet")
+                if _stem_of_part(p.name) in stems]  # fmt: skip
+    written: set[Path] = set()
+    for part in sorted(staging.rglob("*.parquet")):
+        table, day, source = part.relative_to(staging).parts[:3]  # _table=, day=, _src=
+        index = part.stem.rsplit("_", 1)[-1]  # data_<i>
+        target = (
+            lake_dir(home)
+            / table.split("=", 1)[1]
+            / day
+            / (f"part-{source.split('=', 1)[1]}-{index}.parquet")
+        )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _fsync(part)
+        os.replace(part, target)
+        _fsync(target.parent)
+        written.add(target)
+    for stale in previous:
+        if stale not in written:
+            stale.unlink()
+    for path in paths:
+        path.unlink()  # only now: its spans are durable in the lake
+    shutil.rmtree(staging, ignore_errors=True)
+    return spans, len(written)
+
+
+def _sql_path(path: Path) -> str:
+    """A path as a SQL string literal body (COPY ... TO takes no parameters)."""
+    return str(path).replace("'", "''")
+
+
+def compact(
+    home: Path, con: duckdb.DuckDBPyConnection | None = None, *, batch_files: int = 64
+) -> CompactionReport:
+    """Compact every complete spool file under `home` into the lake, `batch_files` at a time."""
+    home = Path(home)
+    report = CompactionReport()
+    ready, report.skipped_live = complete_spool_files(home)
+    if not ready:
+        return report
+    own = con is None
+    con = con or duckdb.connect()
+    try:
+        for start in range(0, len(ready), batch_files):
+            batch = ready[start : start + batch_files]
+            for path in batch:
+                report.truncated_lines += _drop_partial_tail(path)
+            spans, parts = compact_batch(con, home, batch)
+            report.files += len(batch)
+            report.spans += spans
+            report.parts += parts
+    finally:
+        if own:
+            con.close()
+    return report

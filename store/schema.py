@@ -1,0 +1,101 @@
+"""The lake's columns: how a spool line becomes a row, in one SQL expression.
+
+Compaction writes rows with this expression into Parquet; the live (not yet compacted) spool is
+read through the very same expression, so the two halves of every view always agree.
+"""
+
+from __future__ import annotations
+
+from tracegym.tracer import semconv as sc
+
+# The shape of a spool line (see docs/spool.md), for DuckDB's read_json.
+SPOOL_COLUMNS = {
+    "trace_id": "VARCHAR",
+    "span_id": "VARCHAR",
+    "parent_span_id": "VARCHAR",
+    "name": "VARCHAR",
+    "kind": "VARCHAR",
+    "start_ns": "BIGINT",
+    "end_ns": "BIGINT",
+    "status": "VARCHAR",
+    "status_message": "VARCHAR",
+    "attributes": "JSON",
+    "events": "JSON",
+    "links": "JSON",
+    "resource": "JSON",
+    "scope": "VARCHAR",
+}
+
+# Promoted columns: (column, type, attribute keys tried in order). Importers and the receiver
+# map other conventions (OpenInference, OpenLLMetry) onto these keys before spooling.
+PROMOTED: list[tuple[str, str, tuple[str, ...]]] = [
+    ("operation", "VARCHAR", (sc.OPERATION,)),
+    ("agent", "VARCHAR", (sc.AGENT_NAME,)),
+    ("run_id", "VARCHAR", (sc.RUN_ID,)),
+    ("step_index", "INTEGER", (sc.STEP_INDEX,)),
+    ("tool", "VARCHAR", (sc.TOOL_NAME,)),
+    ("call_id", "VARCHAR", (sc.TOOL_CALL_ID,)),
+    ("model", "VARCHAR", (sc.RESPONSE_MODEL, sc.REQUEST_MODEL)),
+    ("input", "VARCHAR", (sc.TOOL_ARGUMENTS, sc.INPUT_MESSAGES, sc.INPUT, sc.MEMORY_QUERY)),
+    ("output", "VARCHAR", (sc.TOOL_RESULT, sc.OUTPUT_MESSAGES, sc.OUTPUT, sc.MEMORY_CONTENT)),
+    ("input_tokens", "BIGINT", (sc.INPUT_TOKENS,)),
+    ("output_tokens", "BIGINT", (sc.OUTPUT_TOKENS,)),
+    ("memory_store", "VARCHAR", (sc.MEMORY_STORE,)),
+    ("memory_record", "VARCHAR", (sc.MEMORY_RECORD,)),
+    ("memory_content_hash", "VARCHAR", (sc.MEMORY_CONTENT_HASH,)),
+    ("memory_result_ids", "VARCHAR[]", (sc.MEMORY_RESULT_IDS,)),
+    ("memory_result_hashes", "VARCHAR[]", (sc.MEMORY_RESULT_HASHES,)),
+    ("subtask", "VARCHAR", (sc.SUBTASK_NAME,)),
+    ("error_type", "VARCHAR", (sc.ERROR_TYPE,)),
+]
+
+# Every attribute key a promoted column reads, in one list: DuckDB parses each JSON once.
+_KEYS = list(dict.fromkeys(k for _, _, keys in PROMOTED for k in keys))
+_PATHS = "[" + ", ".join("'$.\"" + k + "\"'" for k in _KEYS) + "]"
+
+
+def _column(column: str, kind: str, keys: tuple[str, ...]) -> str:
+    picks = [f"_v[{_KEYS.index(k) + 1}]" for k in keys]
+    value = picks[0] if len(picks) == 1 else f"coalesce({', '.join(picks)})"
+    if kind == "VARCHAR":
+        return f"{value} AS {column}"
+    if kind.endswith("[]"):
+        return f"TRY_CAST(CAST({value} AS JSON) AS {kind}) AS {column}"
+    return f"TRY_CAST({value} AS {kind}) AS {column}"
+
+
+def row_select(source: str, *, with_source: bool = False) -> str:
+    """SELECT turning spool lines from `source` (a table expression) into lake rows.
+
+    `with_source` adds `_src`, the spool file's stem (the source needs `filename=True`).
+    """
+    promoted = ",\n    ".join(_column(*p) for p in PROMOTED)
+    src = ",\n    regexp_extract(filename, '([^/]+)\\.jsonl$', 1) AS _src" if with_source else ""
+    return f"""
+SELECT
+    trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns,
+    (end_ns - start_ns) / 1e6 AS duration_ms,
+    make_timestamp(start_ns // 1000) AS start_time,
+    status, status_message,
+    json_extract_string(resource, '$."service.name"') AS service,
+    {promoted},
+    attributes, events, links, resource, scope,
+    CAST(make_timestamp(start_ns // 1000) AS DATE) AS day,
+    CASE WHEN name = '{sc.OUTCOME_SPAN_NAME}' THEN 'outcomes' ELSE 'spans' END AS _table{src}
+FROM (SELECT *, json_extract_string(attributes, {_PATHS}) AS _v FROM {source})
+"""
+
+
+def read_json_source(paths_param: str = "?", *, filename: bool = False) -> str:
+    """A read_json table expression over spool files (a path or list bound as a parameter)."""
+    columns = ", ".join(f"'{name}': '{kind}'" for name, kind in SPOOL_COLUMNS.items())
+    return (
+        f"read_json({paths_param}, format='newline_delimited', columns={{{columns}}}, "
+        f"ignore_errors=true, maximum_object_size=67108864, filename={str(filename).lower()})"
+    )
+
+
+def empty_source() -> str:
+    """A typed table expression with the spool's columns and no rows (an empty store)."""
+    columns = ", ".join(f"NULL::{kind} AS {name}" for name, kind in SPOOL_COLUMNS.items())
+    return f"(SELECT {columns} LIMIT 0)"

@@ -1,0 +1,77 @@
+"""`Store`: the Python entry point to the embedded store (SQL, Polars, compaction)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from tracegym.store.lake import CompactionReport, compact
+from tracegym.store.views import VIEWS, register_views
+from tracegym.tracer.config import resolve_home
+
+# Statement types a read-only entry point accepts.
+_READ_ONLY = {"SELECT", "EXPLAIN", "PRAGMA"}
+
+
+class ReadOnlyError(ValueError):
+    """A statement that would write, drop, attach, copy or configure was refused."""
+
+
+def check_read_only(query: str) -> None:
+    """Raise ReadOnlyError unless every statement in `query` only reads."""
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.Error as exc:
+        raise ValueError(f"cannot parse SQL: {exc}") from None
+    if not statements:
+        raise ValueError("empty SQL statement")
+    for statement in statements:
+        kind = statement.type.name
+        if kind not in _READ_ONLY or (kind == "PRAGMA" and "=" in statement.query):
+            raise ReadOnlyError(
+                f"refused {kind} statement: the SQL entry points are read-only "
+                f"(SELECT over the views {', '.join(VIEWS)})"
+            )
+
+
+class Store:
+    """The trace store under `home`: compacts the spool on open, then serves the views.
+
+    store = Store()                                  # $TRACEGYM_HOME or ./.tracegym
+    store.sql("SELECT tool, count(*) FROM tool_calls GROUP BY tool").show()
+    df = store.pl("SELECT * FROM traces")              # a Polars DataFrame
+    """
+
+    def __init__(self, home: str | Path | None = None, *, compact_on_open: bool = True) -> None:
+        self.home = resolve_home(home)
+        self.last_compaction: CompactionReport | None = None
+        self.con = duckdb.connect()
+        if compact_on_open:
+            self.compact()
+        else:
+            register_views(self.con, self.home)
+
+    def compact(self) -> CompactionReport:
+        """Move complete spool files into the lake, then refresh the views."""
+        self.last_compaction = compact(self.home, self.con)
+        register_views(self.con, self.home)
+        return self.last_compaction
+
+    def sql(self, query: str, params: Any = None) -> duckdb.DuckDBPyRelation:
+        """A DuckDB relation for a read-only query (`.fetchall()`, `.pl()`, `.df()` ...)."""
+        check_read_only(query)
+        return self.con.sql(query, params=params)
+
+    def pl(self, query: str, params: Any = None) -> Any:
+        """The query's result as a Polars DataFrame."""
+        return self.sql(query, params).pl()
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,165 @@
+"""The DuckDB views users write SQL against. Column lists are documented in the README.
+
+`spans` is the lake (Parquet, hive-partitioned by day) plus the live spool not yet compacted,
+read through the same row expression; outcome records live in a table of their own, and every
+other view is defined over these two.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+from tracegym.store.lake import complete_spool_files, lake_dir
+from tracegym.store.schema import empty_source, read_json_source, row_select
+from tracegym.tracer import semconv as sc
+
+VIEWS = ["spans", "traces", "tool_calls", "llm_calls", "memory_ops", "outcomes"]
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _lake_part(directory: Path) -> str | None:
+    if not directory.is_dir() or not any(directory.rglob("*.parquet")):
+        return None
+    glob = _literal(str(directory / "**" / "*.parquet"))
+    return f"SELECT * FROM read_parquet({glob}, hive_partitioning=true)"
+
+
+def _table_sql(home: Path, table: str, live: str | None) -> str:
+    """One lake table (`spans` or `outcomes`) plus its rows from the live spool."""
+    parts = [p for p in (_lake_part(lake_dir(home) / table), live) if p]
+    if not parts:  # an empty store still has typed, queryable views
+        parts.append(f"SELECT * EXCLUDE (_table) FROM ({row_select(empty_source())})")
+    return "\nUNION ALL BY NAME\n".join(f"({p})" for p in parts)
+
+
+def _live_sql(home: Path) -> str | None:
+    """Spool files not compacted yet (complete or still being written), read in place."""
+    ready, live = complete_spool_files(home)
+    pending = ready + live
+    if not pending:
+        return None
+    files = "[" + ", ".join(_literal(str(p)) for p in pending) + "]"
+    return row_select(read_json_source(files))
+
+
+VIEW_SQL = {
+    # Latest recorded outcome per run; `target` may be a run id or a trace id.
+    "outcomes": f"""
+        WITH recorded AS (
+            SELECT
+                json_extract_string(attributes, '$."{sc.OUTCOME_TARGET}"') AS target,
+                TRY_CAST(json_extract_string(attributes, '$."{sc.OUTCOME_SUCCESS}"') AS BOOLEAN)
+                    AS success,
+                TRY_CAST(json_extract_string(attributes, '$."{sc.OUTCOME_REWARD}"') AS DOUBLE)
+                    AS reward,
+                json_extract_string(attributes, '$."{sc.OUTCOME_SOURCE}"') AS source,
+                json_extract_string(attributes, '$."{sc.OUTCOME_LABELS}"') AS labels,
+                start_time AS recorded_at, start_ns
+            FROM _outcome_spans
+        ),
+        runs AS (
+            SELECT run_id, any_value(trace_id) AS trace_id FROM spans
+            WHERE run_id IS NOT NULL GROUP BY run_id
+        )
+        SELECT coalesce(runs.trace_id, recorded.target) AS trace_id,
+               coalesce(runs.run_id, recorded.target) AS run_id,
+               success, reward, source, labels, recorded_at
+        FROM recorded LEFT JOIN runs ON runs.run_id = recorded.target
+        QUALIFY row_number() OVER (
+            PARTITION BY coalesce(runs.trace_id, recorded.target) ORDER BY start_ns DESC) = 1
+    """,
+    "traces": f"""
+        WITH per_trace AS (
+            SELECT trace_id,
+                   min(start_ns) AS start_ns, max(end_ns) AS end_ns,
+                   count(*) AS spans,
+                   count(*) FILTER (WHERE operation = '{sc.OP_TOOL}') AS tool_calls,
+                   count(*) FILTER (WHERE operation = '{sc.OP_CHAT}') AS llm_calls,
+                   count(*) FILTER (WHERE operation IN ('{sc.OP_MEMORY_SEARCH}',
+                       '{sc.OP_MEMORY_UPDATE}', '{sc.OP_MEMORY_DELETE}')) AS memory_ops,
+                   count(*) FILTER (WHERE status = 'ERROR') AS errors,
+                   CAST(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0))
+                       FILTER (WHERE operation = '{sc.OP_CHAT}') AS BIGINT) AS tokens
+            FROM spans GROUP BY trace_id
+        ),
+        roots AS (
+            SELECT trace_id, span_id AS root_span_id, name AS root_name, agent, run_id, service,
+                   status AS root_status
+            FROM spans WHERE parent_span_id IS NULL
+            QUALIFY row_number() OVER (PARTITION BY trace_id ORDER BY start_ns) = 1
+        )
+        SELECT p.trace_id, r.run_id, r.root_span_id, r.root_name, r.agent, r.service,
+               make_timestamp(p.start_ns // 1000) AS start_time,
+               (p.end_ns - p.start_ns) / 1e6 AS duration_ms,
+               p.spans, p.tool_calls, p.llm_calls, p.memory_ops, p.errors,
+               coalesce(p.tokens, 0) AS tokens, r.root_status,
+               o.success, o.reward, o.source AS outcome_source, o.labels AS outcome_labels
+        FROM per_trace p
+        LEFT JOIN roots r USING (trace_id)
+        LEFT JOIN outcomes o USING (trace_id)
+    """,
+    "tool_calls": f"""
+        SELECT trace_id, span_id, parent_span_id, step_index, agent, tool, call_id,
+               input AS arguments, output AS result, status, error_type, start_time,
+               duration_ms
+        FROM spans WHERE operation = '{sc.OP_TOOL}'
+    """,
+    "llm_calls": f"""
+        SELECT trace_id, span_id, parent_span_id, step_index, agent, model,
+               input_tokens, output_tokens, input AS input_messages, output AS output_messages,
+               status, error_type, start_time, duration_ms
+        FROM spans WHERE operation = '{sc.OP_CHAT}'
+    """,
+    # Each read lists, per record it returned, the write that stored that content: the latest
+    # earlier update_memory of the same store with the same content hash (any run).
+    "memory_ops": f"""
+        WITH ops AS (
+            SELECT trace_id, span_id, step_index, agent, operation, memory_store AS store,
+                   memory_record AS record_id, memory_content_hash AS content_hash,
+                   memory_result_ids AS result_record_ids,
+                   memory_result_hashes AS result_hashes,
+                   input AS query, output AS content, status, start_ns, end_ns, start_time
+            FROM spans WHERE operation IN ('{sc.OP_MEMORY_SEARCH}', '{sc.OP_MEMORY_UPDATE}',
+                                           '{sc.OP_MEMORY_DELETE}')
+        ),
+        writes AS (
+            SELECT store, content_hash, end_ns, trace_id AS w_trace, span_id AS w_span
+            FROM ops WHERE operation = '{sc.OP_MEMORY_UPDATE}' AND content_hash IS NOT NULL
+        ),
+        returned AS (
+            SELECT span_id, store, start_ns, unnest(result_hashes) AS hash,
+                   generate_subscripts(result_hashes, 1) AS position
+            FROM ops WHERE operation = '{sc.OP_MEMORY_SEARCH}'
+        ),
+        linked AS (
+            SELECT r.span_id,
+                   list(w.w_span ORDER BY r.position) AS source_write_span_ids,
+                   list(w.w_trace ORDER BY r.position) AS source_write_trace_ids
+            FROM returned r
+            ASOF LEFT JOIN writes w
+                ON r.store = w.store AND r.hash = w.content_hash AND r.start_ns >= w.end_ns
+            GROUP BY r.span_id
+        )
+        SELECT ops.* EXCLUDE (start_ns, end_ns),
+               linked.source_write_span_ids, linked.source_write_trace_ids
+        FROM ops LEFT JOIN linked USING (span_id)
+    """,
+}
+
+
+def register_views(con: duckdb.DuckDBPyConnection, home: Path) -> None:
+    """(Re)create the views over `home` on `con`."""
+    home = Path(home)
+    live = _live_sql(home)
+    for view, table in (("spans", "spans"), ("_outcome_spans", "outcomes")):
+        wanted = "'outcomes'" if table == "outcomes" else "'spans'"
+        live_rows = (
+            f"SELECT * EXCLUDE (_table) FROM ({live}) WHERE _table = {wanted}" if live else None
+        )
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS {_table_sql(home, table, live_rows)}")
+    for name in ["outcomes", "traces", "tool_calls", "llm_calls", "memory_ops"]:
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEW_SQL[name]}")
