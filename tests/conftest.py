@@ -69,9 +69,11 @@ def tracer_setup():
     for provider in providers:
         provider.shutdown()
     # forget the installation so that the next test starts clean
-    setup._installed.processor = None
-    setup._installed.provider = None
-    setup._installed.batches = []
+    installed = getattr(setup, "_installed", None)
+    if installed is not None:
+        installed.processor = None
+        installed.provider = None
+        installed.batches = []
 
 
 @pytest.fixture

@@ -205,7 +205,8 @@ class Blocking(SpanExporter):
 
 def test_full_queue_drops_and_counts_without_blocking(tracer_setup):
     blocking = Blocking()
-    tracer_setup(spool=False, exporters=[blocking], max_queue_size=16, flush_interval_s=0.01)
+    # a long interval: the export thread wakes only when a whole batch (16) is queued
+    tracer_setup(spool=False, exporters=[blocking], max_queue_size=16, flush_interval_s=30)
     try:
         for i in range(16):  # one batch: the export thread takes it and hangs
             ping(i)
