@@ -211,13 +211,6 @@ def test_json_text_result_is_redacted(cap):
     assert json.loads(result) == {"db": {"password": REDACTED}}
 
 
-@pytest.mark.xfail(
-    reason="bug: redact._KEYED allows only an optional quote between the key and ':'; a JSON "
-    "text passed as an argument is JSON-encoded again inside gen_ai.tool.call.arguments, so "
-    "its quotes arrive escaped (backslash-quote) and the regex no longer matches: the password "
-    "in a JSON-text argument is exported as is (LLM tool calls carry arguments as JSON text)",
-    strict=True,
-)
 def test_json_text_argument_is_redacted(cap):
     @tg.tool
     def call_api(payload):
@@ -273,12 +266,6 @@ def test_secrets_in_exception_events_are_redacted(cap):
         assert REDACTED in text
 
 
-@pytest.mark.xfail(
-    reason="bug: redact.redact_span scrubs attributes and event attributes but "
-    "not span.status.description, which Operation.fail sets to f'{error_type}: {exc}'; an "
-    "exception message carrying a secret reaches every exporter (spool status_message, OTLP)",
-    strict=True,
-)
 def test_secrets_in_error_status_are_redacted(cap):
     @tg.tool
     def connect():
@@ -290,12 +277,6 @@ def test_secrets_in_error_status_are_redacted(cap):
     assert OPENAI_KEY not in span.status.description
 
 
-@pytest.mark.xfail(
-    reason="bug: redact._KEYED stops a keyed value at the first whitespace "
-    "([^\"'\\s,;&}\\]]{3,}), so a JSON/quoted password with spaces keeps all but its first "
-    'word: {"password": "correct horse battery staple"} -> "[REDACTED] horse battery staple"',
-    strict=True,
-)
 def test_passphrase_with_spaces_is_fully_redacted(cap):
     @tg.tool
     def login(credentials):
@@ -433,14 +414,6 @@ def test_wide_list_is_summarised(cap):
     assert len(result) == 101
 
 
-@pytest.mark.xfail(
-    reason="bug: serialize.to_json's fast path (added in 33bd093) hands any dict/list/tuple of "
-    "<= MAX_ITEMS entries straight to the C JSON encoder, which ignores MAX_ITEMS and MAX_DEPTH "
-    "for everything nested inside; tool arguments are always such a dict, so "
-    "tool(rows=<3M-item list>) encodes the whole list on the agent's thread (3.3 s, 46 MB here) "
-    "before truncating, instead of the bounded walk's ~1 ms and '…+N more items' summary",
-    strict=True,
-)
 def test_nested_big_containers_are_walked_with_bounds(cap):
     @tg.tool
     def ingest(rows):
@@ -636,13 +609,6 @@ def test_arguments_are_not_consumed_or_mutated(cap):
     assert json.dumps(config, default=sorted) == snapshot
 
 
-@pytest.mark.xfail(
-    reason="bug: kinds.MemoryWrite.call_attributes (and MemoryDelete) call str(record) inside "
-    "Operation.begin; a record id whose __str__ raises makes begin fail, so the whole "
-    "update_memory span is lost (only counted as an internal error) instead of the id being "
-    "described safely like every other value",
-    strict=True,
-)
 def test_hostile_memory_record_id_still_traced(cap):
     assert put(BadRepr(), "value") is None
     write = a(cap.one("update_memory s"))

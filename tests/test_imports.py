@@ -76,13 +76,6 @@ def test_tracer_works_with_heavy_packages_missing(run_python):
     assert result.stdout.strip() == "ok"
 
 
-@pytest.mark.xfail(
-    reason="bug: tracegym/__init__.py binds tracegym.tracer.testing to the name "
-    "tracegym.testing (and lists it in __all__, and testing.py's docstring uses it), but no "
-    "module tracegym.testing exists: `import tracegym.testing` / "
-    "`from tracegym.testing import capture` raise ModuleNotFoundError",
-    strict=True,
-)
 def test_testing_helper_importable_by_its_public_name(run_python):
     result = run_python("from tracegym.testing import capture\nprint(capture.__name__)")
     assert result.returncode == 0, result.stderr

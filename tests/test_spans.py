@@ -275,12 +275,6 @@ def test_methods_static_and_class_methods(cap):
     assert json.loads(a(cap.one("execute_tool class_inner"))[sc.TOOL_ARGUMENTS]) == {"x": 4}
 
 
-@pytest.mark.xfail(
-    reason="bug: api._build treats a bare decorator's argument as a function only if callable(); "
-    "classmethod objects are not callable, so `@tg.tool` over `@classmethod` becomes a Tool "
-    "named by the classmethod object and calling the method returns a wrapper function",
-    strict=True,
-)
 def test_bare_decorator_over_classmethod(cap):
     class Box:
         @tg.tool
@@ -358,13 +352,6 @@ def test_reentrant_context_manager_object_nests(cap):
     assert inner.end_time <= outer.end_time
 
 
-@pytest.mark.xfail(
-    reason="bug: Operation.__enter__/__exit__ keep live handles on a per-instance stack "
-    "(self._active), so one `with` object used at the same time by two threads (or asyncio "
-    "tasks) pops the other thread's handle: spans end in the wrong thread, results land on the "
-    "wrong span and OTel context detach fails",
-    strict=True,
-)
 def test_shared_context_manager_object_across_threads(cap):
     op = tg.tool("shared")
     barrier = threading.Barrier(2)

@@ -326,12 +326,6 @@ def test_forked_child_writes_its_own_file_and_never_duplicates(run_python, tmp_p
     assert by_pid[pids["child"]] == ["child"]  # the parent's queued span is not written twice
 
 
-@pytest.mark.xfail(
-    reason="bug: docs/spool.md says 'A reader must skip (and count) lines of a version it does "
-    "not know', but spool.read_spool_file never looks at the 'v' field: a version-2 line is "
-    "returned like a version-1 one",
-    strict=True,
-)
 def test_reader_skips_unknown_versions(tmp_path):
     directory = spool_dir(tmp_path)
     directory.mkdir(parents=True)

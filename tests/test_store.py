@@ -3,6 +3,7 @@ against hand-built traces, and the read-only SQL entry point."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -179,10 +180,8 @@ def traced_home(tmp_path: Path):
     @tg.agent(name="support", run_id=lambda task: task)
     def run(task: str) -> str:
         think([{"role": "user", "content": task}])
-        try:
+        with contextlib.suppress(KeyError):
             get_order("missing" if task == "bad" else "W1")
-        except KeyError:
-            pass
         remember("policy", "refund approved")
         return recall("policy")
 

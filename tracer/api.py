@@ -33,7 +33,9 @@ Op = TypeVar("Op", bound=Operation)
 
 
 def _build(cls: type[Op], first: Any, name: str | None, options: dict[str, Any]) -> Any:
-    if callable(first) and not isinstance(first, str):  # used bare: @tg.tool
+    if isinstance(first, (staticmethod, classmethod)) or (
+        callable(first) and not isinstance(first, str)
+    ):  # used bare: @tg.tool
         return cls(name, **options)(first)
     return cls(first if first is not None else name, **options)
 

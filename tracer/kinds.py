@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import random
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -19,6 +19,11 @@ from tracegym.tracer.serialize import content_hash, to_json
 
 def _json(value: Any) -> str:
     return to_json(value, state.settings.max_value_length)
+
+
+def _record_id(value: Any) -> str:
+    """A record id as text: strings as they are, anything else safely serialised."""
+    return value if type(value) is str else to_json(value, 256)
 
 
 def _input_of(op: Operation, arguments: dict[str, Any]) -> Any:
@@ -128,7 +133,9 @@ class Tool(Operation):
         return {sc.OPERATION: self.operation, sc.TOOL_NAME: self.name}
 
     def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
-        attrs[sc.TOOL_CALL_ID] = self.call_id or f"call_{random.getrandbits(64):016x}"
+        attrs[sc.TOOL_CALL_ID] = (
+            self.call_id or f"call_{os.urandom(8).hex()}"
+        )  # not `random`: the agent's seeded stream stays its own
         if capture:
             if self._binder is None:  # `with` form: `tool("name", arguments={...})`
                 arguments = arguments.get("arguments", {})
@@ -265,7 +272,7 @@ class MemoryWrite(_Memory):
     def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
         record = self._pick(arguments, self.id_from, 0)
         if record is not None:
-            attrs[sc.MEMORY_RECORD] = str(record)
+            attrs[sc.MEMORY_RECORD] = _record_id(record)
         content = self._pick(arguments, self.content_from, 1)
         if content is not None:
             attrs[sc.MEMORY_CONTENT_HASH] = content_hash(content)
@@ -288,7 +295,7 @@ class MemoryDelete(_Memory):
     def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
         record = self._pick(arguments, self.id_from, 0)
         if record is not None:
-            attrs[sc.MEMORY_RECORD] = str(record)
+            attrs[sc.MEMORY_RECORD] = _record_id(record)
 
 
 def _records(result: Any, query: Any) -> list[tuple[Any, Any]]:
@@ -349,7 +356,7 @@ class MemoryRead(_Memory):
         pairs = list(self.records(result)) if self.records is not None else _records(result, query)
         span = handle.span
         span.set_attribute(
-            sc.MEMORY_RESULT_IDS, [str(i) if i is not None else "" for i, _ in pairs]
+            sc.MEMORY_RESULT_IDS, [_record_id(i) if i is not None else "" for i, _ in pairs]
         )
         span.set_attribute(sc.MEMORY_RESULT_HASHES, [content_hash(c) for _, c in pairs])
         if capture:

@@ -9,9 +9,11 @@ what their span is called and which attributes it carries.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import functools
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -37,6 +39,16 @@ class _State:
 
 
 state = _State()
+
+
+def _flow() -> tuple[int, int]:
+    """Who is inside a `with`: the thread and, under asyncio, the task. One `with` object may
+    be entered by several at once; each must leave its own span."""
+    try:
+        task = id(asyncio.current_task())
+    except RuntimeError:  # no running event loop in this thread
+        task = 0
+    return threading.get_ident(), task
 
 
 def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
@@ -142,7 +154,7 @@ class Operation:
         self.capture = capture  # None: follow the global content-capture setting
         self.call = call  # values given to a `with` form instead of function arguments
         self._binder: Callable[[tuple, dict], dict[str, Any]] | None = None
-        self._active: list[Handle] = []
+        self._active: dict[tuple[int, int], list[Handle]] = {}  # `with` spans per thread/task
 
     # What subclasses describe ---------------------------------------------------------------
     def span_name(self) -> str:
@@ -249,11 +261,15 @@ class Operation:
     # Context-manager forms ------------------------------------------------------------------
     def __enter__(self) -> Handle:
         handle = self.begin()
-        self._active.append(handle)  # type: ignore[arg-type]
+        self._active.setdefault(_flow(), []).append(handle)
         return handle if handle is not None else Handle.__new__(_NoopHandle)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        handle = self._active.pop() if self._active else None
+        key = _flow()
+        stack = self._active.get(key)
+        handle = stack.pop() if stack else None
+        if stack is not None and not stack:
+            self._active.pop(key, None)
         if exc is not None:
             self.fail(handle, exc)
         else:
@@ -270,7 +286,7 @@ class Operation:
         if isinstance(fn, (staticmethod, classmethod)):
             return type(fn)(self(fn.__func__))  # type: ignore[return-value]
         op = copy.copy(self)
-        op._active = []
+        op._active = {}
         op.__dict__.pop("_cached_name", None)
         op.__dict__.pop("_cached_static", None)
         if op.name is None:
@@ -348,13 +364,20 @@ class _Yielded:
         if self.count <= _GENERATOR_KEEP:
             self.items.append(item)
 
-    def finish(self, op: Operation, handle: Handle | None, result: Any = None) -> None:
+    def _count(self, handle: Handle | None) -> None:
         if handle is not None:
             try:
                 handle.span.set_attribute(sc.GENERATOR_ITEMS, self.count)
             except Exception as exc:
                 internal.report_error("generator", exc)
+
+    def finish(self, op: Operation, handle: Handle | None, result: Any = None) -> None:
+        self._count(handle)
         op.finish(handle, self.items if result is None else result)
+
+    def fail(self, op: Operation, handle: Handle | None, exc: BaseException) -> None:
+        self._count(handle)
+        op.fail(handle, exc)
 
 
 def _run_in(handle: Handle | None, method: Callable[[Any], Any], arg: Any) -> Any:
@@ -407,7 +430,7 @@ def _wrap_generator(op: Operation, fn: Callable[..., Any]) -> Callable[..., Any]
             yielded.finish(op, handle)  # closed early by the consumer: not an error
             raise
         except BaseException as exc:
-            op.fail(handle, exc)
+            yielded.fail(op, handle, exc)
             raise
         yielded.finish(op, handle, result)
         return result
@@ -442,7 +465,7 @@ def _wrap_async_generator(op: Operation, fn: Callable[..., Any]) -> Callable[...
             yielded.finish(op, handle)
             raise
         except BaseException as exc:
-            op.fail(handle, exc)
+            yielded.fail(op, handle, exc)
             raise
         yielded.finish(op, handle)
 

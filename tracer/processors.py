@@ -96,15 +96,25 @@ class FanOutSpanProcessor(SpanProcessor):
 
     def __init__(self, processors: Sequence[SpanProcessor] = ()) -> None:
         self._processors = tuple(processors)
+        self._closed = False
 
     def replace(self, processors: Sequence[SpanProcessor]) -> None:
         self._processors = tuple(processors)
+        self._closed = False
+
+    def close(self) -> None:
+        """After `tracegym.shutdown`: spans still ending are dropped, and counted."""
+        self._processors = ()
+        self._closed = True
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         for processor in self._processors:
             processor.on_start(span, parent_context=parent_context)
 
     def on_end(self, span: ReadableSpan) -> None:
+        if self._closed:
+            internal.add("spans_dropped.after_shutdown")
+            return
         for processor in self._processors:
             processor.on_end(span)
 

@@ -16,6 +16,7 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import Status
 from tracegym.tracer import internal
 
 REDACTED = "[REDACTED]"
@@ -32,11 +33,13 @@ _TOKEN_PATTERNS = [
     r"(?<=[Bb]earer )[A-Za-z0-9_\-\.=+/]{8,}",  # Authorization: Bearer <token>
     r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)",  # user:password@ in URLs
 ]
-# Secrets named by a key: password=..., "api_key": "...", token: ...
+# Secrets named by a key: password=..., "api_key": "...", token: ... A quoted value may hold
+# spaces and its quotes may be escaped (JSON text inside a JSON attribute: \"password\": \"x\").
 _KEYED = (
-    r"(?i)(?P<key>[\"']?\b(?:password|passwd|pwd|secret|client_secret|api[_-]?key|"
-    r"access[_-]?token|auth[_-]?token|refresh[_-]?token|private[_-]?key|authorization)[\"']?"
-    r"\s*[:=]\s*[\"']?)(?P<value>[^\"'\s,;&}\]]{3,})"
+    r"(?i)(?P<key>\b(?:password|passwd|pwd|secret|client_secret|api[_-]?key|"
+    r"access[_-]?token|auth[_-]?token|refresh[_-]?token|private[_-]?key|authorization)"
+    r"\\?[\"']?\s*[:=]\s*)"
+    r"(?:(?P<quote>\\?[\"'])(?P<quoted>.{1,2000}?)(?P=quote)|(?P<bare>[^\"'\s,;&}\]\\]{3,}))"
 )
 # Every secret above contains one of these (lower-cased): clean text costs a few substring tests.
 _TRIGGERS = (
@@ -50,6 +53,11 @@ _TRIGGERS = (
 _SECRET_KEY = re.compile(
     r"(?i)(password|passwd|secret|api[_-]?key|authorization|auth[_-]?token|access[_-]?token)"
 )
+
+
+def _keyed_replacement(match: re.Match[str]) -> str:
+    quote = match.group("quote") or ""
+    return f"{match.group('key')}{quote}{REDACTED}{quote}"
 
 
 class Redactor:
@@ -75,7 +83,7 @@ class Redactor:
         if not self.might_hold_secret(text):
             return text
         text = self._tokens.sub(REDACTED, text)
-        return self._keyed.sub(lambda m: m.group("key") + REDACTED, text)
+        return self._keyed.sub(_keyed_replacement, text)
 
     def _secret_key(self, key: str) -> bool:
         known = self._key_cache.get(key)
@@ -134,6 +142,11 @@ def _attributes_of(span: ReadableSpan) -> Any:
 def redact_span(span: ReadableSpan, redactor: Redactor) -> ReadableSpan:
     """`span` itself when it holds no secret, else a copy with every secret replaced."""
     attributes = redactor.redact_attributes(_attributes_of(span))
+    status = span.status
+    if status.description:
+        clean = redactor.redact(status.description)
+        if clean != status.description:
+            status = Status(status.status_code, clean)
     events = None
     for i, event in enumerate(span.events):
         new = redactor.redact_attributes(event.attributes)
@@ -141,7 +154,7 @@ def redact_span(span: ReadableSpan, redactor: Redactor) -> ReadableSpan:
             if events is None:
                 events = list(span.events)
             events[i] = Event(event.name, new, event.timestamp)
-    if attributes is None and events is None:
+    if attributes is None and events is None and status is span.status:
         return span
     internal.add("spans_redacted")
     return ReadableSpan(
@@ -153,7 +166,7 @@ def redact_span(span: ReadableSpan, redactor: Redactor) -> ReadableSpan:
         events=events if events is not None else span.events,
         links=span.links,
         kind=span.kind,
-        status=span.status,
+        status=status,
         start_time=span.start_time,
         end_time=span.end_time,
         instrumentation_scope=span.instrumentation_scope,

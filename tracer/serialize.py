@@ -153,16 +153,57 @@ def to_json(value: Any, max_length: int = 8192) -> str:
     """
     kind = type(value)
     if kind is str:  # the common case: already text; keep it readable, not quoted
-        return truncate(value, max_length)
+        return _encodable(truncate(value, max_length))
     try:
-        if (kind is dict or kind is list or kind is tuple) and len(value) <= MAX_ITEMS:
+        if (kind is dict or kind is list or kind is tuple) and _small(value, max_length):
             try:
-                return truncate(_encode_fast(value), max_length)
+                return _encodable(truncate(_encode_fast(value), max_length))
             except (_Unusual, ValueError, TypeError, RecursionError):
                 pass
-        return truncate(_encode(_plain(value, max_length, 0, set())), max_length)
+        return _encodable(truncate(_encode(_plain(value, max_length, 0, set())), max_length))
     except Exception:
         return _describe(value)
+
+
+_SMALL_SCALARS = 64  # scalars a value may hold and still take the fast path
+
+
+def _small(value: Any, max_length: int) -> bool:
+    """True for values the C encoder may take whole: few scalars, short strings, shallow.
+
+    Anything bigger takes the bounded walk, so a 3-million-row argument costs a summary, not
+    a full encode on the agent's thread.
+    """
+    budget = _SMALL_SCALARS
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            if depth >= 3 or len(item) > budget:
+                return False
+            stack.extend((v, depth + 1) for v in item.values())
+        elif kind is list or kind is tuple:
+            if depth >= 3 or len(item) > budget:
+                return False
+            stack.extend((v, depth + 1) for v in item)
+        elif kind is str and len(item) > max_length:
+            return False
+        budget -= 1
+        if budget < 0:
+            return False
+    return True
+
+
+def _encodable(text: str) -> str:
+    """`text` with lone surrogates replaced, so every exporter can encode it as UTF-8."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def content_hash(value: Any) -> str:

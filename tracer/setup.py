@@ -216,7 +216,7 @@ def shutdown() -> None:
     with _installed.lock:
         batches, _installed.batches = _installed.batches, []
         if _installed.processor is not None:
-            _installed.processor.replace([])
+            _installed.processor.close()
     for batch in batches:
         try:
             batch.shutdown()

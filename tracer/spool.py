@@ -12,6 +12,7 @@ Format (version 1), documented for readers in docs/spool.md:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -19,6 +20,7 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -90,22 +92,43 @@ class SpoolWriter:
         self._opened_at = 0.0
         self._size = 0
         self.path: Path | None = None
+        if hasattr(os, "register_at_fork"):
+            after = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: (method := after()) and method())
+
+    def _after_fork(self) -> None:
+        """In a forked child: let go of the parent's file at once (the lock is shared)."""
+        self._lock = threading.Lock()
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
 
     def _open(self) -> int:
         self.directory.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         host = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:32]
-        path = self.directory / f"{stamp}-{host}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        name = f"{stamp}-{host}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
+        # Created and locked under a name readers ignore, then renamed: no reader can ever see
+        # the file unlocked (and so "complete") before its writer holds it.
+        hidden = self.directory / f".{name}.new"
+        fd = os.open(
+            hidden, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644
+        )
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        path = self.directory / name
+        os.rename(hidden, path)
         self._fd, self._pid, self.path = fd, os.getpid(), path
         self._opened_at, self._size = time.monotonic(), 0
         internal.add("spool_files_opened")
         return fd
 
     def _close(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)  # releases the flock: readers may now take the file whole
+        if self._fd is not None:
+            # In the writer this releases the flock: readers may now take the file whole. In a
+            # forked child it drops the inherited copy, which would otherwise keep the parent's
+            # file looking live for as long as the child runs.
+            os.close(self._fd)
         self._fd = None
 
     def write(self, data: bytes) -> None:
@@ -149,7 +172,8 @@ class SpoolSpanExporter(SpanExporter):
         if not lines:
             return SpanExportResult.SUCCESS
         try:
-            self.writer.write(("\n".join(lines) + "\n").encode("utf-8", "surrogatepass"))
+            # Lone surrogates (invalid text) become U+FFFD: every line stays valid UTF-8.
+            self.writer.write(("\n".join(lines) + "\n").encode("utf-8", "replace"))
         except OSError as exc:
             internal.report_error("spool.write", exc)
             return SpanExportResult.FAILURE
@@ -185,9 +209,14 @@ def read_spool_file(path: Path) -> Iterator[dict[str, Any]]:
                 internal.add("spool_partial_lines_skipped")
                 break
             try:
-                yield json.loads(line)
+                record = json.loads(line)
             except ValueError:
                 internal.add("spool_bad_lines_skipped")
+                continue
+            if not isinstance(record, dict) or record.get("v") != SPOOL_VERSION:
+                internal.add("spool_unknown_version_lines_skipped")
+                continue
+            yield record
 
 
 def iter_spool(home: Path) -> Iterator[dict[str, Any]]:
