@@ -1,0 +1,80 @@
+"""`otlp-json`: OTLP/JSON trace files, as the OpenTelemetry Collector's file exporter writes them.
+
+The file exporter (format `json`) writes JSON lines, one `ExportTraceServiceRequest`-shaped
+object (`{"resourceSpans": [...]}`) per line; a file holding a single (possibly pretty-printed)
+object, or a JSON array of such objects, is accepted too, and gzip-compressed files are
+unpacked. Lines of other signals the same exporter may share the file with (`resourceLogs`,
+`resourceMetrics`, `resourceProfiles`) are skipped; a file with no trace data at all is an error.
+
+Spans keep their own trace and span ids (so re-importing yields the same spans, and the import
+registry skips a file seen before); attributes go through the same OpenInference / OpenLLMetry
+mapping as the OTLP receiver (`tracegym.store.otlp`). No outcomes are attached: OTLP carries none.
+Errors name the file and the line (and the span's place within the line's request).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+from tracegym.store.importers import ImportFormatError, iter_json_lines, load_json
+from tracegym.store.otlp import OTLPFormatError, records_from_json_object
+
+_OTHER_SIGNALS = ("resourceLogs", "resourceMetrics", "resourceProfiles")
+
+
+def _objects(path: Path, data: bytes) -> list[tuple[str | None, Any]]:
+    """(record label, parsed object) for each request in the file."""
+    lines = [line for line in data.splitlines() if line.strip()]
+    if not lines:
+        raise ImportFormatError(path, "empty file: no OTLP/JSON trace data")
+    try:
+        json.loads(lines[0])
+        jsonl = True
+    except (ValueError, UnicodeDecodeError):
+        jsonl = False  # the first line is not a document of its own: one pretty-printed object
+    if jsonl and len(lines) > 1:
+        return [(f"line {number}", obj) for number, obj in iter_json_lines(path, data)]
+    document = load_json(path, data)
+    if isinstance(document, list):
+        return [(f"item {index}", obj) for index, obj in enumerate(document)]
+    return [(None, document)]
+
+
+def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict[str, Any]]:
+    """Spool records for every span in one OTLP/JSON file; ImportFormatError on bad input."""
+    path = Path(path)
+    if labels is not None:
+        raise ImportFormatError(path, "otlp-json takes no --labels (OTLP carries no outcomes)")
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ImportFormatError(path, f"corrupt gzip data: {exc}") from None
+    records: list[dict[str, Any]] = []
+    traces_seen = False
+    for record, obj in _objects(path, data):
+        if not isinstance(obj, dict):
+            raise ImportFormatError(
+                path, f"expected an OTLP/JSON object, got {type(obj).__name__}", record=record
+            )
+        if "resourceSpans" not in obj:
+            if any(key in obj for key in _OTHER_SIGNALS):
+                continue  # logs or metrics sharing the file: not ours
+            raise ImportFormatError(
+                path,
+                "not OTLP/JSON trace data (no resourceSpans); expected the Collector file "
+                "exporter's JSON lines",
+                record=record,
+            )
+        traces_seen = True
+        try:
+            records.extend(records_from_json_object(obj))
+        except OTLPFormatError as exc:
+            raise ImportFormatError(path, str(exc), record=record) from None
+    if not traces_seen:
+        raise ImportFormatError(path, "no trace data (only logs/metrics)")
+    return records

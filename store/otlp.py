@@ -1,0 +1,789 @@
+"""OTLP trace data -> spool records, and other conventions -> tracegym's attribute names.
+
+Two inputs, one output:
+- `records_from_protobuf(body)` / `records_from_request(request)`: an OTLP/protobuf
+  `ExportTraceServiceRequest` (bytes, or the parsed message);
+- `records_from_json(body)` / `records_from_json_object(obj)`: OTLP/JSON, the proto3 JSON
+  mapping as OTLP/HTTP uses it (lowerCamelCase keys, trace and span ids as hex strings,
+  64-bit integers as strings or numbers, enums as integers or names, typed `AnyValue`s);
+both return spool records with the fields of `tracegym.store.records.span_record` (the same
+lines the tracer writes), attributes already passed through `normalize_attributes`.
+
+Validation is strict and a request is all or nothing: the first problem raises
+`OTLPFormatError` (a ValueError) that names where it is, e.g.
+`resourceSpans[0].scopeSpans[1].spans[3]: spanId must be 8 bytes (16 hex characters), got 7`.
+Checked: trace ids (16 bytes, not all zero), span ids (8 bytes, not all zero), parent and link
+ids, start/end times (present, non-negative integers), kind and status codes, attribute value
+types. Unknown JSON keys are ignored, as the OTLP specification asks.
+
+Value mapping: string/bool/int/double as themselves (non-finite doubles as the strings "NaN",
+"Infinity", "-Infinity", since a spool line must be valid JSON), arrays as lists, key-value
+lists as objects, bytes as base64 text, an empty value as null. Kind `SPAN_KIND_UNSPECIFIED`
+becomes INTERNAL (as the specification allows); an all-zero parent span id means no parent.
+Dropped: trace state, flags, dropped counts, scope version and schema URLs. An ERROR span
+without `error.type` gets the `exception.type` of its last exception event.
+
+Attribute mapping (`normalize_attributes`): keys are only ever added, never replaced, so
+existing `gen_ai.*` values win and the originals stay queryable.
+
+- operation (gen_ai.operation.name), from the first of:
+  - openinference.span.kind: LLM -> chat, TOOL -> execute_tool, AGENT -> invoke_agent,
+    CHAIN -> step, RETRIEVER -> search_memory, EMBEDDING -> embeddings, RERANKER -> rerank,
+    GUARDRAIL -> guardrail, EVALUATOR -> evaluate, PROMPT -> step;
+  - traceloop.span.kind: workflow -> invoke_agent (a workflow is the run's outer agent),
+    agent -> invoke_agent, task -> step, tool -> execute_tool;
+  - llm.request.type (OpenLLMetry's LLM spans): chat and completion -> chat (so that the
+    llm_calls view sees them), embedding -> embeddings, rerank -> rerank.
+- input.value / traceloop.entity.input, by operation: execute_tool -> gen_ai.tool.call.arguments,
+  chat -> gen_ai.input.messages, search_memory -> gen_ai.memory.query.text, else tracegym.input.
+- output.value / traceloop.entity.output: execute_tool -> gen_ai.tool.call.result,
+  chat -> gen_ai.output.messages, else tracegym.output.
+- chat spans without an input/output value: the flattened messages (llm.input_messages.N.message.*
+  or gen_ai.prompt.N.*; llm.output_messages.N.message.* or gen_ai.completion.N.*) as a JSON list.
+- gen_ai.tool.name: tool.name, tool_call.function.name, else (tool spans) traceloop.entity.name
+  or the span name. gen_ai.tool.call.id: tool_call.id. gen_ai.tool.description: tool.description.
+- gen_ai.agent.name: agent.name, else (agent spans) traceloop.entity.name or the span name, else
+  traceloop.workflow.name (which OpenLLMetry puts on every span of a workflow).
+- tracegym.step.name (step spans): traceloop.entity.name or the span name.
+- gen_ai.request.model: llm.model_name, llm.request.model, embedding.model_name,
+  reranker.model_name. gen_ai.response.model: llm.response.model.
+- gen_ai.provider.name: llm.provider, llm.system, gen_ai.system.
+- gen_ai.usage.input_tokens: llm.token_count.prompt, gen_ai.usage.prompt_tokens,
+  llm.usage.prompt_tokens; output_tokens likewise from the completion counts.
+- gen_ai.conversation.id: session.id, traceloop.association.properties.session_id or
+  conversation_id.
+- search_memory spans: retrieval.documents.N.document.id / .content ->
+  tracegym.memory.result.record_ids / content_hashes (provenance links, as the tracer's reads).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tracegym.tracer import semconv as sc
+from tracegym.tracer.serialize import content_hash
+from tracegym.tracer.spool import SPOOL_VERSION
+
+__all__ = [
+    "OTLPFormatError",
+    "count_spans_json",
+    "count_spans_protobuf",
+    "normalize_attributes",
+    "parse_json",
+    "parse_protobuf",
+    "records_from_json",
+    "records_from_json_object",
+    "records_from_protobuf",
+    "records_from_request",
+]
+
+
+class OTLPFormatError(ValueError):
+    """OTLP data that cannot be accepted; the message says where and what is wrong."""
+
+
+class _Invalid(Exception):
+    """Raised deep inside conversion; re-raised as OTLPFormatError with the location."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared tables
+
+KIND_NAMES = ("INTERNAL", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")  # by enum int
+_KIND_BY_NAME = {
+    **{f"SPAN_KIND_{n}": i for i, n in enumerate(KIND_NAMES) if i},
+    "SPAN_KIND_UNSPECIFIED": 0,
+    **{n: i for i, n in enumerate(KIND_NAMES) if i},
+}
+STATUS_NAMES = ("UNSET", "OK", "ERROR")
+_STATUS_BY_NAME = {
+    **{f"STATUS_CODE_{n}": i for i, n in enumerate(STATUS_NAMES)},
+    **{n: i for i, n in enumerate(STATUS_NAMES)},
+}
+_NON_FINITE = {"NaN": "NaN", "Infinity": "Infinity", "-Infinity": "-Infinity"}
+
+
+def _finite(value: float) -> Any:
+    if math.isfinite(value):
+        return value
+    return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _fix_parent(parent: str | None) -> str | None:
+    return None if not parent or parent == "0000000000000000" else parent
+
+
+def _error_type_from_events(attributes: dict[str, Any], events: list[dict[str, Any]]) -> None:
+    for event in reversed(events):
+        if event["name"] == "exception":
+            kind = event["attributes"].get("exception.type")
+            if kind is not None:
+                attributes[sc.ERROR_TYPE] = kind
+            return
+
+
+# ---------------------------------------------------------------------------------------------
+# Protobuf
+
+
+def _pb_value(value: Any) -> Any:
+    which = value.WhichOneof("value")
+    if which == "string_value":
+        return value.string_value
+    if which == "int_value":
+        return value.int_value
+    if which == "bool_value":
+        return value.bool_value
+    if which == "double_value":
+        return _finite(value.double_value)
+    if which == "array_value":
+        return [_pb_value(v) for v in value.array_value.values]
+    if which == "kvlist_value":
+        return {kv.key: _pb_value(kv.value) for kv in value.kvlist_value.values}
+    if which == "bytes_value":
+        return base64.b64encode(value.bytes_value).decode("ascii")
+    if which is None:
+        return None
+    raise _Invalid(f"unsupported attribute value type {which}")
+
+
+def _pb_attributes(key_values: Iterable[Any]) -> dict[str, Any]:
+    out = {}
+    for kv in key_values:
+        value = kv.value
+        # The common scalar cases first, without the generic dispatch.
+        which = value.WhichOneof("value")
+        if which == "string_value":
+            out[kv.key] = value.string_value
+        elif which == "int_value":
+            out[kv.key] = value.int_value
+        else:
+            try:
+                out[kv.key] = _pb_value(value)
+            except _Invalid as exc:
+                raise _Invalid(f"attribute {kv.key!r}: {exc}") from None
+    return out
+
+
+def _pb_id(raw: bytes, size: int, what: str) -> str:
+    if len(raw) != size:
+        if not raw:
+            raise _Invalid(f"missing {what}")
+        raise _Invalid(f"{what} must be {size} bytes, got {len(raw)}")
+    if not raw.strip(b"\0"):
+        raise _Invalid(f"{what} is all zeros (invalid)")
+    return raw.hex()
+
+
+def _pb_span(span: Any, resource: dict[str, Any], scope: str | None) -> dict[str, Any]:
+    trace_id = _pb_id(span.trace_id, 16, "traceId")
+    span_id = _pb_id(span.span_id, 8, "spanId")
+    parent = span.parent_span_id
+    if parent:
+        if len(parent) != 8:
+            raise _Invalid(f"parentSpanId must be 8 bytes (or empty), got {len(parent)}")
+        parent_id = parent.hex() if parent.strip(b"\0") else None
+    else:
+        parent_id = None
+    start = span.start_time_unix_nano
+    end = span.end_time_unix_nano
+    if not start:
+        raise _Invalid("missing startTimeUnixNano")
+    if not end:
+        raise _Invalid("missing endTimeUnixNano")
+    kind = span.kind
+    if not 0 <= kind < 6:
+        raise _Invalid(f"unknown kind {kind}")
+    status = span.status
+    code = status.code
+    if not 0 <= code < 3:
+        raise _Invalid(f"unknown status code {code}")
+    attributes = _pb_attributes(span.attributes)
+    events = []
+    for i, e in enumerate(span.events):
+        try:
+            event_attributes = _pb_attributes(e.attributes)
+        except _Invalid as exc:
+            raise _Invalid(f"events[{i}]: {exc}") from None
+        events.append({"name": e.name, "time_ns": e.time_unix_nano, "attributes": event_attributes})
+    links = []
+    for i, link in enumerate(span.links):
+        try:
+            links.append(
+                {
+                    "trace_id": _pb_id(link.trace_id, 16, "traceId"),
+                    "span_id": _pb_id(link.span_id, 8, "spanId"),
+                    "attributes": _pb_attributes(link.attributes),
+                }
+            )
+        except _Invalid as exc:
+            raise _Invalid(f"links[{i}]: {exc}") from None
+    name = span.name
+    attributes = normalize_attributes(attributes, name)
+    if code == 2 and sc.ERROR_TYPE not in attributes and events:
+        _error_type_from_events(attributes, events)
+    return {
+        "v": SPOOL_VERSION,
+        "trace_id": trace_id,
+        "span_id": span_id,
+        "parent_span_id": parent_id,
+        "name": name,
+        "kind": KIND_NAMES[kind],
+        "start_ns": start,
+        "end_ns": end,
+        "status": STATUS_NAMES[code],
+        "status_message": status.message or None,
+        "attributes": attributes,
+        "events": events,
+        "links": links,
+        "resource": resource,
+        "scope": scope,
+    }
+
+
+def records_from_request(request: Any) -> list[dict[str, Any]]:
+    """Spool records from a parsed `ExportTraceServiceRequest`; raises OTLPFormatError."""
+    records: list[dict[str, Any]] = []
+    append = records.append
+    for r, resource_spans in enumerate(request.resource_spans):
+        try:
+            resource = _pb_attributes(resource_spans.resource.attributes)
+        except _Invalid as exc:
+            raise OTLPFormatError(f"resourceSpans[{r}].resource: {exc}") from None
+        for s, scope_spans in enumerate(resource_spans.scope_spans):
+            scope = scope_spans.scope.name or None
+            for i, span in enumerate(scope_spans.spans):
+                try:
+                    # Each record gets its own resource dict: records may be mutated downstream.
+                    append(_pb_span(span, dict(resource), scope))
+                except (_Invalid, RecursionError) as exc:
+                    what = exc if isinstance(exc, _Invalid) else "values nested too deeply"
+                    raise OTLPFormatError(
+                        f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]: {what}"
+                    ) from None
+    return records
+
+
+def _request_class() -> Any:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    return ExportTraceServiceRequest
+
+
+def parse_protobuf(body: bytes) -> Any:
+    """The `ExportTraceServiceRequest` in `body`; raises OTLPFormatError when it is not one."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        return _request_class().FromString(body)
+    except DecodeError as exc:
+        raise OTLPFormatError(f"invalid protobuf ExportTraceServiceRequest: {exc}") from None
+    except Exception as exc:  # upb raises plain errors for some corruptions (recursion depth...)
+        raise OTLPFormatError(f"invalid protobuf ExportTraceServiceRequest: {exc}") from None
+
+
+def records_from_protobuf(body: bytes) -> list[dict[str, Any]]:
+    """Spool records from an OTLP/protobuf request body; raises OTLPFormatError."""
+    return records_from_request(parse_protobuf(body))
+
+
+def count_spans_protobuf(request: Any) -> int:
+    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON
+
+_HEX = re.compile(r"[0-9a-fA-F]*")
+_SNAKE_HINTS = {
+    "traceId": "trace_id",
+    "spanId": "span_id",
+    "startTimeUnixNano": "start_time_unix_nano",
+    "endTimeUnixNano": "end_time_unix_nano",
+}
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number"
+    )
+
+
+def _j_list(obj: Mapping[str, Any], key: str) -> list[Any]:
+    value = obj.get(key)
+    if value is None:
+        return []
+    if type(value) is not list:
+        raise _Invalid(f"{key} must be an array, got {_type_name(value)}")
+    return value
+
+
+def _j_object(value: Any, what: str) -> Mapping[str, Any]:
+    if type(value) is not dict:
+        raise _Invalid(f"{what} must be an object, got {_type_name(value)}")
+    return value
+
+
+def _j_int(value: Any, what: str, *, minimum: int | None = None) -> int:
+    kind = type(value)
+    if kind is int:
+        number = value
+    elif kind is str:
+        try:
+            number = int(value, 10)
+        except ValueError:
+            raise _Invalid(f"{what} must be an integer, got {value[:40]!r}") from None
+    elif kind is float and value.is_integer():
+        number = int(value)
+    else:
+        raise _Invalid(f"{what} must be an integer, got {_type_name(value)}")
+    if minimum is not None and number < minimum:
+        raise _Invalid(f"{what} must be >= {minimum}, got {number}")
+    return number
+
+
+def _j_value(value: Any) -> Any:
+    if type(value) is not dict:
+        raise _Invalid(f"value must be an AnyValue object, got {_type_name(value)}")
+    if "stringValue" in value:
+        text = value["stringValue"]
+        if type(text) is not str:
+            raise _Invalid(f"stringValue must be a string, got {_type_name(text)}")
+        return text
+    if "intValue" in value:
+        return _j_int(value["intValue"], "intValue")
+    if "boolValue" in value:
+        flag = value["boolValue"]
+        if type(flag) is not bool:
+            raise _Invalid(f"boolValue must be true or false, got {_type_name(flag)}")
+        return flag
+    if "doubleValue" in value:
+        number = value["doubleValue"]
+        kind = type(number)
+        if kind is float:
+            return _finite(number)
+        if kind is int:
+            return float(number)
+        if kind is str:
+            if number in _NON_FINITE:
+                return _NON_FINITE[number]
+            try:
+                return _finite(float(number))
+            except ValueError:
+                pass
+        raise _Invalid(f"doubleValue must be a number, got {str(number)[:40]!r}")
+    if "arrayValue" in value:
+        array = _j_object(value["arrayValue"] or {}, "arrayValue")
+        return [_j_value(v) for v in _j_list(array, "values")]
+    if "kvlistValue" in value:
+        kvlist = _j_object(value["kvlistValue"] or {}, "kvlistValue")
+        return _j_attributes(_j_list(kvlist, "values"))
+    if "bytesValue" in value:
+        text = value["bytesValue"]
+        if type(text) is not str:
+            raise _Invalid(f"bytesValue must be base64 text, got {_type_name(text)}")
+        try:
+            raw = base64.b64decode(text.replace("-", "+").replace("_", "/"), validate=True)
+        except (binascii.Error, ValueError):
+            raise _Invalid("bytesValue is not valid base64") from None
+        return base64.b64encode(raw).decode("ascii")
+    return None  # an empty AnyValue (unknown keys are ignored)
+
+
+def _j_attributes(key_values: list[Any]) -> dict[str, Any]:
+    out = {}
+    for kv in key_values:
+        if type(kv) is not dict:
+            raise _Invalid(f"attributes must hold objects, got {_type_name(kv)}")
+        key = kv.get("key")
+        if type(key) is not str:
+            raise _Invalid("attribute without a string key")
+        value = kv.get("value")
+        if value is None:
+            out[key] = None
+            continue
+        # Fast path for the most common case.
+        if type(value) is dict and len(value) == 1 and type(value.get("stringValue")) is str:
+            out[key] = value["stringValue"]
+            continue
+        try:
+            out[key] = _j_value(value)
+        except _Invalid as exc:
+            raise _Invalid(f"attribute {key!r}: {exc}") from None
+    return out
+
+
+def _j_id(obj: Mapping[str, Any], key: str, size: int, *, required: bool = True) -> str | None:
+    text = obj.get(key)
+    if text is None or text == "":
+        if not required:
+            return None
+        hint = _SNAKE_HINTS.get(key)
+        if hint and hint in obj:
+            raise _Invalid(f"missing {key} (found {hint!r}: OTLP/JSON keys are lowerCamelCase)")
+        raise _Invalid(f"missing {key}")
+    if type(text) is not str:
+        raise _Invalid(f"{key} must be a hex string, got {_type_name(text)}")
+    if len(text) != 2 * size or not _HEX.fullmatch(text):
+        if _HEX.fullmatch(text) and len(text) % 2 == 0:
+            raise _Invalid(
+                f"{key} must be {size} bytes ({2 * size} hex characters), got {len(text) // 2}"
+            )
+        raise _Invalid(
+            f"{key} must be {2 * size} hex characters (OTLP/JSON ids are hex, not base64), "
+            f"got {text[:40]!r}"
+        )
+    text = text.lower()
+    if not text.strip("0"):
+        if required:
+            raise _Invalid(f"{key} is all zeros (invalid)")
+        return None
+    return text
+
+
+def _j_enum(value: Any, names: Mapping[str, int], size: int, what: str) -> int:
+    if value is None:
+        return 0
+    if type(value) is str:
+        if value in names:
+            return names[value]
+        if value.isdigit():
+            value = int(value)
+        else:
+            raise _Invalid(f"unknown {what} {value[:40]!r}")
+    if type(value) is not int or not 0 <= value < size:
+        raise _Invalid(f"unknown {what} {value!r}")
+    return value
+
+
+def _j_time(obj: Mapping[str, Any], key: str) -> int:
+    value = obj.get(key)
+    if value is None or value == 0 or value == "0":
+        hint = _SNAKE_HINTS.get(key)
+        if hint and hint in obj:
+            raise _Invalid(f"missing {key} (found {hint!r}: OTLP/JSON keys are lowerCamelCase)")
+        raise _Invalid(f"missing {key}")
+    return _j_int(value, key, minimum=0)
+
+
+def _j_span(span: Any, resource: dict[str, Any], scope: str | None) -> dict[str, Any]:
+    span = _j_object(span, "span")
+    trace_id = _j_id(span, "traceId", 16)
+    span_id = _j_id(span, "spanId", 8)
+    parent_id = _j_id(span, "parentSpanId", 8, required=False)
+    start = _j_time(span, "startTimeUnixNano")
+    end = _j_time(span, "endTimeUnixNano")
+    name = span.get("name", "")
+    if type(name) is not str:
+        raise _Invalid(f"name must be a string, got {_type_name(name)}")
+    kind = _j_enum(span.get("kind"), _KIND_BY_NAME, 6, "kind")
+    status = _j_object(span.get("status") or {}, "status")
+    code = _j_enum(status.get("code"), _STATUS_BY_NAME, 3, "status code")
+    message = status.get("message") or None
+    if message is not None and type(message) is not str:
+        raise _Invalid(f"status.message must be a string, got {_type_name(message)}")
+    attributes = _j_attributes(_j_list(span, "attributes"))
+    events = []
+    for i, event in enumerate(_j_list(span, "events")):
+        try:
+            event = _j_object(event, "event")
+            event_name = event.get("name", "")
+            if type(event_name) is not str:
+                raise _Invalid(f"name must be a string, got {_type_name(event_name)}")
+            events.append(
+                {
+                    "name": event_name,
+                    "time_ns": _j_int(event.get("timeUnixNano", 0), "timeUnixNano", minimum=0),
+                    "attributes": _j_attributes(_j_list(event, "attributes")),
+                }
+            )
+        except _Invalid as exc:
+            raise _Invalid(f"events[{i}]: {exc}") from None
+    links = []
+    for i, link in enumerate(_j_list(span, "links")):
+        try:
+            link = _j_object(link, "link")
+            links.append(
+                {
+                    "trace_id": _j_id(link, "traceId", 16),
+                    "span_id": _j_id(link, "spanId", 8),
+                    "attributes": _j_attributes(_j_list(link, "attributes")),
+                }
+            )
+        except _Invalid as exc:
+            raise _Invalid(f"links[{i}]: {exc}") from None
+    attributes = normalize_attributes(attributes, name)
+    if code == 2 and sc.ERROR_TYPE not in attributes and events:
+        _error_type_from_events(attributes, events)
+    return {
+        "v": SPOOL_VERSION,
+        "trace_id": trace_id,
+        "span_id": span_id,
+        "parent_span_id": parent_id,
+        "name": name,
+        "kind": KIND_NAMES[kind],
+        "start_ns": start,
+        "end_ns": end,
+        "status": STATUS_NAMES[code],
+        "status_message": message,
+        "attributes": attributes,
+        "events": events,
+        "links": links,
+        "resource": resource,
+        "scope": scope,
+    }
+
+
+def records_from_json_object(request: Any) -> list[dict[str, Any]]:
+    """Spool records from a parsed OTLP/JSON `ExportTraceServiceRequest` object."""
+    if type(request) is not dict:
+        raise OTLPFormatError(
+            f"an ExportTraceServiceRequest must be a JSON object, got {_type_name(request)}"
+        )
+    records: list[dict[str, Any]] = []
+    append = records.append
+    try:
+        resource_spans_list = _j_list(request, "resourceSpans")
+    except _Invalid as exc:
+        raise OTLPFormatError(str(exc)) from None
+    for r, resource_spans in enumerate(resource_spans_list):
+        where = f"resourceSpans[{r}]"
+        try:
+            resource_spans = _j_object(resource_spans, "resourceSpans entry")
+            resource_obj = _j_object(resource_spans.get("resource") or {}, "resource")
+            resource = _j_attributes(_j_list(resource_obj, "attributes"))
+            scope_spans_list = _j_list(resource_spans, "scopeSpans")
+            if not scope_spans_list and "instrumentationLibrarySpans" in resource_spans:
+                # Deprecated name, still written by old SDKs and collectors.
+                scope_spans_list = _j_list(resource_spans, "instrumentationLibrarySpans")
+        except _Invalid as exc:
+            raise OTLPFormatError(f"{where}: {exc}") from None
+        for s, scope_spans in enumerate(scope_spans_list):
+            where = f"resourceSpans[{r}].scopeSpans[{s}]"
+            try:
+                scope_spans = _j_object(scope_spans, "scopeSpans entry")
+                scope_obj = scope_spans.get("scope") or scope_spans.get("instrumentationLibrary")
+                scope_obj = _j_object(scope_obj or {}, "scope")
+                scope = scope_obj.get("name") or None
+                if scope is not None and type(scope) is not str:
+                    raise _Invalid(f"scope.name must be a string, got {_type_name(scope)}")
+                spans = _j_list(scope_spans, "spans")
+            except _Invalid as exc:
+                raise OTLPFormatError(f"{where}: {exc}") from None
+            for i, span in enumerate(spans):
+                try:
+                    append(_j_span(span, dict(resource), scope))
+                except _Invalid as exc:
+                    raise OTLPFormatError(f"{where}.spans[{i}]: {exc}") from None
+                except RecursionError:
+                    raise OTLPFormatError(f"{where}.spans[{i}]: values nested too deeply") from None
+    return records
+
+
+def parse_json(body: bytes | str) -> Any:
+    """The JSON document in `body`; raises OTLPFormatError when it is not JSON."""
+    try:
+        return json.loads(body)
+    except UnicodeDecodeError as exc:
+        raise OTLPFormatError(f"body is not UTF-8 JSON ({exc.reason})") from None
+    except json.JSONDecodeError as exc:
+        raise OTLPFormatError(
+            f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    except RecursionError:
+        raise OTLPFormatError("invalid JSON: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
+        raise OTLPFormatError(f"invalid JSON: {exc}") from None
+
+
+def records_from_json(body: bytes | str) -> list[dict[str, Any]]:
+    """Spool records from an OTLP/JSON request body; raises OTLPFormatError."""
+    return records_from_json_object(parse_json(body))
+
+
+def count_spans_json(request: Any) -> int:
+    """How many spans a parsed OTLP/JSON request holds, as far as its shape allows."""
+    total = 0
+    try:
+        for resource_spans in request.get("resourceSpans") or ():
+            for scope_spans in resource_spans.get("scopeSpans") or ():
+                total += len(scope_spans.get("spans") or ())
+    except (AttributeError, TypeError):
+        pass
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# Attribute conventions: OpenInference and OpenLLMetry -> GenAI / tracegym keys
+
+OI_KIND = "openinference.span.kind"
+TL_KIND = "traceloop.span.kind"
+TL_ENTITY = "traceloop.entity.name"
+TL_WORKFLOW = "traceloop.workflow.name"
+TOOL_DESCRIPTION = "gen_ai.tool.description"
+
+OPENINFERENCE_OPERATIONS = {
+    "LLM": sc.OP_CHAT,
+    "TOOL": sc.OP_TOOL,
+    "AGENT": sc.OP_AGENT,
+    "CHAIN": sc.OP_STEP,
+    "RETRIEVER": sc.OP_MEMORY_SEARCH,
+    "EMBEDDING": "embeddings",
+    "RERANKER": "rerank",
+    "GUARDRAIL": "guardrail",
+    "EVALUATOR": "evaluate",
+    "PROMPT": sc.OP_STEP,
+}
+OPENLLMETRY_OPERATIONS = {
+    "workflow": sc.OP_AGENT,
+    "agent": sc.OP_AGENT,
+    "task": sc.OP_STEP,
+    "tool": sc.OP_TOOL,
+}
+LLM_REQUEST_TYPES = {
+    "chat": sc.OP_CHAT,
+    "completion": sc.OP_CHAT,
+    "embedding": "embeddings",
+    "rerank": "rerank",
+}
+
+# Plain renames: the first source key present fills the target (when the target is absent).
+_RENAMES: list[tuple[str, tuple[str, ...]]] = [
+    (sc.REQUEST_MODEL, ("llm.model_name", "llm.request.model", "embedding.model_name",
+                        "reranker.model_name")),
+    (sc.RESPONSE_MODEL, ("llm.response.model",)),
+    (sc.PROVIDER, ("llm.provider", "llm.system", "gen_ai.system")),
+    (sc.INPUT_TOKENS, ("llm.token_count.prompt", "gen_ai.usage.prompt_tokens",
+                       "llm.usage.prompt_tokens")),
+    (sc.OUTPUT_TOKENS, ("llm.token_count.completion", "gen_ai.usage.completion_tokens",
+                        "llm.usage.completion_tokens")),
+    (sc.CONVERSATION_ID, ("session.id", "traceloop.association.properties.session_id",
+                          "traceloop.association.properties.conversation_id")),
+    (sc.TOOL_CALL_ID, ("tool_call.id",)),
+    (TOOL_DESCRIPTION, ("tool.description",)),
+]  # fmt: skip
+
+_INPUT_KEYS = ("input.value", "traceloop.entity.input")
+_OUTPUT_KEYS = ("output.value", "traceloop.entity.output")
+_IO_KEYS = {
+    sc.OP_TOOL: (sc.TOOL_ARGUMENTS, sc.TOOL_RESULT),
+    sc.OP_CHAT: (sc.INPUT_MESSAGES, sc.OUTPUT_MESSAGES),
+    sc.OP_MEMORY_SEARCH: (sc.MEMORY_QUERY, sc.OUTPUT),
+}
+_DEFAULT_IO = (sc.INPUT, sc.OUTPUT)
+
+# A span with none of these keys has nothing to map (the fast path).
+_TRIGGERS = frozenset(
+    {OI_KIND, TL_KIND, TL_ENTITY, TL_WORKFLOW, "llm.request.type", "tool.name", "agent.name",
+     "tool_call.function.name", *_INPUT_KEYS, *_OUTPUT_KEYS}
+    | {key for _, keys in _RENAMES for key in keys}
+)  # fmt: skip
+
+_FLAT_MESSAGES = (
+    # (target, flattened prefix, item infix, fields under the item)
+    (sc.INPUT_MESSAGES, "llm.input_messages.", ".message."),
+    (sc.OUTPUT_MESSAGES, "llm.output_messages.", ".message."),
+    (sc.INPUT_MESSAGES, "gen_ai.prompt.", "."),
+    (sc.OUTPUT_MESSAGES, "gen_ai.completion.", "."),
+)
+_json_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
+
+
+def _flattened_list(attrs: Mapping[str, Any], prefix: str, infix: str) -> list[dict[str, Any]]:
+    """`prefix.N<infix>field = v` keys gathered into [{field: v}, ...] in N order."""
+    items: dict[int, dict[str, Any]] = {}
+    for key, value in attrs.items():
+        if not key.startswith(prefix):
+            continue
+        index, _, rest = key[len(prefix) :].partition(".")
+        if not index.isdigit() or not rest:
+            continue
+        field = ("." + rest)[len(infix) :] if ("." + rest).startswith(infix) else rest
+        items.setdefault(int(index), {})[field] = value
+    return [items[i] for i in sorted(items)]
+
+
+def _put(out: dict[str, Any], key: str, value: Any) -> None:
+    if value is not None and value != "" and key not in out:
+        out[key] = value
+
+
+def _first(attrs: Mapping[str, Any], keys: Iterable[str]) -> Any:
+    for key in keys:
+        value = attrs.get(key)
+        if value is not None and value != "":
+            return value
+    return None
+
+
+def normalize_attributes(attrs: Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
+    """Add tracegym / GenAI keys for OpenInference and OpenLLMetry attributes.
+
+    Returns `attrs` itself when there is nothing to map, else a new dict with the originals
+    plus the added keys. Existing keys are never overwritten. `name` (the span name) fills a
+    tool, agent or step name the attributes do not give.
+    """
+    if _TRIGGERS.isdisjoint(attrs):
+        return attrs if isinstance(attrs, dict) else dict(attrs)
+    out = dict(attrs)
+
+    operation = None
+    oi_kind = attrs.get(OI_KIND)
+    tl_kind = attrs.get(TL_KIND)
+    if isinstance(oi_kind, str):
+        operation = OPENINFERENCE_OPERATIONS.get(oi_kind.upper())
+    elif isinstance(tl_kind, str):
+        operation = OPENLLMETRY_OPERATIONS.get(tl_kind.lower())
+    if operation is None:
+        request_type = attrs.get("llm.request.type")
+        if isinstance(request_type, str):
+            operation = LLM_REQUEST_TYPES.get(request_type.lower())
+    _put(out, sc.OPERATION, operation)
+    operation = out.get(sc.OPERATION)  # an existing operation wins
+
+    for target, sources in _RENAMES:
+        if target not in out:
+            _put(out, target, _first(attrs, sources))
+
+    entity = attrs.get(TL_ENTITY)
+    # Names by operation.
+    tool_name = _first(attrs, ("tool.name", "tool_call.function.name"))
+    if tool_name is None and operation == sc.OP_TOOL:
+        tool_name = entity or name or None
+    _put(out, sc.TOOL_NAME, tool_name)
+    agent_name = attrs.get("agent.name")
+    if agent_name is None and operation == sc.OP_AGENT:
+        agent_name = entity or name or None
+    if agent_name is None:
+        agent_name = attrs.get(TL_WORKFLOW)
+    _put(out, sc.AGENT_NAME, agent_name)
+    if operation == sc.OP_STEP:
+        _put(out, sc.STEP_NAME, entity or name or None)
+
+    # Input and output, under the keys the operation reads them from.
+    in_key, out_key = _IO_KEYS.get(operation, _DEFAULT_IO)  # type: ignore[arg-type]
+    _put(out, in_key, _first(attrs, _INPUT_KEYS))
+    _put(out, out_key, _first(attrs, _OUTPUT_KEYS))
+    if operation == sc.OP_CHAT and (sc.INPUT_MESSAGES not in out or sc.OUTPUT_MESSAGES not in out):
+        for target, prefix, infix in _FLAT_MESSAGES:
+            if target not in out:
+                messages = _flattened_list(attrs, prefix, infix)
+                if messages:
+                    out[target] = _json_encode(messages)
+    if operation == sc.OP_MEMORY_SEARCH and sc.MEMORY_RESULT_IDS not in out:
+        documents = _flattened_list(attrs, "retrieval.documents.", ".document.")
+        if documents:
+            out[sc.MEMORY_RESULT_IDS] = [str(d.get("id", "")) for d in documents]
+            if sc.MEMORY_RESULT_HASHES not in out:
+                out[sc.MEMORY_RESULT_HASHES] = [
+                    content_hash(d["content"]) if "content" in d else "" for d in documents
+                ]
+    return out

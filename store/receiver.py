@@ -1,0 +1,448 @@
+"""The OTLP/HTTP trace receiver behind `tracegym collect`: any OpenTelemetry exporter -> spool.
+
+    receiver = Receiver(home, port=4318, token="s3cret").start()   # background thread
+    ...                                                             # agents export to
+    receiver.stop()                                                 # receiver.url
+
+`POST /v1/traces` takes an `ExportTraceServiceRequest` as `application/x-protobuf` (or
+`application/protobuf`) or `application/json` (OTLP/JSON), optionally `Content-Encoding: gzip`
+(or `deflate`), and answers with an `ExportTraceServiceResponse` in the request's encoding.
+Errors follow OTLP/HTTP: the body is a `google.rpc.Status` in the request's encoding (plain
+text when the encoding itself is unsupported), with
+
+| status | when |
+|--------|------|
+| 400 | the body does not decode, or a span is invalid (the message says which and why) |
+| 401 | a token is set and the `Authorization: Bearer` header is missing or wrong |
+| 404 | any other path |
+| 405 | any other method on /v1/traces |
+| 411 | no Content-Length (and not chunked) |
+| 413 | the body, compressed or not, exceeds `max_body_bytes` |
+| 415 | another Content-Type or Content-Encoding |
+| 503 | the spool could not be written (the exporter retries) |
+
+A request is all or nothing: it is converted whole (`tracegym.store.otlp`) before anything is
+written, then its records go to the spool through one `SpoolAppender.append`, a single
+O_APPEND write. The receiver binds 127.0.0.1 unless told otherwise, stays quiet unless
+`log_requests=True`, and survives any input (a handler error answers 500 and is counted).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import socket
+import sys
+import threading
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from tracegym.store.otlp import (
+    OTLPFormatError,
+    count_spans_json,
+    count_spans_protobuf,
+    parse_json,
+    parse_protobuf,
+    records_from_json_object,
+    records_from_request,
+)
+from tracegym.store.records import SpoolAppender
+from tracegym.tracer.config import resolve_home
+
+TRACES_PATH = "/v1/traces"
+DEFAULT_PORT = 4318
+DEFAULT_MAX_BODY_BYTES = 20 << 20  # the OpenTelemetry Collector's default limit
+
+PROTOBUF_TYPES = frozenset({"application/x-protobuf", "application/protobuf"})
+JSON_TYPE = "application/json"
+
+# google.rpc.Code values for the Status body of each HTTP error.
+_RPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 500: 13, 503: 14}
+
+
+_COUNTERS = ("accepted_requests", "accepted_spans", "rejected_requests", "rejected_spans", "errors")
+
+
+def _no_such_path(path: str) -> str:
+    return f"no such path {path[:200]!r}; POST to {TRACES_PATH}"
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str, *, close: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.close = close  # the body was not (fully) read: the connection cannot be reused
+
+
+def _status_protobuf(code: int, message: str) -> bytes:
+    """A `google.rpc.Status` {code, message}, encoded by hand (two fields)."""
+
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            byte = n & 0x7F
+            n >>= 7
+            if n:
+                out.append(byte | 0x80)
+            else:
+                out.append(byte)
+                return bytes(out)
+
+    text = message.encode("utf-8")
+    return b"\x08" + varint(code) + b"\x12" + varint(len(text)) + text
+
+
+def _decompress(data: bytes, encoding: str, limit: int) -> bytes:
+    """Undo gzip/deflate, refusing (413) output beyond `limit` bytes."""
+    if encoding == "gzip":
+        wbits_options: tuple[int, ...] = (31,)
+    else:  # deflate: zlib-wrapped per RFC 9110, though some clients send it raw
+        wbits_options = (15, -15)
+    last_error: Exception | None = None
+    for wbits in wbits_options:
+        try:
+            out = bytearray()
+            rest = data
+            while rest:
+                inflater = zlib.decompressobj(wbits)
+                out += inflater.decompress(rest, limit + 1 - len(out))
+                if len(out) > limit:
+                    raise _HTTPError(
+                        413, f"decompressed body exceeds {limit} bytes", close=False
+                    ) from None
+                if inflater.unconsumed_tail:  # stopped at the limit with input left
+                    raise _HTTPError(413, f"decompressed body exceeds {limit} bytes")
+                if not inflater.eof:
+                    raise OTLPFormatError(f"truncated {encoding} body")
+                rest = inflater.unused_data if wbits == 31 else b""  # gzip may have members
+            return bytes(out)
+        except zlib.error as exc:
+            last_error = exc
+    raise OTLPFormatError(f"invalid {encoding} body: {last_error}")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 128
+    receiver: Receiver
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up mid-request (or any handler bug) must not print tracebacks
+        # or take the server down; count it instead.
+        self.receiver._count(errors=1)
+        if self.receiver.log_requests:
+            super().handle_error(request, client_address)
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: exporters reuse their connection
+    timeout = 60  # seconds a connection may sit idle (or stall mid-body) before it is closed
+    server_version = "tracegym-otlp"
+    sys_version = ""
+    server: _Server
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.receiver.log_requests:
+            super().log_message(format, *args)
+
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str,
+        headers: dict[str, str] | None = None,
+        close: bool = False,
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _send_error(self, error: _HTTPError, media: str | None) -> None:
+        headers = {}
+        if error.status == 401:
+            headers["WWW-Authenticate"] = 'Bearer realm="tracegym"'
+        if error.status == 405:
+            headers["Allow"] = "POST"
+        code = _RPC_CODES.get(error.status, 2)
+        if media in PROTOBUF_TYPES:
+            body, content_type = _status_protobuf(code, error.message), "application/x-protobuf"
+        elif media == JSON_TYPE:
+            body = json.dumps({"code": code, "message": error.message}).encode()
+            content_type = JSON_TYPE
+        else:
+            body, content_type = (error.message + "\n").encode(), "text/plain; charset=utf-8"
+        self._send(error.status, body, content_type, headers, close=error.close)
+
+    def _read_body(self, limit: int) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked(limit)
+        length_header = self.headers.get("Content-Length")
+        if length_header is None:
+            raise _HTTPError(411, "Content-Length required", close=True)
+        try:
+            length = int(length_header)
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            raise _HTTPError(400, f"invalid Content-Length {length_header!r}", close=True) from None
+        if length > limit:
+            raise _HTTPError(
+                413, f"body of {length} bytes exceeds the limit of {limit} bytes", close=True
+            )
+        body = self.rfile.read(length)
+        if len(body) != length:
+            raise _HTTPError(400, "body shorter than its Content-Length", close=True)
+        return body
+
+    def _read_chunked(self, limit: int) -> bytes:
+        body = bytearray()
+        while True:
+            line = self.rfile.readline(1024)
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise _HTTPError(400, "invalid chunked encoding", close=True) from None
+            if size == 0:
+                while self.rfile.readline(1024).strip():  # trailers
+                    pass
+                return bytes(body)
+            if len(body) + size > limit:
+                raise _HTTPError(413, f"body exceeds the limit of {limit} bytes", close=True)
+            chunk = self.rfile.read(size)
+            if len(chunk) != size:
+                raise _HTTPError(400, "truncated chunked body", close=True)
+            body += chunk
+            self.rfile.readline(1024)  # the CRLF after each chunk
+
+    # -- methods ---------------------------------------------------------------------------
+
+    def do_POST(self) -> None:
+        receiver = self.server.receiver
+        media = self.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+        try:
+            self._post(receiver, media)
+        except _HTTPError as error:
+            receiver._count(rejected_requests=1)
+            self._send_error(error, media)
+        except (ConnectionError, TimeoutError):
+            raise  # the client went away: nothing to answer
+        except Exception as exc:  # a bug, not bad input: answer, count, keep serving
+            receiver._count(rejected_requests=1, errors=1)
+            if receiver.log_requests:
+                import traceback
+
+                traceback.print_exc(file=sys.stderr)
+            self._send_error(
+                _HTTPError(500, f"internal error: {type(exc).__name__}", close=True), media
+            )
+
+    def _post(self, receiver: Receiver, media: str) -> None:
+        if self.path.split("?", 1)[0] != TRACES_PATH:
+            raise _HTTPError(404, _no_such_path(self.path), close=True)
+        if receiver.token is not None:
+            given = self.headers.get("Authorization", "")
+            scheme, _, credential = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                credential.strip().encode(), receiver.token.encode()
+            ):
+                raise _HTTPError(
+                    401,
+                    "missing or wrong bearer token" if given else "bearer token required",
+                    close=True,
+                )
+        if media not in PROTOBUF_TYPES and media != JSON_TYPE:
+            raise _HTTPError(
+                415,
+                f"unsupported Content-Type {media or '(none)'!r}; "
+                "use application/x-protobuf or application/json",
+                close=True,
+            )
+        encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("identity", "", "gzip", "deflate"):
+            raise _HTTPError(
+                415, f"unsupported Content-Encoding {encoding!r}; use gzip or none", close=True
+            )
+        limit = receiver.max_body_bytes
+        body = self._read_body(limit)
+        spans = 0
+        try:
+            if encoding in ("gzip", "deflate"):
+                body = _decompress(body, encoding, limit)
+            if media == JSON_TYPE:
+                request = parse_json(body)
+                spans = count_spans_json(request) if isinstance(request, dict) else 0
+                records = records_from_json_object(request)
+            else:
+                request = parse_protobuf(body)
+                spans = count_spans_protobuf(request)
+                records = records_from_request(request)
+        except OTLPFormatError as exc:
+            receiver._count(rejected_spans=spans)
+            raise _HTTPError(400, str(exc)) from None
+        if records:
+            with receiver._write_lock:
+                if receiver._stopped:
+                    receiver._count(rejected_spans=len(records))
+                    raise _HTTPError(503, "the receiver is shutting down", close=True)
+                try:
+                    receiver._appender.append(records)
+                except OSError as exc:
+                    receiver._count(rejected_spans=len(records))
+                    message = f"could not write the spool: {exc.strerror or exc}"
+                    raise _HTTPError(503, message) from None
+        receiver._count(accepted_requests=1, accepted_spans=len(records))
+        if media == JSON_TYPE:
+            self._send(200, b"{}", JSON_TYPE)
+        else:  # an empty ExportTraceServiceResponse encodes as no bytes
+            self._send(200, b"", "application/x-protobuf")
+
+    def _not_allowed(self) -> None:
+        receiver = self.server.receiver
+        receiver._count(rejected_requests=1)
+        if self.path.split("?", 1)[0] == TRACES_PATH:
+            error = _HTTPError(
+                405, f"{self.command} not allowed; POST to {TRACES_PATH}", close=True
+            )
+        else:
+            error = _HTTPError(404, _no_such_path(self.path), close=True)
+        self._send_error(error, None)
+
+    do_GET = do_HEAD = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver writing into the spool of `home`.
+
+    `start()` serves on a background thread (port 0 picks a free port; read `.port` after),
+    `serve_forever()` serves on the calling thread until `stop()` (or Ctrl-C). Counters:
+    `stats()`. Usable as a context manager (start / stop).
+    """
+
+    def __init__(
+        self,
+        home: str | Path | None = None,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        token: str | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        *,
+        log_requests: bool = False,
+    ) -> None:
+        self.home = resolve_home(home)
+        self.host = host
+        self.port = port
+        self.token = token or None
+        self.max_body_bytes = int(max_body_bytes)
+        self.log_requests = log_requests
+        self._appender = SpoolAppender(self.home)
+        self._server: _Server | None = None
+        self._serving = False
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()  # appends vs. closing the spool file on stop
+        self._stopped = False
+        self._stats = dict.fromkeys(_COUNTERS, 0)
+
+    # -- counters ------------------------------------------------------------------------
+
+    def _count(self, **deltas: int) -> None:
+        with self._lock:
+            for key, delta in deltas.items():
+                self._stats[key] += delta
+
+    def stats(self) -> dict[str, int]:
+        """accepted/rejected requests and spans, and handler errors, since start."""
+        with self._lock:
+            return dict(self._stats)
+
+    @property
+    def accepted_spans(self) -> int:
+        return self.stats()["accepted_spans"]
+
+    @property
+    def rejected_spans(self) -> int:
+        return self.stats()["rejected_spans"]
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{TRACES_PATH}"
+
+    def _bind(self) -> _Server:
+        if self._server is None:
+            self._stopped = False
+            cls = _Server6 if ":" in self.host else _Server
+            server = cls((self.host, self.port), _Handler)
+            server.receiver = self
+            self.port = server.server_address[1]
+            self._server = server
+        return self._server
+
+    def start(self) -> Receiver:
+        """Bind and serve on a daemon thread; returns self."""
+        server = self._bind()
+        if self._thread is None:
+            self._serving = True
+            self._thread = threading.Thread(
+                target=server.serve_forever,
+                kwargs={"poll_interval": 0.05},
+                name=f"tracegym-otlp-{self.port}",
+                daemon=True,
+            )
+            self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve on this thread until `stop()` is called from another (or KeyboardInterrupt)."""
+        server = self._bind()
+        self._serving = True
+        try:
+            server.serve_forever(poll_interval=0.05)
+        finally:
+            self._serving = False
+            self._close()
+
+    def stop(self) -> None:
+        """Stop serving, close the socket and the spool file (compaction may then take it)."""
+        server = self._server
+        if server is not None and self._serving:
+            server.shutdown()  # returns once serve_forever has left its loop
+            self._serving = False
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+                self._thread = None
+        self._close()
+
+    def _close(self) -> None:
+        if self._server is not None:
+            self._server.server_close()
+            self._server = None
+        with self._write_lock:  # requests still in flight on open connections get a 503
+            self._stopped = True
+            self._appender.close()
+
+    def __enter__(self) -> Receiver:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
