@@ -20,6 +20,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
+from tracegym.store.commands import register as register_store_commands
 from tracegym.tracer.config import resolve_home
 
 app = typer.Typer(
@@ -107,7 +108,7 @@ def render_summary(
     overview = Table(show_header=False)
     overview.add_column(style="bold")
     overview.add_column(justify="right")
-    overview.add_row("spool files", f"{files['files']} ({_bytes(files['bytes'])})")
+    overview.add_row("store files", f"{files['files']} ({_bytes(files['bytes'])})")
     overview.add_row("spans", str(summary["spans"]))
     overview.add_row("traces", str(summary["traces"]))
     overview.add_row("runs", str(summary["runs"]))
@@ -203,13 +204,26 @@ def _render_demo(console: Console, rows: list[dict[str, Any]], seed: int) -> Non
 
 
 def _read_summary(home: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """Summarise the whole store (lake and spool) when the analysis extra is installed, else
+    the spool alone (the bare, tracer-only install)."""
     from tracegym.summary import spool_files, summarize
     from tracegym.tracer.spool import iter_spool
 
     try:
-        return summarize(iter_spool(home)), spool_files(home)
+        from tracegym.store.store import Store
+    except ImportError:
+        Store = None
+    try:
+        if Store is None:
+            return summarize(iter_spool(home)), spool_files(home)
+        with Store(home) as store:
+            files = spool_files(home)
+            parts = [p for p in (home / "lake").rglob("*.parquet") if p.is_file()]
+            files["files"] += len(parts)
+            files["bytes"] += sum(p.stat().st_size for p in parts)
+            return summarize(store.records()), files
     except OSError as exc:
-        _fail(f"cannot read the spool under {home}: {exc}")
+        _fail(f"cannot read the store under {home}: {exc}")
 
 
 # Commands ---------------------------------------------------------------------------------------
@@ -317,6 +331,8 @@ def version() -> None:
 
     typer.echo(f"tracegym {__version__}")
 
+
+register_store_commands(app, _home, _fail)
 
 if __name__ == "__main__":
     app(prog_name="tracegym")

@@ -76,7 +76,7 @@ def span_record(
 
 def encode_records(records: Iterable[Mapping[str, Any]]) -> bytes:
     """Records as JSON lines, each ending in a newline."""
-    return "".join(_encode(r) + "\n" for r in records).encode("utf-8", "surrogatepass")
+    return "".join(_encode(r) + "\n" for r in records).encode("utf-8", "replace")
 
 
 def write_spool_file(home: Path, records: Iterable[Mapping[str, Any]], stem: str) -> Path:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,22 @@ class Store:
     def pl(self, query: str, params: Any = None) -> Any:
         """The query's result as a Polars DataFrame."""
         return self.sql(query, params).pl()
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Every span and outcome record, shaped like spool lines (attributes as dicts)."""
+        columns = (
+            "trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status, "
+            "status_message, attributes, resource"
+        )
+        query = f"SELECT {columns} FROM spans UNION ALL SELECT {columns} FROM _outcome_spans"
+        cursor = self.con.execute(query)  # temp views live on this connection only
+        names = [d[0] for d in cursor.description]
+        while batch := cursor.fetchmany(4096):
+            for row in batch:
+                record = dict(zip(names, row, strict=True))
+                record["attributes"] = json.loads(record["attributes"] or "{}")
+                record["resource"] = json.loads(record["resource"] or "{}")
+                yield record
 
     def close(self) -> None:
         self.con.close()

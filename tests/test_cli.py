@@ -21,7 +21,6 @@ from tracegym.cli import app
 from tracegym.examples.support_agent import FLAWS, run_demo
 from tracegym.summary import spool_files, summarize
 from tracegym.tracer import semconv as sc
-from tracegym.tracer.spool import iter_spool
 from typer.testing import CliRunner
 
 runner = CliRunner()
@@ -248,7 +247,7 @@ def test_demo_then_summary_counts_match(tmp_path: Path):
     assert result["services"] == {"tracegym-demo": result["spans"]}
     assert result["files"] >= 1 and result["bytes"] > 0
     assert sum(result["operations"].values()) == result["spans"]
-    assert result["spans"] == sum(1 for _ in iter_spool(home))
+    assert result["spans"] == sum(1 for _ in _store_records(home))
 
     table = runner.invoke(app, ["summary", "--home", str(home)])  # --home after the command
     assert table.exit_code == 0, table.output
@@ -275,7 +274,9 @@ def test_outcome_recorded_by_another_process_shows_up(tmp_path: Path):
     assert after["outcomes"]["success"] == before["outcomes"]["success"] - 1  # overridden
     assert after["outcomes"]["failure"] == before["outcomes"]["failure"] + 1
     assert after["runs"] == before["runs"] == 6
-    (record,) = [r for r in iter_spool(home) if r["attributes"].get(sc.OUTCOME_SOURCE) == "human"]
+    (record,) = [
+        r for r in _store_records(home) if r["attributes"].get(sc.OUTCOME_SOURCE) == "human"
+    ]
     attributes = record["attributes"]
     assert attributes[sc.OUTCOME_TARGET] == run_id
     assert attributes[sc.OUTCOME_SUCCESS] is False
@@ -284,12 +285,23 @@ def test_outcome_recorded_by_another_process_shows_up(tmp_path: Path):
     assert record["resource"]["service.name"] == "tracegym-cli"
 
 
+def _store_records(home: Path) -> list[dict]:
+    """Every record of the store (lake and spool): the CLI compacts the spool as it reads."""
+    from tracegym.store.store import Store
+
+    with Store(home) as store:
+        return list(store.records())
+
+
 def _a_successful_run(home: Path) -> str:
-    return next(
-        r["attributes"][sc.OUTCOME_TARGET]
-        for r in iter_spool(home)
-        if r["attributes"].get(sc.OUTCOME_SUCCESS) is True
-    )
+    from tracegym.store.store import Store
+
+    with Store(home) as store:  # the spool has been compacted into the lake by now
+        return next(
+            r["attributes"][sc.OUTCOME_TARGET]
+            for r in store.records()
+            if r["attributes"].get(sc.OUTCOME_SUCCESS) is True
+        )
 
 
 @pytest.mark.parametrize(

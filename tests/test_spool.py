@@ -220,9 +220,12 @@ def test_sigkill_keeps_what_was_flushed(tmp_path, keep_writing):
     try:
         line = proc.stdout.readline()
         assert line.strip() == "flushed", proc.stderr.read() if proc.poll() is not None else line
-        if keep_writing:
-            time.sleep(0.3)  # let it write more batches after the flush
         (path,) = spool_files(home)
+        if keep_writing:  # let it export more batches after the flush before killing it
+            flushed_size = path.stat().st_size
+            deadline = time.monotonic() + 30
+            while path.stat().st_size == flushed_size and time.monotonic() < deadline:
+                time.sleep(0.05)
         assert is_complete(path) is False  # the writer is alive and holds the lock
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.store.records import write_spool_file
+from tracegym.tracer.semconv import OUTCOME_SPAN_NAME as OUTCOME
 
 # Format name -> (module, file suffixes looked for when PATH is a folder).
 FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -51,6 +52,7 @@ class ImportReport:
     files: int = 0
     runs: int = 0
     spans: int = 0
+    repeated_runs: int = 0  # runs another file had already brought in
     already_imported: list[Path] = field(default_factory=list)
     spool_files: list[Path] = field(default_factory=list)
 
@@ -93,35 +95,51 @@ def converter(fmt: str) -> Callable[..., list[dict[str, Any]]]:
     return module.convert if fmt != "tau2-bench" else module.convert_tau2
 
 
+def _known_traces(registry: Path) -> set[str]:
+    """Trace ids of every run imported so far (the registry files list them after the format)."""
+    known: set[str] = set()
+    if registry.is_dir():
+        for entry in registry.iterdir():
+            known.update(entry.read_text().split()[1:])
+    return known
+
+
 def import_path(
     fmt: str, path: Path | str, home: Path | str, *, labels: Path | str | None = None
 ) -> ImportReport:
-    """Import every file of `fmt` under `path` into the spool of `home`; all or nothing."""
+    """Import every file of `fmt` under `path` into the spool of `home`; all or nothing.
+
+    A file already imported (same format, bytes and labels) is skipped; a run already imported
+    from another file (same trace id) is not written again, though its outcome is, so labels
+    given later still arrive (the latest outcome of a run wins in the views).
+    """
     convert = converter(fmt)
     path, home = Path(path), Path(home)
     registry = home / "imports"
+    labels_bytes = Path(labels).read_bytes() if labels is not None else b""
+    kwargs = {"labels": Path(labels)} if labels is not None else {}
+    known = _known_traces(registry)
     report = ImportReport(fmt)
-    pending: list[tuple[str, list[dict[str, Any]]]] = []
+    pending: list[tuple[str, list[dict[str, Any]], set[str]]] = []
     for file in _files(path, FORMATS[fmt][1]):
         data = file.read_bytes()
-        digest = hashlib.sha256(fmt.encode() + b"\0" + data).hexdigest()[:20]
+        digest = hashlib.sha256(b"\0".join([fmt.encode(), data, labels_bytes])).hexdigest()[:20]
         if (registry / digest).exists():
             report.already_imported.append(file)
             continue
-        kwargs = {"labels": Path(labels)} if labels is not None else {}
         records = convert(file, data, **kwargs)
-        pending.append((digest, records))
+        runs = {r["trace_id"] for r in records if r["name"] != OUTCOME}
+        repeated = runs & known
+        if repeated:
+            records = [r for r in records if r["name"] == OUTCOME or r["trace_id"] not in known]
+            report.repeated_runs += len(repeated)
+        known |= runs
+        pending.append((digest, records, runs))
         report.files += 1
-        report.spans += sum(1 for r in records if r["name"] != "tracegym.outcome")
-        report.runs += len(
-            {
-                r["trace_id"]
-                for r in records
-                if r["parent_span_id"] is None and r["name"] != "tracegym.outcome"
-            }
-        )
+        report.spans += sum(1 for r in records if r["name"] != OUTCOME)
+        report.runs += len(runs - repeated)
     registry.mkdir(parents=True, exist_ok=True)
-    for digest, records in pending:
+    for digest, records, runs in pending:
         report.spool_files.append(write_spool_file(home, records, f"import-{fmt}-{digest}"))
-        (registry / digest).write_text(fmt + "\n")
+        (registry / digest).write_text("\n".join([fmt, *sorted(runs)]) + "\n")
     return report

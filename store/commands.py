@@ -1,0 +1,289 @@
+"""The store's commands: `tracegym sql`, `traces`, `show`, `compact`, `import`, `collect`.
+
+Registered on the main `tracegym` app by `register(app)`; DuckDB and friends are imported
+inside each command, so the bare (tracer-only) install keeps a working CLI.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.tree import Tree
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+def _console() -> Console:
+    """A console that, when output is not a terminal, is wide enough not to squeeze tables."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def _open_store(home: Path, fail: Any) -> Any:
+    try:
+        from tracegym.store.store import Store
+    except ImportError as exc:
+        fail(f"the store needs the analysis extra: pip install 'tracegym[analysis]' ({exc.name})")
+    try:
+        return Store(home)
+    except Exception as exc:  # a broken lake file, a permission problem ...
+        fail(f"cannot open the store under {home}: {exc}")
+
+
+def _json_default(value: Any) -> Any:
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def print_rows(columns: list[str], rows: list[tuple], fmt: OutputFormat, console: Console) -> None:
+    """Rows as a Rich table (values escaped: trace content is untrusted), CSV or JSON lines."""
+    if fmt is OutputFormat.csv:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(rows)
+        sys.stdout.write(buffer.getvalue())
+    elif fmt is OutputFormat.json:
+        for row in rows:
+            sys.stdout.write(
+                json.dumps(
+                    dict(zip(columns, row, strict=True)), default=_json_default, ensure_ascii=False
+                )
+                + "\n"
+            )
+    else:
+        table = Table(*columns)
+        for row in rows:
+            table.add_row(*("" if v is None else escape(str(v)) for v in row))
+        console.print(table)
+        console.print(f"{len(rows)} row{'s' if len(rows) != 1 else ''}", style="dim")
+
+
+HomeOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--home",
+        help="Data directory (default: $TRACEGYM_HOME, else ./.tracegym).",
+        show_default=False,
+    ),
+]
+
+
+def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
+    """Add the store commands to `app`. `home_of(ctx, home)` resolves --home; `fail(msg)`
+    prints a one-line error and exits with code 2."""
+
+    @app.command()
+    def sql(
+        ctx: typer.Context,
+        query: Annotated[str, typer.Argument(help="A read-only SQL query over the views.")],
+        fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+        output: Annotated[
+            Path | None, typer.Option("--output", "-o", help="File to write (parquet needs one).")
+        ] = None,
+        home: HomeOption = None,
+    ) -> None:
+        """Run read-only SQL over spans, traces, tool_calls, llm_calls, memory_ops, outcomes."""
+        from tracegym.store.store import ReadOnlyError
+
+        store = _open_store(home_of(ctx, home), fail)
+        try:
+            relation = store.sql(query)
+        except ReadOnlyError as exc:
+            fail(str(exc))
+        except Exception as exc:  # DuckDB's own errors say what is wrong with the query
+            fail(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+        if fmt is OutputFormat.parquet:
+            if output is None:
+                fail("--format parquet writes a file: give --output FILE")
+            relation.write_parquet(str(output))
+            typer.echo(f"wrote {output}")
+            return
+        try:
+            rows = relation.fetchall()
+        except Exception as exc:
+            fail(str(exc).strip().splitlines()[0])
+        columns = list(relation.columns)
+        if output is not None:
+            with open(output, "w", encoding="utf-8") as handle:
+                saved, sys.stdout = sys.stdout, handle
+                try:
+                    print_rows(columns, rows, fmt, Console(file=handle))
+                finally:
+                    sys.stdout = saved
+            typer.echo(f"wrote {len(rows)} rows to {output}")
+            return
+        print_rows(columns, rows, fmt, _console())
+
+    @app.command()
+    def traces(
+        ctx: typer.Context,
+        limit: Annotated[int, typer.Option("--limit", "-n", min=1)] = 20,
+        failed: Annotated[bool, typer.Option("--failed", help="Only failed runs.")] = False,
+        home: HomeOption = None,
+    ) -> None:
+        """List the most recent runs: agent, duration, counts, errors, outcome."""
+        store = _open_store(home_of(ctx, home), fail)
+        where = "WHERE success = false" if failed else ""
+        relation = store.sql(
+            "SELECT left(trace_id, 12) AS trace, agent, strftime(start_time, '%m-%d %H:%M:%S') "
+            "AS started, round(duration_ms, 1) AS ms, spans, tool_calls AS tools, llm_calls AS "
+            "llm, errors, CASE success WHEN true THEN 'success' WHEN false THEN 'failure' "
+            "ELSE '-' END AS outcome, reward "
+            f"FROM traces {where} ORDER BY start_time DESC LIMIT $limit",
+            {"limit": limit},
+        )
+        print_rows(list(relation.columns), relation.fetchall(), OutputFormat.table, _console())
+
+    @app.command()
+    def show(
+        ctx: typer.Context,
+        trace: Annotated[str, typer.Argument(help="Trace id (or a unique prefix) or run id.")],
+        home: HomeOption = None,
+    ) -> None:
+        """Print one run as an indented tree with durations, errors and outcome."""
+        store = _open_store(home_of(ctx, home), fail)
+        ids = store.sql(
+            "SELECT DISTINCT trace_id FROM traces WHERE trace_id LIKE $p || '%' OR run_id = $id",
+            {"p": trace.lower(), "id": trace},
+        ).fetchall()
+        if not ids:
+            fail(f"no run with trace id or run id {trace!r} under {store.home}")
+        if len(ids) > 1:
+            fail(f"{trace!r} matches {len(ids)} runs; give more of the trace id")
+        _console().print(render_trace(store, ids[0][0]))
+
+    @app.command()
+    def compact(ctx: typer.Context, home: HomeOption = None) -> None:
+        """Move complete spool files into the Parquet lake (queries also do this first)."""
+        target = home_of(ctx, home)
+        store = _open_store(target, fail)
+        report = store.last_compaction
+        typer.echo(
+            f"compacted {report.files} spool files, {report.spans} spans, {report.parts} parts"
+            f" under {target}; {len(report.skipped_live)} files still being written"
+        )
+
+    @app.command("import")
+    def import_(
+        ctx: typer.Context,
+        fmt: Annotated[
+            str,
+            typer.Argument(
+                metavar="FORMAT",
+                help="tau-bench, tau2-bench, whowhen, swe-agent, openai-chat or otlp-json.",
+            ),
+        ],
+        path: Annotated[Path, typer.Argument(help="A file or a folder of files.")],
+        labels: Annotated[
+            Path | None,
+            typer.Option("--labels", help="Failure labels (AgentRx style) for tau-bench runs."),
+        ] = None,
+        home: HomeOption = None,
+    ) -> None:
+        """Import recorded runs of other agents as traces with outcomes (all or nothing)."""
+        from tracegym.store.importers import FORMATS, ImportFormatError, import_path
+
+        if fmt not in FORMATS:
+            fail(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+        if not path.exists():
+            fail(f"{path}: no such file or folder")
+        if labels is not None and not labels.is_file():
+            fail(f"--labels {labels}: no such file")
+        target = home_of(ctx, home)
+        try:
+            report = import_path(fmt, path, target, labels=labels)
+        except (ImportFormatError, ValueError, OSError) as exc:
+            fail(f"nothing imported: {exc}")
+        typer.echo(
+            f"imported {report.runs} runs ({report.spans} spans) from {report.files} files "
+            f"as {fmt} into {target}"
+            + (
+                f"; {len(report.already_imported)} files already imported"
+                if report.already_imported
+                else ""
+            )
+            + (
+                f"; {report.repeated_runs} runs already in the store"
+                if report.repeated_runs
+                else ""
+            )
+        )
+
+    @app.command()
+    def collect(
+        ctx: typer.Context,
+        host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="Port (OTLP/HTTP's default is 4318).")] = 4318,
+        token: Annotated[
+            str | None,
+            typer.Option(
+                envvar="TRACEGYM_COLLECT_TOKEN", help="Require 'Authorization: Bearer TOKEN'."
+            ),
+        ] = None,
+        home: HomeOption = None,
+    ) -> None:
+        """Receive OTLP/HTTP traces (protobuf or JSON at /v1/traces) into the spool."""
+        from tracegym.store.receiver import Receiver
+
+        target = home_of(ctx, home)
+        receiver = Receiver(target, host=host, port=port, token=token)
+        typer.echo(f"receiving OTLP at http://{host}:{port}/v1/traces into {target} (Ctrl-C stops)")
+        try:
+            receiver.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            receiver.stop()
+
+
+def render_trace(store: Any, trace_id: str) -> Tree:
+    """One trace as a Rich tree: each span with its duration, status and key attributes."""
+    spans = store.sql(
+        "SELECT span_id, parent_span_id, name, duration_ms, status, error_type, step_index, "
+        "start_ns FROM spans WHERE trace_id = $t ORDER BY start_ns",
+        {"t": trace_id},
+    ).fetchall()
+    outcome = store.sql(
+        "SELECT success, reward, source, labels FROM outcomes WHERE trace_id = $t", {"t": trace_id}
+    ).fetchall()
+    if outcome:
+        success, reward, source, labels = outcome[0]
+        verdict = {True: "[green]success[/]", False: "[red]failure[/]"}.get(success, "unknown")
+        head = f"trace {trace_id}: {verdict}, reward {reward}, source {escape(str(source))}"
+        if labels:
+            head += f", labels {escape(labels[:200])}"
+    else:
+        head = f"trace {trace_id}: no outcome recorded"
+    tree = Tree(head)
+    children: dict[str | None, list[tuple]] = {}
+    known = {row[0] for row in spans}
+    for row in spans:
+        parent = row[1] if row[1] in known else None
+        children.setdefault(parent, []).append(row)
+
+    def add(node: Tree, parent: str | None) -> None:
+        for span_id, _, name, ms, status, error, step, _ in children.get(parent, []):
+            label = f"{escape(name)}  [dim]{ms:.2f} ms[/]"
+            if step is not None:
+                label = f"[dim]#{step}[/] " + label
+            if status == "ERROR":
+                label += f"  [bold red]ERROR {escape(error or '')}[/]"
+            add(node.add(label), span_id)
+
+    add(tree, None)
+    return tree

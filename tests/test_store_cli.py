@@ -1,0 +1,175 @@
+"""The store's commands: sql (formats, read-only refusal), traces, show, compact, import,
+collect."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("duckdb")
+
+from tracegym.cli import app
+from tracegym.store.records import outcome_record, span_record, write_spool_file
+from typer.testing import CliRunner
+
+runner = CliRunner()
+BASE = 1_764_460_800_000_000_000
+
+
+def _run(home: Path, *args: str):
+    return runner.invoke(app, ["--home", str(home), *args])
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """One failed run: agent -> tool (error) and llm, with an outcome."""
+    trace = "ab" * 16
+    records = [
+        span_record(trace_id=trace, span_id="01" * 8, name="invoke_agent support",
+                    start_ns=BASE, end_ns=BASE + 5_000_000,
+                    attributes={"gen_ai.operation.name": "invoke_agent",
+                                "gen_ai.agent.name": "support", "tracegym.run.id": "task-7"}),
+        span_record(trace_id=trace, span_id="02" * 8, parent_span_id="01" * 8,
+                    name="execute_tool refund", start_ns=BASE + 1, end_ns=BASE + 2_000_000,
+                    status="ERROR",
+                    attributes={"gen_ai.operation.name": "execute_tool",
+                                "gen_ai.tool.name": "refund", "tracegym.step.index": 0,
+                                "error.type": "KeyError",
+                                "gen_ai.tool.call.arguments": '{"order": "<b>x</b>"}'}),
+        span_record(trace_id=trace, span_id="03" * 8, parent_span_id="01" * 8,
+                    name="chat m", start_ns=BASE + 3_000_000, end_ns=BASE + 4_000_000,
+                    attributes={"gen_ai.operation.name": "chat", "tracegym.step.index": 1,
+                                "gen_ai.usage.input_tokens": 7}),
+        outcome_record("task-7", time_ns=BASE + 6_000_000, success=False, reward=0.0,
+                       source="test"),
+    ]  # fmt: skip
+    write_spool_file(tmp_path, records, "fixture")
+    return tmp_path
+
+
+def test_sql_formats(home: Path, tmp_path: Path):
+    query = "SELECT tool, error_type, arguments FROM tool_calls"
+    table = _run(home, "sql", query)
+    assert table.exit_code == 0 and "refund" in table.stdout and "1 row" in table.stdout
+    as_csv = _run(home, "sql", query, "--format", "csv")
+    rows = list(csv.reader(io.StringIO(as_csv.stdout)))
+    assert rows == [
+        ["tool", "error_type", "arguments"],
+        ["refund", "KeyError", '{"order": "<b>x</b>"}'],
+    ]
+    as_json = _run(home, "sql", query, "-f", "json")
+    assert json.loads(as_json.stdout) == {
+        "tool": "refund", "error_type": "KeyError", "arguments": '{"order": "<b>x</b>"}'
+    }  # fmt: skip
+    out = tmp_path / "out.parquet"
+    done = _run(home, "sql", query, "--format", "parquet", "--output", str(out))
+    assert done.exit_code == 0 and out.stat().st_size > 0
+    import duckdb
+
+    assert duckdb.sql(f"SELECT tool FROM '{out}'").fetchall() == [("refund",)]
+    assert _run(home, "sql", query, "--format", "parquet").exit_code == 2  # needs --output
+
+
+def test_sql_refuses_writes_and_reports_bad_sql(home: Path):
+    refused = _run(home, "sql", "DROP VIEW spans")
+    assert refused.exit_code == 2 and "read-only" in refused.output
+    bad = _run(home, "sql", "SELECT nope FROM spans")
+    assert bad.exit_code == 2 and "nope" in bad.output and "Traceback" not in bad.output
+
+
+def test_traces_and_show(home: Path):
+    listed = _run(home, "traces")
+    assert listed.exit_code == 0 and "abababab" in listed.stdout and "failure" in listed.stdout
+    for key in ("task-7", "abababab", "ab" * 16):
+        shown = _run(home, "show", key)
+        assert shown.exit_code == 0, shown.output
+        lines = shown.stdout.splitlines()
+        assert "failure" in lines[0] and "source test" in lines[0]
+        tool_line = next(line for line in lines if "execute_tool refund" in line)
+        assert "#0" in tool_line and "ERROR KeyError" in tool_line
+        assert lines.index(tool_line) > next(
+            i for i, line in enumerate(lines) if "invoke_agent support" in line
+        )
+    missing = _run(home, "show", "ffff")
+    assert missing.exit_code == 2 and "no run" in missing.output
+
+
+def test_compact_moves_the_spool(home: Path):
+    done = _run(home, "compact")
+    assert done.exit_code == 0 and "compacted 1 spool files, 4 spans" in done.stdout
+    assert not list((home / "spool").glob("*.jsonl"))
+    assert _run(home, "sql", "SELECT count(*) FROM spans", "-f", "csv").stdout.split() == [
+        "count_star()", "3"
+    ]  # fmt: skip
+
+
+def test_import_command(tmp_path: Path):
+    runs = [
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+         "outcome": {"success": True}},
+    ]  # fmt: skip
+    source = tmp_path / "chats.json"
+    source.write_text(json.dumps(runs))
+    home = tmp_path / "home"
+    done = _run(home, "import", "openai-chat", str(source))
+    assert done.exit_code == 0, done.output
+    assert "imported 1 runs" in done.stdout
+    again = _run(home, "import", "openai-chat", str(source))
+    assert "already imported" in again.stdout
+    assert _run(home, "import", "nonsense", str(source)).exit_code == 2
+    assert _run(home, "import", "openai-chat", str(tmp_path / "missing.json")).exit_code == 2
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"messages": [')
+    failed = _run(home, "import", "openai-chat", str(broken))
+    assert failed.exit_code == 2 and "broken.json" in failed.output
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_collect_receives_otlp_json(tmp_path: Path):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tracegym.cli", "--home", str(tmp_path), "collect",
+         "--port", str(port), "--token", "s3cret"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{
+            "traceId": "cd" * 16, "spanId": "ef" * 8, "name": "execute_tool lookup",
+            "startTimeUnixNano": str(BASE), "endTimeUnixNano": str(BASE + 1000),
+            "attributes": [
+                {"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool"}},
+                {"key": "gen_ai.tool.name", "value": {"stringValue": "lookup"}},
+            ],
+        }]}]}]}).encode()  # fmt: skip
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/traces", data=body,
+            headers={"Content-Type": "application/json", "Authorization": "Bearer s3cret"},
+        )  # fmt: skip
+        for _ in range(100):  # wait for the receiver to listen
+            try:
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    assert response.status == 200
+                break
+            except urllib.error.URLError:
+                time.sleep(0.1)
+        else:
+            pytest.fail(f"receiver never answered: {proc.stderr.read() if proc.poll() else ''}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    done = _run(tmp_path, "sql", "SELECT tool FROM tool_calls", "-f", "csv")
+    assert done.stdout.split() == ["tool", "lookup"]
