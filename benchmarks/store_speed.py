@@ -161,7 +161,8 @@ def main() -> None:
 
 
 def receiver_rate(home: Path, spans: int) -> float | None:
-    """Spans/s posted as protobuf batches of 512 to a Receiver on loopback."""
+    """Spans/s posted as protobuf batches of 512 (7 attributes a span) to a Receiver on
+    loopback, one new connection per request (urllib)."""
     try:
         from tracegym.store.receiver import Receiver
     except ImportError:
@@ -183,8 +184,18 @@ def receiver_rate(home: Path, spans: int) -> float | None:
         span.name = "execute_tool lookup"
         span.start_time_unix_nano = BASE_NS + i
         span.end_time_unix_nano = BASE_NS + i + 1000
-        attr = span.attributes.add()
-        attr.key, attr.value.string_value = "gen_ai.tool.name", "lookup"
+        for key, value in (
+            ("gen_ai.operation.name", "execute_tool"),
+            ("gen_ai.tool.name", "lookup"),
+            ("gen_ai.tool.call.id", f"call_{i:016x}"),
+            ("gen_ai.tool.call.arguments", '{"order_id": "W000123", "reason": "damaged"}'),
+            ("gen_ai.tool.call.result", '{"status": "refunded", "amount": 12.5}'),
+            ("gen_ai.agent.name", "support"),
+        ):
+            attr = span.attributes.add()
+            attr.key, attr.value.string_value = key, value
+        step = span.attributes.add()
+        step.key, step.value.int_value = "tracegym.step.index", i % 40
     body = request.SerializeToString()
     receiver = Receiver(home, port=0)
     receiver.start()
