@@ -1,0 +1,1 @@
+"""Deterministic failure detectors; see base.py for the interface."""

@@ -1,0 +1,196 @@
+"""Runs as analysis sees them: one `Run` per trace, its spans as ordered `Step`s.
+
+Loaded from the store's `spans`/`traces` views in one query and grouped in Python: analysis
+works on a few thousand runs of a few dozen steps, where plain objects are simpler than frames
+and fast enough. `runs_frame` gives the same data as a Polars DataFrame for feature work.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracegym.tracer import semconv as sc
+
+ROLE = "tracegym.message.role"  # set by the importers on message spans (user, system, ...)
+
+_STEP_COLUMNS = [
+    "trace_id", "span_id", "parent_span_id", "name", "operation", "agent", "step_index", "tool",
+    "call_id", "input", "output", "status", "error_type", "start_ns", "end_ns", "duration_ms",
+    "input_tokens", "output_tokens", "memory_store", "memory_record", "memory_content_hash",
+    "memory_result_hashes", "subtask", "attributes",
+]  # fmt: skip
+
+
+def parse_json(text: Any) -> Any:
+    """JSON text as a value; anything unparsable stays the text it was."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@dataclass(eq=False)
+class Step:
+    """One span of a run, in run order (`position`), with what analysis needs of it."""
+
+    position: int  # 0-based order in the run (start time, then the source's step index)
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    operation: str | None
+    agent: str | None
+    step_index: int | None  # the source's own index (`tracegym.step.index`)
+    tool: str | None
+    call_id: str | None
+    input: str | None  # raw text: tool arguments, messages, agent input, memory query
+    output: str | None  # raw text: tool result, model output, memory content
+    status: str
+    error_type: str | None
+    start_ns: int
+    end_ns: int
+    duration_ms: float
+    input_tokens: int | None
+    output_tokens: int | None
+    memory_store: str | None
+    memory_record: str | None
+    memory_content_hash: str | None
+    memory_result_hashes: list[str]
+    subtask: str | None  # the innermost enclosing subtask's name
+    attributes: dict[str, Any]
+    source_write_span_ids: list[str | None] = field(default_factory=list)
+
+    @property
+    def role(self) -> str | None:
+        """The message role of imported message spans (user, system, assistant, tool)."""
+        return self.attributes.get(ROLE)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "ERROR" or self.error_type is not None
+
+    @property
+    def arguments(self) -> Any:
+        """Tool arguments parsed from JSON (a dict for most tools)."""
+        return parse_json(self.input) if self.operation == sc.OP_TOOL else None
+
+    @property
+    def tokens(self) -> int:
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+    @property
+    def label(self) -> str:
+        """A short human name: the tool, the operation and agent, or the span name."""
+        if self.tool:
+            return self.tool
+        return self.name
+
+
+@dataclass(eq=False)
+class Run:
+    """One traced run: its steps in order, its outcome and labels."""
+
+    trace_id: str
+    run_id: str | None
+    agent: str | None
+    success: bool | None
+    reward: float | None
+    labels: dict[str, Any]
+    source: str | None
+    steps: list[Step]
+
+    @property
+    def root(self) -> Step | None:
+        return next((s for s in self.steps if s.parent_span_id is None), None)
+
+    @property
+    def failed(self) -> bool:
+        return self.success is False
+
+    def tool_calls(self) -> list[Step]:
+        return [s for s in self.steps if s.operation == sc.OP_TOOL]
+
+    def tool_sequence(self) -> list[str]:
+        return [s.tool or s.name for s in self.tool_calls()]
+
+    def by_span(self) -> dict[str, Step]:
+        return {s.span_id: s for s in self.steps}
+
+
+def _subtasks(steps: Sequence[Step]) -> None:
+    """Set each step's `subtask` to its innermost enclosing subtask span's name."""
+    by_id = {s.span_id: s for s in steps}
+    for step in steps:
+        parent = by_id.get(step.parent_span_id or "")
+        while parent is not None and parent.operation != sc.OP_SUBTASK:
+            parent = by_id.get(parent.parent_span_id or "")
+        if step.operation != sc.OP_SUBTASK:
+            step.subtask = parent.attributes.get(sc.SUBTASK_NAME, parent.name) if parent else None
+
+
+def build_runs(
+    step_rows: Iterable[dict[str, Any]], trace_rows: Iterable[dict[str, Any]]
+) -> list[Run]:
+    """Runs from rows of the `spans` view (plus provenance) and the `traces` view."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for row in step_rows:
+        grouped.setdefault(row["trace_id"], []).append(row)
+    runs = []
+    for trace in trace_rows:
+        rows = grouped.get(trace["trace_id"], [])
+        rows.sort(key=lambda r: (r["start_ns"], r["step_index"] if r["step_index"] is not None
+                                 else -1, r["span_id"]))  # fmt: skip
+        steps = []
+        for position, row in enumerate(rows):
+            attributes = row["attributes"]
+            steps.append(Step(
+                position=position,
+                trace_id=row["trace_id"], span_id=row["span_id"],
+                parent_span_id=row["parent_span_id"], name=row["name"],
+                operation=row["operation"], agent=row["agent"], step_index=row["step_index"],
+                tool=row["tool"], call_id=row["call_id"], input=row["input"],
+                output=row["output"], status=row["status"] or "UNSET",
+                error_type=row["error_type"], start_ns=row["start_ns"] or 0,
+                end_ns=row["end_ns"] or 0, duration_ms=row["duration_ms"] or 0.0,
+                input_tokens=row["input_tokens"], output_tokens=row["output_tokens"],
+                memory_store=row["memory_store"], memory_record=row["memory_record"],
+                memory_content_hash=row["memory_content_hash"],
+                memory_result_hashes=list(row["memory_result_hashes"] or []),
+                subtask=None,
+                attributes=json.loads(attributes) if isinstance(attributes, str)
+                else dict(attributes or {}),
+                source_write_span_ids=list(row.get("source_write_span_ids") or []),
+            ))  # fmt: skip
+        _subtasks(steps)
+        labels = parse_json(trace.get("outcome_labels"))
+        runs.append(Run(
+            trace_id=trace["trace_id"], run_id=trace.get("run_id"), agent=trace.get("agent"),
+            success=trace.get("success"), reward=trace.get("reward"),
+            labels=labels if isinstance(labels, dict) else ({"labels": labels} if labels else {}),
+            source=trace.get("outcome_source"), steps=steps,
+        ))  # fmt: skip
+    return runs
+
+
+def load_runs(store: Any, where: str = "") -> list[Run]:
+    """Every run in `store` (a `tracegym.store.store.Store`), optionally filtered by a SQL
+    condition over the `traces` view (e.g. "agent = 'support'")."""
+    trace_filter = f"WHERE {where}" if where else ""
+    traces = store.sql(
+        "SELECT trace_id, run_id, agent, success, reward, outcome_source, outcome_labels "
+        f"FROM traces {trace_filter} ORDER BY start_time, trace_id"
+    )
+    trace_rows = [dict(zip(traces.columns, row, strict=True)) for row in traces.fetchall()]
+    columns = ", ".join(f"s.{c}" for c in _STEP_COLUMNS)
+    steps = store.sql(
+        f"SELECT {columns}, m.source_write_span_ids FROM spans s "
+        "LEFT JOIN memory_ops m ON m.span_id = s.span_id AND m.trace_id = s.trace_id "
+        f"WHERE s.trace_id IN (SELECT trace_id FROM traces {trace_filter})"
+    )
+    step_rows = (dict(zip(steps.columns, row, strict=True)) for row in steps.fetchall())
+    return build_runs(step_rows, trace_rows)
