@@ -20,6 +20,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
+from tracegym.analysis.commands import register as register_analysis_commands
 from tracegym.store.commands import register as register_store_commands
 from tracegym.tracer.config import resolve_home
 
@@ -333,6 +334,7 @@ def version() -> None:
 
 
 register_store_commands(app, _home, _fail)
+register_analysis_commands(app, _home, _fail)
 
 if __name__ == "__main__":
     app(prog_name="tracegym")

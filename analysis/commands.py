@@ -1,0 +1,110 @@
+"""The analysis commands: `tracegym analyze` (capability gaps) and `tracegym attribute`
+(the decisive step and agent of each failed run, as JSON lines)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+HomeOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--home", help="Data directory (default: $TRACEGYM_HOME, else ./.tracegym).",
+        show_default=False,
+    ),
+]  # fmt: skip
+
+
+def render_gaps(console: Console, document: dict[str, Any]) -> None:
+    runs = document["runs"]
+    console.print(
+        f"[bold]{len(document['gaps'])} capability gaps[/] from {runs['total']} runs "
+        f"({runs['failed']} failed, {runs['succeeded']} succeeded): {document['contrast']}"
+    )
+    table = Table()
+    numeric = {"#", "coverage", "delta", "stable", "failed"}
+    for column in ("#", "gap", "coverage", "delta", "stable", "failed", "tools"):
+        table.add_column(column, justify="right" if column in numeric else "left")
+    resamples = document["thresholds"]["resamples"]
+    for gap in document["gaps"]:
+        delta = "-" if gap["delta"] is None else f"{gap['delta']:.2f}"
+        table.add_row(
+            str(gap["rank"]), escape(gap["name"]), f"{gap['coverage']:.2f}", delta,
+            f"{gap['stability']}/{resamples}", str(gap["failed_runs_lacking"]),
+            escape(", ".join(gap["tools"][:3])),
+        )  # fmt: skip
+    console.print(table)
+    for gap in document["gaps"]:
+        console.print(f"[bold]{gap['rank']}. {escape(gap['name'])}[/] ({gap['id']})")
+        console.print(f"   {escape(gap['description'])}", highlight=False)
+    for name, error in document.get("detector_errors", {}).items():
+        console.print(f"[yellow]detector {escape(name)} failed and was skipped:[/] "
+                      f"{escape(error)}")  # fmt: skip
+
+
+def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
+    """Add `analyze` and `attribute` to `app`."""
+
+    @app.command()
+    def analyze(
+        ctx: typer.Context,
+        as_json: Annotated[bool, typer.Option("--json", help="Print gaps.json to stdout.")] = False,
+        min_coverage: Annotated[float, typer.Option(min=0, max=1)] = 0.10,
+        min_delta: Annotated[float, typer.Option(min=-1, max=1)] = 0.20,
+        min_stability: Annotated[int, typer.Option(min=0)] = 8,
+        resamples: Annotated[int, typer.Option(min=1)] = 10,
+        seed: Annotated[int, typer.Option()] = 0,
+        where: Annotated[str, typer.Option(help="SQL condition over the traces view.")] = "",
+        home: HomeOption = None,
+    ) -> None:
+        """Find the capability gaps behind failed runs; writes <home>/gaps.json."""
+        from tracegym.analysis.gaps import Thresholds
+        from tracegym.analysis.pipeline import analyze as run_analysis
+        from tracegym.store.store import check_read_only
+
+        if min_stability > resamples:
+            fail(f"--min-stability {min_stability} exceeds --resamples {resamples}")
+        if where:
+            try:
+                check_read_only(f"SELECT * FROM traces WHERE {where}")
+            except ValueError as exc:
+                fail(f"--where: {exc}")
+        target = home_of(ctx, home)
+        if not target.is_dir():
+            fail(f"no tracegym home at {target}")
+        thresholds = Thresholds(min_coverage, min_delta, resamples, min_stability, seed)
+        try:
+            result = run_analysis(target, thresholds=thresholds, where=where)
+        except Exception as exc:
+            fail(f"analysis failed: {exc}")
+        document = result.gaps_document()
+        if as_json:
+            sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
+            return
+        render_gaps(Console(), document)
+        Console(stderr=True).print(f"wrote {target / 'gaps.json'}", style="dim")
+
+    @app.command()
+    def attribute(ctx: typer.Context, home: HomeOption = None) -> None:
+        """For every failed run: the decisive step and responsible agent, as JSON lines
+        {"run", "trace_id", "agent", "step", "reason", "confidence"}."""
+        from tracegym.analysis.attribution import attribute_runs, to_json_line
+        from tracegym.analysis.pipeline import default_detector_set, run_detectors
+        from tracegym.analysis.runs import load_runs
+        from tracegym.store.store import Store
+
+        target = home_of(ctx, home)
+        if not target.is_dir():
+            fail(f"no tracegym home at {target}")
+        with Store(target) as store:
+            runs = load_runs(store)
+        findings, _ = run_detectors(default_detector_set(), runs)
+        for attribution in attribute_runs(runs, findings):
+            sys.stdout.write(to_json_line(attribution) + "\n")

