@@ -1,0 +1,200 @@
+"""Gap statistics on a synthetic population with planted gaps; clustering determinism; the
+embedding cache; gaps.json through `analyze` with a custom detector."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+
+from tracegym.analysis.clustering import assign, cluster
+from tracegym.analysis.detectors.base import Detector, Finding
+from tracegym.analysis.embeddings import Embedder
+from tracegym.analysis.gaps import (
+    Thresholds,
+    candidates_from_findings,
+    rates,
+    score,
+    select,
+)
+from tracegym.analysis.signatures import mask
+
+# Planted gaps: (share of failed runs lacking it, share of successful runs lacking it).
+PLANTED = {"a": (0.40, 0.02), "b": (0.25, 0.00)}
+DECOYS = {"c": (0.30, 0.25), "d": (0.05, 0.00), "e": (0.12, 0.10)}
+
+
+def population(n_failed: int = 200, n_succeeded: int = 200):
+    """Findings laid out so each key is lacking in exactly its planted share of runs."""
+    failed = [f"f{i:04d}" for i in range(n_failed)]
+    succeeded = [f"s{i:04d}" for i in range(n_succeeded)]
+    findings = []
+    for offset, (key, (fail_share, succ_share)) in enumerate({**PLANTED, **DECOYS}.items()):
+        for ids, share in ((failed, fail_share), (succeeded, succ_share)):
+            count = round(share * len(ids))
+            start = (offset * 37) % len(ids)  # overlap the keys differently
+            for k in range(count):
+                trace = ids[(start + k) % len(ids)]
+                findings.append(Finding("synthetic", f"synthetic:{key}", trace, 0, 0, "agent",
+                                        ("span",), f"{key} happened"))  # fmt: skip
+    return failed, succeeded, findings
+
+
+def test_rates_match_the_planted_shares():
+    failed, succeeded, findings = population()
+    by_key = {c.key: c for c in candidates_from_findings(findings)}
+    for key, (fail_share, succ_share) in {**PLANTED, **DECOYS}.items():
+        coverage, delta = rates(by_key[f"synthetic:{key}"].lacking, failed, succeeded)
+        assert coverage == pytest.approx(fail_share, abs=1e-9)
+        assert delta == pytest.approx(fail_share - succ_share, abs=1e-9)
+
+
+def test_exactly_the_planted_gaps_are_kept():
+    failed, succeeded, findings = population()
+    t = Thresholds()
+    candidates = [c for c in candidates_from_findings(findings) if c.kind == "finding"]
+    scored = [score(c, failed, succeeded, t) for c in candidates]
+    kept = {s.candidate.key for s in select(scored, failed, t)}
+    assert kept == {f"synthetic:{k}" for k in PLANTED}
+    why = {s.candidate.key: s.why for s in scored}
+    assert "delta" in why["synthetic:c"] and "coverage" in why["synthetic:d"]
+    # The planted ones pass in every resample; ranking is by coverage x delta.
+    ranked = [s.candidate.key for s in select(scored, failed, t)]
+    assert ranked == ["synthetic:a", "synthetic:b"]
+
+
+def test_stability_is_deterministic_and_thresholds_are_configurable():
+    failed, succeeded, findings = population()
+    candidates = [c for c in candidates_from_findings(findings) if c.kind == "finding"]
+    loose = Thresholds(min_coverage=0.05, min_delta=0.0, min_stability=8)
+    first = [score(c, failed, succeeded, loose) for c in candidates]
+    second = [score(c, failed, succeeded, loose) for c in candidates]
+    assert [(s.stability, s.kept) for s in first] == [(s.stability, s.kept) for s in second]
+    assert {s.candidate.key for s in first if s.kept} >= {
+        "synthetic:a",
+        "synthetic:b",
+        "synthetic:c",
+    }
+
+
+def test_without_successes_coverage_alone_ranks():
+    failed, _, findings = population()
+    t = Thresholds()
+    candidates = [c for c in candidates_from_findings(findings) if c.kind == "finding"]
+    scored = [score(c, failed, [], t) for c in candidates]
+    assert all(s.delta is None for s in scored)
+    kept = [s.candidate.key for s in select(scored, failed, t)]
+    assert kept[0] == "synthetic:a" and "synthetic:d" not in kept  # coverage 0.05 < 0.10
+
+
+def test_detector_level_candidate_yields_to_its_precise_keys():
+    failed, succeeded, findings = population()
+    t = Thresholds()
+    scored = [score(c, failed, succeeded, t) for c in candidates_from_findings(findings)]
+    kept = [s.candidate for s in select(scored, failed, t)]
+    assert "detector:synthetic" not in {c.key for c in kept} or len(kept) > 2
+
+
+def test_clustering_is_deterministic_and_order_free():
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(3, 16))
+    points = np.concatenate([c + 0.05 * rng.normal(size=(10, 16)) for c in centers])
+    points /= np.linalg.norm(points, axis=1, keepdims=True)
+    labels = cluster(points, 0.35)
+    assert list(labels) == list(cluster(points, 0.35))
+    assert len(set(labels)) == 3 and all(
+        len(set(labels[i * 10 : i * 10 + 10])) == 1 for i in range(3)
+    )
+    order = rng.permutation(len(points))
+    permuted = cluster(points[order], 0.35)
+    same = {(labels[i], permuted[k]) for k, i in enumerate(order)}
+    assert len(same) == 3  # the same partition, whatever the input order
+    centroids = np.stack([points[labels == k].mean(axis=0) for k in range(3)])
+    assert list(assign(points[:3], centroids, 0.35)) == [labels[0]] * 3
+    assert list(assign(-points[:1], centroids, 0.35)) == [-1]  # nothing close: no cluster
+
+
+class _CountingModel:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def encode(self, texts, **_):
+        self.calls += len(texts)
+        return np.array([[len(t), t.count("a"), 1.0] for t in texts], dtype=np.float32)
+
+
+class _FakeEmbedder(Embedder):
+    model = _CountingModel()
+
+    def _load_model(self):
+        return self.model
+
+
+def test_embeddings_are_cached_by_content(tmp_path: Path):
+    first = _FakeEmbedder(tmp_path)
+    vectors = first.encode(["alpha", "beta", "alpha"])
+    assert first.computed == 2 and np.array_equal(vectors[0], vectors[2])
+    second = _FakeEmbedder(tmp_path)  # a later process: everything from the cache
+    again = second.encode(["beta", "alpha"])
+    assert second.computed == 0 and second._model is None
+    assert np.array_equal(again, vectors[[1, 0]])
+
+
+def test_mask_hides_run_specific_values():
+    assert mask("refund_order(order_id=W0012345) amount 12.50") == mask(
+        "refund_order(order_id=W0099999) amount 7"
+    )
+
+
+class _ToolErrors(Detector):
+    name = "tool_errors"
+    description = "tool calls that fail"
+
+    def detect(self, run):
+        return [
+            Finding(self.name, f"{self.name}:{s.tool}", run.trace_id, s.position, s.step_index,
+                    s.agent, (s.span_id,), f"{s.tool} failed with {s.error_type}")
+            for s in run.tool_calls() if s.failed
+        ]  # fmt: skip
+
+
+def test_analyze_writes_gaps_json(tmp_path: Path):
+    pytest.importorskip("duckdb")
+    from tracegym.analysis.pipeline import analyze
+    from tracegym.store.records import outcome_record, span_record, write_spool_file
+
+    records = []
+    for i in range(40):
+        trace, failed = f"{i + 1:032x}", i % 2 == 0
+        base = 1_764_460_800_000_000_000 + i * 10**9
+        records.append(span_record(
+            trace_id=trace, span_id=f"{i + 1:016x}", name="invoke_agent a", start_ns=base,
+            end_ns=base + 10, attributes={"gen_ai.operation.name": "invoke_agent"},
+        ))  # fmt: skip
+        records.append(span_record(
+            trace_id=trace, span_id=f"{i + 1001:016x}", parent_span_id=f"{i + 1:016x}",
+            name="execute_tool pay", start_ns=base + 1, end_ns=base + 5,
+            status="ERROR" if failed else "UNSET",
+            attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay",
+                        **({"error.type": "Declined"} if failed else {})},
+        ))  # fmt: skip
+        records.append(outcome_record(trace, time_ns=base + 20, success=not failed))
+    write_spool_file(tmp_path, records, "population")
+
+    class _Fake(_FakeEmbedder):
+        pass
+
+    result = analyze(tmp_path, detectors=[_ToolErrors()], embedder=_Fake(tmp_path / "cache"))
+    assert result.contrast == "failed vs successful runs"
+    document = json.loads((tmp_path / "gaps.json").read_text())
+    assert document["runs"] == {"total": 40, "failed": 20, "succeeded": 20, "unknown": 0}
+    (gap,) = document["gaps"]
+    assert gap["key"] == "tool_errors:pay" and gap["name"] == "tool_errors_pay"
+    assert gap["coverage"] == 1.0 and gap["delta"] == 1.0 and gap["stability"] == 10
+    assert gap["tools"] == ["pay"] and len(gap["examples"]) == 5
+    assert "Tool calls that fail" in gap["description"]
+    assert gap["id"].startswith("gap-") and gap["rank"] == 1
