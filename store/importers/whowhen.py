@@ -63,7 +63,7 @@ def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict
     correct = doc.get("is_correct")
     if correct is not None and not isinstance(correct, bool):
         raise ImportFormatError(path, "is_correct should be true or false", record="run")
-    return guarded(path, "run", _run, doc, history, correct)
+    return guarded(path, "run", _run, doc, history, correct, path.stem)
 
 
 def _mistake_index(value: Any, steps: int) -> int | None:
@@ -75,7 +75,9 @@ def _mistake_index(value: Any, steps: int) -> int | None:
     return None
 
 
-def _run(doc: Mapping[str, Any], history: list[Any], correct: bool | None) -> list[dict[str, Any]]:
+def _run(
+    doc: Mapping[str, Any], history: list[Any], correct: bool | None, stem: str
+) -> list[dict[str, Any]]:
     key = keyed("whowhen", doc, {})
     question_id = doc.get("question_ID")
     run = Run("whowhen", key, f"whowhen/{question_id or 'run'}/{key[:8]}", ORCHESTRATOR)
@@ -105,6 +107,7 @@ def _run(doc: Mapping[str, Any], history: list[Any], correct: bool | None) -> li
             sc.INPUT: as_text(doc.get("question")),
             sc.OUTPUT: final,
             **source_attrs(
+                file=stem,  # the benchmark names runs by file ("1", "2", ...)
                 question_id=question_id,
                 level=doc.get("level"),
                 system_prompts=doc.get("system_prompt"),
