@@ -1,0 +1,53 @@
+"""The built-in detectors by name, and the default set analysis runs.
+
+    from tracegym.analysis.detectors.registry import DETECTORS, default_detectors
+
+    detectors = [d.fit(runs) for d in default_detectors()]
+    findings = [f for run in runs for d in detectors for f in d.detect(run)]
+
+A user's own detector is any `Detector` subclass; pass it alongside (or instead of) these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tracegym.analysis.detectors.base import Detector
+from tracegym.analysis.detectors.budget import BudgetWaste
+from tracegym.analysis.detectors.invalid import InvalidInvocation
+from tracegym.analysis.detectors.memory import PoisonedMemory
+from tracegym.analysis.detectors.premature import PrematureFinish
+from tracegym.analysis.detectors.tool_order import WrongToolOrder
+from tracegym.analysis.detectors.ungrounded import UngroundedArgument
+
+DETECTORS: dict[str, type[Detector]] = {
+    cls.name: cls
+    for cls in (
+        UngroundedArgument,
+        WrongToolOrder,
+        PoisonedMemory,
+        BudgetWaste,
+        InvalidInvocation,
+        PrematureFinish,
+    )
+}
+
+
+def default_detectors(**options: dict[str, Any]) -> list[Detector]:
+    """A fresh instance of every built-in detector, in a fixed order. Keyword arguments named
+    after a detector pass it constructor parameters, e.g.
+    `default_detectors(wrong_tool_order={"min_support": 3})`."""
+    unknown = set(options) - set(DETECTORS)
+    if unknown:
+        raise ValueError(f"unknown detectors: {', '.join(sorted(unknown))}")
+    return [cls(**options.get(name, {})) for name, cls in DETECTORS.items()]
+
+
+def make_detector(name: str, **params: Any) -> Detector:
+    """One built-in detector by name."""
+    try:
+        return DETECTORS[name](**params)
+    except KeyError:
+        raise ValueError(
+            f"unknown detector {name!r}; known: {', '.join(sorted(DETECTORS))}"
+        ) from None

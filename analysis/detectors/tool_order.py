@@ -1,0 +1,152 @@
+"""Wrong tool order: precedence rules mined from the successful runs, broken in a run.
+
+`fit` mines, over the successful runs, for every ordered pair of tools (A, B):
+
+- *precedence* "A before B": among the successful runs that call both, the share whose first
+  call of A comes before their first call of B. A rule when at least `min_support` runs call
+  both and the share is at least `min_confidence` (1.0 by default: every such run). The default
+  support of 5 keeps chance orderings out: two unrelated tools fall in the same order in 5 runs
+  out of 5 with probability 1/32, in 3 out of 3 with 1/8.
+- *prerequisite* "B needs A": among the successful runs that call B, the share that called A
+  before B's first call; a prerequisite when at least `min_support` runs call B and the share is
+  at least `min_confidence`.
+
+Any call counts (failed ones too): the rule is about the order of attempts.
+
+`detect` looks at each rule's B in the run (its first call) and flags
+
+- A called only *after* B (the precedence is reversed; confidence 0.9), or
+- A never called, where A is a prerequisite of B (confidence 0.7) and B is *not* the run's final
+  action: ending with B without the usual earlier calls is a premature finish, which
+  `PrematureFinish` reports; a mid-run B without its prerequisite is a wrong order.
+
+Decisive step: B's first call; A's (later) first call follows it in `span_ids`. Key
+``wrong_tool_order:A>B``. When several rules are broken at the same call, each gets a finding;
+the rule with the most support comes first. Nothing about any domain is hard-coded: the rules
+are whatever successful runs always do.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tracegym.analysis.detectors.base import Detector, Finding
+from tracegym.analysis.features import final_action_step, is_tool, step_ref
+from tracegym.analysis.runs import Run, Step
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A mined rule: `before` comes before `after` in successful runs."""
+
+    before: str
+    after: str
+    support: int  # successful runs that call both (precedence) or call `after` (prerequisite)
+    confidence: float
+    prerequisite: bool  # `after` is never called without `before` earlier in successful runs
+
+    @property
+    def key(self) -> str:
+        return f"wrong_tool_order:{self.before}>{self.after}"
+
+
+def first_calls(run: Run) -> dict[str, Step]:
+    """Each tool's first call in the run."""
+    first: dict[str, Step] = {}
+    for step in run.steps:
+        if is_tool(step):
+            first.setdefault(step.tool or step.name, step)
+    return first
+
+
+def mine_rules(
+    runs: Sequence[Run], min_support: int = 5, min_confidence: float = 1.0
+) -> list[Rule]:
+    """Precedence rules over `runs` (pass the successful ones), sorted by (after, -support)."""
+    both: Counter[tuple[str, str]] = Counter()
+    ordered: Counter[tuple[str, str]] = Counter()
+    calls: Counter[str] = Counter()
+    for run in runs:
+        first = {tool: step.position for tool, step in first_calls(run).items()}
+        calls.update(first.keys())
+        for a, pa in first.items():
+            for b, pb in first.items():
+                if a == b:
+                    continue
+                both[a, b] += 1
+                if pa < pb:
+                    ordered[a, b] += 1
+    rules = []
+    for (a, b), n in both.items():
+        share = ordered[a, b] / n
+        required = calls[b] >= min_support and ordered[a, b] / calls[b] >= min_confidence
+        if n >= min_support and share >= min_confidence:
+            rules.append(Rule(a, b, n, share, required))
+    rules.sort(key=lambda r: (r.after, -r.support, r.before))
+    return rules
+
+
+class WrongToolOrder(Detector):
+    """Breaks of the tool-precedence rules that successful runs follow (see the module docstring).
+
+    Parameters: `min_support` (5) successful runs behind a rule, `min_confidence` (1.0) share of
+    them that follow it, `flag_missing` (True) whether a missing prerequisite counts.
+    """
+
+    name = "wrong_tool_order"
+    description = (
+        "Calls tools in an order successful runs never use: an action before the lookup or "
+        "check that successful runs always make first."
+    )
+
+    def __init__(
+        self, min_support: int = 5, min_confidence: float = 1.0, flag_missing: bool = True
+    ) -> None:
+        self.min_support = min_support
+        self.min_confidence = min_confidence
+        self.flag_missing = flag_missing
+        self.rules_: list[Rule] = []
+
+    def fit(self, runs: Sequence[Run]) -> WrongToolOrder:
+        successes = [r for r in runs if r.success is True]
+        self.rules_ = mine_rules(successes, self.min_support, self.min_confidence)
+        return self
+
+    def detect(self, run: Run) -> list[Finding]:
+        if not self.rules_:
+            return []
+        first = first_calls(run)
+        final = final_action_step(run)
+        findings = []
+        for rule in self.rules_:
+            b = first.get(rule.after)
+            if b is None:
+                continue
+            a = first.get(rule.before)
+            if a is not None and a.position < b.position:
+                continue
+            if a is not None:
+                confidence, evidence = 0.9, [b.span_id, a.span_id]
+                message = (
+                    f"{rule.after} was called before {rule.before}; in all {rule.support} "
+                    f"successful runs that call both, {rule.before} comes first"
+                )
+            elif rule.prerequisite and self.flag_missing and b is not final:
+                confidence, evidence = 0.7, [b.span_id]
+                message = (
+                    f"{rule.after} was called without {rule.before} before it; successful runs "
+                    f"always call {rule.before} first"
+                )
+            else:
+                continue
+            findings.append(Finding(
+                detector=self.name, key=rule.key, trace_id=run.trace_id, **step_ref(b),
+                span_ids=tuple(evidence), message=message, confidence=confidence,
+                details={"before": rule.before, "after": rule.after, "support": rule.support,
+                         "rule_confidence": rule.confidence,
+                         "missing": a is None, "before_position": a.position if a else None},
+            ))  # fmt: skip
+        findings.sort(key=lambda f: (f.position or 0, -f.details["support"]))
+        return findings
