@@ -103,7 +103,7 @@ class BudgetWaste(Detector):
     name = "budget_waste"
     description = (
         "Spends steps or tokens on tools and subtasks far beyond what successful runs need, "
-        "repeats identical calls, or runs out of steps before finishing."
+        "repeats identical calls, or runs out of steps before finishing"
     )
 
     def __init__(

@@ -98,7 +98,7 @@ class InvalidInvocation(Detector):
     name = "invalid_invocation"
     description = (
         "Calls tools in ways that fail: errors, tools that do not exist, missing, unknown or "
-        "mistyped arguments."
+        "mistyped arguments"
     )
 
     def __init__(

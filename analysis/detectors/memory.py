@@ -146,7 +146,7 @@ class PoisonedMemory(Detector):
     name = "poisoned_memory"
     description = (
         "Writes to memory what an error, a guess or a misreading produced, and later acts on "
-        "the record it reads back."
+        "the record it reads back"
     )
 
     def __init__(self, min_support: int = 3, disagreement: float = 0.5) -> None:

@@ -38,7 +38,7 @@ class PrematureFinish(Detector):
     name = "premature_finish"
     description = (
         "Finishes (answers or acts for the last time) without the lookups or verifications "
-        "that successful runs make before finishing."
+        "that successful runs make before finishing"
     )
 
     def __init__(self, min_share: float = 0.9, min_support: int = 3) -> None:

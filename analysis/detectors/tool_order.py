@@ -98,7 +98,7 @@ class WrongToolOrder(Detector):
     name = "wrong_tool_order"
     description = (
         "Calls tools in an order successful runs never use: an action before the lookup or "
-        "check that successful runs always make first."
+        "check that successful runs always make first"
     )
 
     def __init__(

@@ -477,7 +477,7 @@ class UngroundedArgument(Detector):
     name = "ungrounded_argument"
     description = (
         "Uses tool argument values (ids, amounts, names) that appear nowhere in what the agent "
-        "was told or has looked up, or picks a record that does not match the request."
+        "was told or has looked up, or picks a record that does not match the request"
     )
 
     def __init__(
