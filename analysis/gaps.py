@@ -172,6 +172,12 @@ def _tools(c: Candidate, runs: Mapping[str, Run]) -> list[str]:
     return [tool for tool, _ in counts.most_common(5)]
 
 
+def _shape(value: Any) -> str:
+    """An argument value's pattern: short values masked (`<id>`, `<n>`), long text as <text>."""
+    text = value if isinstance(value, str) else str(value)
+    return mask(text) if len(text) <= 24 else "<text>"
+
+
 def _argument_patterns(c: Candidate, runs: Mapping[str, Run]) -> list[str]:
     patterns: Counter[str] = Counter()
     for f in c.findings:
@@ -181,7 +187,7 @@ def _argument_patterns(c: Candidate, runs: Mapping[str, Run]) -> list[str]:
         step = run.steps[f.position]
         args = step.arguments
         if isinstance(args, dict):
-            shown = ", ".join(f"{k}={mask(str(v))[:24]}" for k, v in sorted(args.items()))
+            shown = ", ".join(f"{k}={_shape(v)}" for k, v in sorted(args.items()))
             patterns[f"{step.tool}({shown})"] += 1
     return [p for p, _ in patterns.most_common(3)]
 
@@ -244,7 +250,7 @@ def describe(s: Scored, name: str, runs: Mapping[str, Run], successes: Sequence[
         f"resamples. "
         + (f"Tools involved: {', '.join(tools)}. " if tools else "")
         + (f"Typical calls: {'; '.join(patterns)}. " if patterns else "")
-        + (f"Evidence, e.g.: {examples[0]['evidence']} " if examples else "")
+        + (f"Evidence, e.g.: {examples[0]['evidence'].rstrip('.')}. " if examples else "")
         + (f"What successful runs do instead: {instead}." if instead else "")
     ).strip()
     return {

@@ -93,15 +93,15 @@ def default_detector_set() -> list[Detector]:
 def run_detectors(
     detectors: Sequence[Detector], runs: Sequence[Run]
 ) -> tuple[dict[str, list[Finding]], dict[str, str]]:
-    """Fit every detector on the judged runs, then detect on all; a failing detector is
-    reported (and skipped), never fatal."""
-    judged = [r for r in runs if r.success is not None]
+    """Fit every detector on all runs (each learns its statistics from the successful ones,
+    and memory provenance may reach into runs without an outcome), then detect on all; a
+    failing detector is reported (and skipped), never fatal."""
     findings: dict[str, list[Finding]] = defaultdict(list)
     errors: dict[str, str] = {}
     for detector in detectors:
         name = detector.name or type(detector).__name__
         try:
-            detector.fit(judged)
+            detector.fit(runs)
             for run in runs:
                 findings[run.trace_id].extend(detector.detect(run))
         except Exception as exc:  # a user's detector must not sink the analysis
