@@ -16,6 +16,7 @@ STAMP := $(VENV)/.tracegym-installed
 
 job: $(STAMP)
 	$(BIN)/tracegym demo
+	$(BIN)/tracegym analyze
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

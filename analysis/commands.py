@@ -88,7 +88,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         if as_json:
             sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
             return
-        render_gaps(Console(), document)
+        console = Console()
+        render_gaps(console if console.is_terminal else Console(width=160), document)
         Console(stderr=True).print(f"wrote {target / 'gaps.json'}", style="dim")
 
     @app.command()
