@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 from tracegym.analysis.commands import register as register_analysis_commands
+from tracegym.cli_options import HomeOption
 from tracegym.store.commands import register as register_store_commands
 from tracegym.tracer.config import resolve_home
 
@@ -32,15 +33,6 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-
-HomeOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--home",
-        help="Data directory (default: $TRACEGYM_HOME, else ./.tracegym).",
-        show_default=False,
-    ),
-]
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:

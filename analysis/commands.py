@@ -5,21 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-
-HomeOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--home", help="Data directory (default: $TRACEGYM_HOME, else ./.tracegym).",
-        show_default=False,
-    ),
-]  # fmt: skip
+from tracegym.cli_options import HomeOption, table_console
 
 
 def render_gaps(console: Console, document: dict[str, Any]) -> None:
@@ -88,8 +80,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         if as_json:
             sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
             return
-        console = Console()
-        render_gaps(console if console.is_terminal else Console(width=160), document)
+        render_gaps(table_console(), document)
         Console(stderr=True).print(f"wrote {target / 'gaps.json'}", style="dim")
 
     @app.command()

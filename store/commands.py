@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
+from tracegym.cli_options import HomeOption, table_console
 
 
 class OutputFormat(str, Enum):
@@ -26,12 +27,6 @@ class OutputFormat(str, Enum):
     csv = "csv"
     json = "json"
     parquet = "parquet"
-
-
-def _console() -> Console:
-    """A console that, when output is not a terminal, is wide enough not to squeeze tables."""
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
 
 
 def _open_store(home: Path, fail: Any) -> Any:
@@ -71,16 +66,6 @@ def print_rows(columns: list[str], rows: list[tuple], fmt: OutputFormat, console
             table.add_row(*("" if v is None else escape(str(v)) for v in row))
         console.print(table)
         console.print(f"{len(rows)} row{'s' if len(rows) != 1 else ''}", style="dim")
-
-
-HomeOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--home",
-        help="Data directory (default: $TRACEGYM_HOME, else ./.tracegym).",
-        show_default=False,
-    ),
-]
 
 
 def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
@@ -127,7 +112,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                     sys.stdout = saved
             typer.echo(f"wrote {len(rows)} rows to {output}")
             return
-        print_rows(columns, rows, fmt, _console())
+        print_rows(columns, rows, fmt, table_console())
 
     @app.command()
     def traces(
@@ -147,7 +132,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             f"FROM traces {where} ORDER BY start_time DESC LIMIT $limit",
             {"limit": limit},
         )
-        print_rows(list(relation.columns), relation.fetchall(), OutputFormat.table, _console())
+        print_rows(list(relation.columns), relation.fetchall(), OutputFormat.table, table_console())
 
     @app.command()
     def show(
@@ -165,7 +150,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             fail(f"no run with trace id or run id {trace!r} under {store.home}")
         if len(ids) > 1:
             fail(f"{trace!r} matches {len(ids)} runs; give more of the trace id")
-        _console().print(render_trace(store, ids[0][0]))
+        table_console().print(render_trace(store, ids[0][0]))
 
     @app.command()
     def compact(ctx: typer.Context, home: HomeOption = None) -> None:

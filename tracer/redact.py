@@ -13,11 +13,11 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from opentelemetry.context import Context
-from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Status
 from tracegym.tracer import internal
+from tracegym.tracer.processors import FanOutSpanProcessor
 
 REDACTED = "[REDACTED]"
 
@@ -201,7 +201,7 @@ class RedactingSpanExporter(SpanExporter):
         return self.exporter.force_flush(timeout_millis)
 
 
-class RedactingSpanProcessor(SpanProcessor):
+class RedactingSpanProcessor(FanOutSpanProcessor):
     """Passes each ended span, secrets removed, to the processors it wraps, synchronously.
 
     For processors an application added to its own provider (tracegym's pipelines already
@@ -209,12 +209,8 @@ class RedactingSpanProcessor(SpanProcessor):
     """
 
     def __init__(self, processors: Sequence[SpanProcessor], redactor: Redactor | None = None):
-        self._processors = tuple(processors)
+        super().__init__(processors)
         self.redactor = redactor or Redactor()
-
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        for processor in self._processors:
-            processor.on_start(span, parent_context=parent_context)
 
     def on_end(self, span: ReadableSpan) -> None:
         try:
@@ -223,12 +219,4 @@ class RedactingSpanProcessor(SpanProcessor):
             internal.report_error("redact", exc)
             internal.add("spans_dropped.redaction")
             return
-        for processor in self._processors:
-            processor.on_end(span)
-
-    def shutdown(self) -> None:
-        for processor in self._processors:
-            processor.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return all(p.force_flush(timeout_millis) for p in self._processors)
+        super().on_end(span)
