@@ -1,0 +1,1134 @@
+"""Task-template families: one capability each, instantiated with the gap's own tools.
+
+| family               | trains                                             | from detector        |
+|----------------------|----------------------------------------------------|----------------------|
+| tool_order           | the mined prerequisite call before the action      | wrong_tool_order     |
+| grounding            | ids and values taken from lookups, never guessed   | ungrounded_argument  |
+| memory_hygiene       | re-checking a stale/errored note before using it   | poisoned_memory      |
+| budget               | the main request within the step budget, despite   | budget_waste         |
+|                      | distractor side requests                           |                      |
+| verify_before_finish | checking that a write took effect before finishing | premature_finish     |
+| exact_arguments      | ids, amounts, lists in the exact recorded format   | invalid_invocation   |
+
+Every family runs on the same simulated backend (`world.py`): the user asks for the gap's write
+tool (the *action*) on one or more records; lookups return records generated from the recorded
+result shapes; what differs is what the user says, the backend's quirks (a flaky lookup, a write
+that silently does not apply, strict formats, a tight budget) and what the verifier requires.
+`family_for_gap(gap)` picks the family from the gap's detector; `build_spec(gap, catalog)` turns
+a gap into an `EnvironmentSpec` or raises `NotSynthesizable` with the reason.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracegym.synthesis.base import Action, Environment, Task, contains_token
+from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec
+from tracegym.synthesis.world import (
+    LABEL_NAMES,
+    MEMORY_SEARCH,
+    MEMORY_UPDATE,
+    Gen,
+    NotSynthesizable,
+    Roles,
+    ToolWorld,
+    WorldBuilder,
+    canonical,
+    get_all,
+    infer_roles,
+    is_wordlike,
+    loosen,
+    money,
+    path_tokens,
+    shape_at,
+    sibling_descriptor,
+    synthetic_status,
+)
+
+SYSTEM_PROMPT = (
+    "You are a customer-support agent. Use the tools to look records up and to act on them. "
+    "Never guess an id or a value: take it from the user's message or from a tool result. "
+    "Act only on what the user asked for. When you are done, give the user one short final "
+    "answer that names every record you handled and what happened to it."
+)
+
+
+def human(name: str) -> str:
+    """`payment_method_id` -> `payment method`, `item_ids` -> `items`."""
+    plural = bool(re.search(r"(_ids|Ids)$", name))
+    text = re.sub(r"(_ids?|Ids?|ID)$", "", name).replace("_", " ").strip() or name
+    return text + "s" if plural and not text.endswith("s") else text
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
+
+
+def _and(items: list[str]) -> str:
+    items = list(items)
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+@dataclass
+class Ctx:
+    """One generated world and what the user wants done in it."""
+
+    rng: random.Random
+    state: dict[str, Any]
+    owner_id: str | None
+    attrs: dict[str, Any]
+    entities: list[str]
+    targets: list[str]
+    labels: dict[str, str]
+    calls: dict[str, dict[str, Any]]  # target -> the exact arguments of the action
+    phrases: dict[str, list[str]]  # target -> how the user describes the other arguments
+    needs_owner: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ChainEnvironment(Environment):
+    """Shared machinery: roles, world generation, oracle chains, instruction phrasing."""
+
+    family = "chain"
+    capability = ""
+    detectors: tuple[str, ...] = ()
+    needs_status = False
+    memory = False
+    strict_formats = False
+    mode = "id"  # how the user names the records: "id" or "label" (via their own identity)
+
+    def __init__(self, spec: EnvironmentSpec, **knobs: Any) -> None:
+        super().__init__(spec, **knobs)
+        self.catalog = spec.catalog
+        self.roles = Roles.from_dict(spec.roles)
+        wants_status = self.needs_status or int(self.knobs.get("refused", 0)) > 0
+        if wants_status and not self.roles.status:
+            self.roles.status = synthetic_status(self.roles)
+        self.world = ToolWorld(
+            self.catalog, self.roles, memory=self.memory, strict_formats=self.strict_formats
+        )
+        self.answer_tool, self.answer_arg = self.roles.answer_tool, self.roles.answer_arg
+        self._schemas = self.world.json_schemas()
+        self.action_schema = self.catalog.tools[self.roles.action]
+
+    # Environment hooks ---------------------------------------------------------------------
+    def fork_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The backend only replaces top-level fields of records, notes and counters, and
+        appends writes: copying those levels is enough (and much cheaper than a deep copy)."""
+        out = dict(state)
+        for key in ("entities", "owners"):
+            out[key] = {k: dict(v) for k, v in state[key].items()}
+        for key in ("memory", "_flaky", "_silent"):
+            out[key] = dict(state[key])
+        out["writes"] = list(state["writes"])
+        return out
+
+    def call_tool(self, state: dict[str, Any], name: str, arguments: Any) -> Any:
+        return self.world.call(state, name, arguments)
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return self._schemas
+
+    def default_knobs(self) -> dict[str, Any]:
+        return {"targets": 1, "distractors": 1, "slack": 6}
+
+    def levels(self) -> list[dict[str, Any]]:
+        base = {k: v for k, v in self.knobs.items()}
+        return [
+            {**base, "targets": t, "distractors": d}
+            for t, d in ((1, 0), (1, 1), (2, 1), (2, 2), (3, 2), (3, 3), (4, 4))
+        ]
+
+    # Spec construction ---------------------------------------------------------------------
+    @classmethod
+    def requirements(cls, roles: Roles, catalog: Catalog, gap: Mapping[str, Any]) -> None:
+        """Raise NotSynthesizable when the roles cannot express this family's tasks."""
+        if roles.lookup is None:
+            raise NotSynthesizable(
+                f"no recorded read tool returns the record {roles.action} acts on "
+                f"(none takes {roles.id_arg}), so there is nothing to look up first"
+            )
+
+    @classmethod
+    def choose_action(cls, gap: Mapping[str, Any], catalog: Catalog) -> tuple[str, list[str], str]:
+        """The write tool the tasks ask for, other gap tools to keep callable, and a note on
+        the choice: the gap's own write tool when it fits, else the most used one that does."""
+        tools = [t for t in gap.get("tools", []) if t in catalog.tools]
+        for pattern in gap.get("argument_patterns", []):
+            name = pattern.split("(", 1)[0].strip()
+            if name in catalog.tools and name not in tools:
+                tools.append(name)
+        writes = [t for t in tools if not catalog.tools[t].read and not _answer(t)]
+        why = []
+        for name in writes:
+            try:
+                infer_roles(catalog, name)
+            except NotSynthesizable as exc:
+                why.append(str(exc))
+                continue
+            return name, tools, f"{name}: the gap's own write tool"
+        candidates = [t for t in catalog.tools.values() if not t.read and not _answer(t.name)]
+        for tool in sorted(candidates, key=lambda t: (-t.calls, t.name)):
+            if tool.name in writes:
+                continue
+            try:
+                infer_roles(catalog, tool.name)
+            except NotSynthesizable as exc:
+                why.append(str(exc))
+                continue
+            reason = f" ({'; '.join(why)})" if why else ""
+            own = "no write tool of the gap fits" if writes else "the gap names no write tool"
+            return tool.name, tools, f"{tool.name}: the most used recorded write; {own}{reason}"
+        raise NotSynthesizable(
+            "no recorded write tool fits" + (f" ({'; '.join(why[:3])})" if why else "")
+        )
+
+    @classmethod
+    def build_spec(cls, gap: Mapping[str, Any], catalog: Catalog) -> EnvironmentSpec:
+        action, extra_tools, note = cls.choose_action(gap, catalog)
+        roles = infer_roles(catalog, action, extra_tools=extra_tools)
+        cls.requirements(roles, catalog, gap)
+        gap_id = str(gap.get("id") or "gap-custom")
+        env_id = f"{cls.family}-{gap_id.removeprefix('gap-')}"
+        used = {
+            n
+            for n in (
+                roles.action,
+                roles.lookup,
+                roles.owner,
+                roles.finder,
+                roles.answer_tool,
+                *roles.others,
+            )
+            if n
+        }
+        spec = EnvironmentSpec(
+            env_id=env_id,
+            family=cls.family,
+            entry_point=f"{cls.__module__}:{cls.__name__}",
+            gap={
+                k: gap.get(k)
+                for k in (
+                    "id",
+                    "name",
+                    "key",
+                    "detector",
+                    "kind",
+                    "description",
+                    "coverage",
+                    "delta",
+                )
+            },
+            catalog=catalog.subset(used),
+            roles=roles.to_dict(),
+            description=f"{cls.capability} Action: {action}; lookup: {roles.lookup}"
+            + (f"; owner: {roles.owner}" if roles.owner else "")
+            + (f"; finder: {roles.finder}" if roles.finder else "")
+            + ".",
+            extra={"action_choice": note},
+        )
+        spec.knobs = cls(spec).knobs
+        return spec
+
+    # World generation ----------------------------------------------------------------------
+    def world_ctx(
+        self,
+        seed: int,
+        *,
+        n_targets: int,
+        n_entities: int,
+        refused: int = 0,
+        user_extras: bool = False,
+    ) -> Ctx:
+        """Owner, entities and the target calls for one task."""
+        rng = random.Random(f"{self.family}:{seed}")
+        r = self.roles
+        mined = bool(r.status and r.status.get("mined"))
+        status = r.status if (self.needs_status or refused or mined) else None
+        builder = WorldBuilder(self.catalog, r, rng, status)
+        gen = builder.gen
+        owner_id, attrs = None, {}
+        if r.owner:
+            owner_id = builder.new_id(self.catalog.tools[r.owner].arguments.get(r.owner_arg))
+            finder = self.catalog.tools.get(r.finder) if r.finder else None
+            if finder:
+                attrs = {a: gen.argument(finder.arguments[a]) for a in finder.required}
+            else:
+                attrs = {r.owner_arg: owner_id}
+        entities = [
+            builder.new_id(self.action_schema.arguments[r.id_arg]) for _ in range(n_entities)
+        ]
+        targets = entities[:n_targets]
+        refused_set = set(rng.sample(targets, min(refused, len(targets))))
+        extras = {} if user_extras else r.extras
+        # entity records, with the values the action's other arguments come from
+        records: dict[str, dict[str, Any]] = {}
+        for eid in entities:
+            plants = [
+                (
+                    src["path"],
+                    self._sibling_values(
+                        builder,
+                        self.action_schema.arguments[name],
+                        builder.lookup_shape,
+                        src["path"],
+                    ),
+                )
+                for name, src in extras.items()
+                if src["source"] in ("lookup", "record")
+            ]
+            value = None
+            if status:
+                refuse = eid in refused_set or (eid not in targets and rng.random() < 0.5)
+                value = rng.choice(status["refused"]) if refuse else status["allowed"][0]
+            records[eid] = builder.entity(eid, owner_id, value, plants)
+        # the owner's record, listing the entities (and e.g. its payment methods)
+        owners: dict[str, Any] = {}
+        needs_owner = False
+        if r.owner and owner_id is not None:
+            shape = self.catalog.tools[r.owner].result
+            record = builder.owner(owner_id, entities, records, attrs)
+            for name, src in extras.items():
+                if src["source"] == "owner":
+                    values = self._sibling_values(
+                        builder, self.action_schema.arguments[name], shape, src["path"]
+                    )
+                    record = builder.plant(record, src["path"], values, shape)
+                    needs_owner = True
+            owners[owner_id] = record
+        # what the user wants: exact arguments, and how the user describes them
+        calls: dict[str, dict[str, Any]] = {t: {r.id_arg: t} for t in targets}
+        phrases: dict[str, list[str]] = {t: [] for t in targets}
+        for t in targets:
+            for name, src in r.extras.items():
+                arg = self.action_schema.arguments[name]
+                if user_extras or src["source"] == "user":
+                    value = gen.argument(arg)
+                    calls[t][name] = value
+                    phrases[t].append(f"{human(name)}: {self._say(value)}")
+                    continue
+                where, record = (
+                    ("account", owners[owner_id])
+                    if src["source"] == "owner"
+                    else (r.entity_noun, records[t])
+                )
+                chosen = self._choose(rng, arg, get_all(record, path_tokens(src["path"])))
+                calls[t][name] = chosen
+                phrases[t].append(self._phrase(name, record, src["path"], chosen, where))
+        labels = {}
+        if r.label_path:
+            for eid in entities:
+                found = get_all(records[eid], path_tokens(r.label_path))
+                if found:
+                    labels[eid] = found[0]
+        state = {
+            "owners": owners,
+            "entities": records,
+            "memory": {},
+            "writes": [],
+            "_finder": {owner_id: attrs} if owner_id is not None else {},
+            "_flaky": {},
+            "_silent": {},
+            "_seed": seed,
+            "_status": status,
+            "_guard": bool(self.knobs.get("guard", False)),
+        }
+        return Ctx(
+            rng, state, owner_id, attrs, entities, targets, labels, calls, phrases, needs_owner
+        )
+
+    def _sibling_values(
+        self, builder: WorldBuilder, arg: ArgSchema, shape: Mapping[str, Any], path: str
+    ) -> list[Any]:
+        tokens = path_tokens(path)
+        fan = next((i for i, t in enumerate(tokens) if t in ("[*]", "{*}")), None)
+        count = 1
+        if fan is not None:
+            element = shape_at(shape, tokens[: fan + 1])
+            labelled = any(
+                k in LABEL_NAMES and v.get("type") == "string"
+                for k, v in element.get("properties", {}).items()
+            )
+            if labelled:
+                count = 2 + min(int(self.knobs.get("distractors", 1)), 2)
+            if arg.type == "array" and count < 2:
+                count = 2
+        make = (
+            (lambda: builder.new_id(arg))
+            if (arg.formats or arg.type == "string")
+            else (lambda: builder.gen.argument(arg))
+        )
+        return [make() for _ in range(count)]
+
+    @staticmethod
+    def _choose(rng: random.Random, arg: ArgSchema, values: list[Any]) -> Any:
+        if not values:
+            return [] if arg.type == "array" else None
+        if arg.type == "array":
+            k = 1 if len(values) < 3 else rng.randint(1, 2)
+            picked = rng.sample(values, k)
+            return [v for v in values if v in picked]
+        return rng.choice(values)
+
+    def _phrase(self, name: str, record: Any, path: str, chosen: Any, where: str) -> str:
+        values = chosen if isinstance(chosen, list) else [chosen]
+        descs = [sibling_descriptor(record, path, v) for v in values]
+        tokens = path_tokens(path)
+        fan = next((i for i, t in enumerate(tokens) if t in ("[*]", "{*}")), None)
+        siblings = len(get_all(record, tokens[: fan + 1])) if fan is not None else 1
+        if siblings > 1 and all(descs):
+            return f"{human(name)}: {_and(descs)}"  # type: ignore[arg-type]
+        if siblings == 1 or fan is None:
+            return f"{human(name)}: the one on the {where}'s record"
+        return f"{human(name)}: {self._say(chosen)}"
+
+    @staticmethod
+    def _say(value: Any) -> str:
+        if isinstance(value, list):
+            return _and([str(v) for v in value])
+        return str(value)
+
+    # Phrasing and oracle helpers -----------------------------------------------------------
+    def identity(self, ctx: Ctx) -> str:
+        if not ctx.attrs:
+            return ""
+        parts = [f"{human(k)} {v}" for k, v in ctx.attrs.items()]
+        return f"I'm the customer with {_and(parts)}. "
+
+    def request(
+        self, ctx: Ctx, targets: list[str], how: str = "id", ids: Mapping[str, str] | None = None
+    ) -> str:
+        verb = human(self.roles.action)
+        noun = self.roles.entity_noun
+        # "refund order" + "order ORD-1" -> "refund order ORD-1"; else "... for order ORD-1"
+        joined = verb.endswith(noun)
+        out = []
+        for i, t in enumerate(targets):
+            if how == "label":
+                what = f"my {noun} with the {ctx.labels[t]}"
+            else:
+                what = f"{noun} {(ids or {}).get(t, t)}"
+            if joined and i == 0 and how != "label":
+                what = what[len(noun) + 1 :]
+            extra = f" ({'; '.join(ctx.phrases[t])})" if ctx.phrases[t] else ""
+            out.append(f"{what}{extra}")
+        if joined and how != "label":
+            return f"Please {verb} {_and(out)}."
+        return f"Please {verb} for {_and(out)}."
+
+    def lookup_call(self, eid: str) -> Action:
+        return {"name": self.roles.lookup, "arguments": {self.roles.lookup_arg: eid}}
+
+    def action_call(self, ctx: Ctx, eid: str) -> Action:
+        return {"name": self.roles.action, "arguments": dict(ctx.calls[eid])}
+
+    def owner_chain(self, ctx: Ctx) -> list[Action]:
+        r = self.roles
+        chain: list[Action] = []
+        if r.finder:
+            chain.append({"name": r.finder, "arguments": dict(ctx.attrs)})
+        if r.owner:
+            chain.append({"name": r.owner, "arguments": {r.owner_arg: ctx.owner_id}})
+        return chain
+
+    def status_of(self, ctx: Ctx, eid: str) -> Any:
+        status = ctx.state["_status"]
+        return ctx.state["entities"][eid].get(status["field"]) if status else None
+
+    def allowed(self, ctx: Ctx, eid: str) -> bool:
+        status = ctx.state["_status"]
+        return status is None or self.status_of(ctx, eid) in status["allowed"]
+
+    def answer(self, ctx: Ctx, done: list[str], refused: list[str]) -> str:
+        noun = self.roles.entity_noun
+        status = ctx.state["_status"]
+        parts = []
+        for t in done:
+            after = f" (status now {status['after']})" if status else ""
+            parts.append(f"{human(self.roles.action)} done for {noun} {t}{after}")
+        for t in refused:
+            parts.append(f"{noun} {t} was left unchanged: its status is {self.status_of(ctx, t)}")
+        return "; ".join(parts) + "."
+
+    def build_task(
+        self,
+        seed: int,
+        ctx: Ctx,
+        instruction: str,
+        goal: dict[str, Any],
+        oracle: list[Action],
+        max_steps: int | None = None,
+        prompt: str = "",
+    ) -> Task:
+        calls = sum(1 for a in oracle if "name" in a)
+        steps = max_steps if max_steps is not None else calls + int(self.knobs.get("slack", 6))
+        system = SYSTEM_PROMPT + (" " + prompt if prompt else "")
+        if self.answer_tool:
+            system += f" Give the final answer by calling {self.answer_tool}."
+        return Task(
+            seed=seed,
+            instruction=instruction,
+            state=ctx.state,
+            goal=goal,
+            oracle=oracle,
+            max_steps=steps,
+            system_prompt=system,
+            meta={"targets": ctx.targets, "knobs": dict(self.knobs)},
+        )
+
+    def status_rule_text(self) -> str:
+        status = self.roles.status
+        if not status:
+            return ""
+        return (
+            f"Call {self.roles.action} only for {_a(self.roles.entity_noun)} whose "
+            f"{status['field']} is {_and(status['allowed'])}; otherwise leave it unchanged "
+            "and tell the user why."
+        )
+
+
+def _answer(name: str) -> bool:
+    from tracegym.synthesis.spec import is_answer_tool
+
+    return is_answer_tool(name)
+
+
+# The families -----------------------------------------------------------------------------------
+class ToolOrderEnv(ChainEnvironment):
+    family = "tool_order"
+    capability = "Call the prerequisite tool the successful runs always call first, then act."
+    detectors = ("wrong_tool_order",)
+
+    def default_knobs(self) -> dict[str, Any]:
+        # two records, one of which must be left alone: calling every tool cannot pass
+        return {"targets": 2, "distractors": 1, "refused": 1, "slack": 6, "guard": False}
+
+    def levels(self) -> list[dict[str, Any]]:
+        base = dict(self.knobs)
+        return [
+            {**base, "targets": t, "distractors": d, "refused": f}
+            for t, d, f in (
+                (1, 0, 0),
+                (1, 1, 0),
+                (2, 1, 1),
+                (2, 2, 1),
+                (3, 2, 1),
+                (4, 3, 2),
+                (5, 4, 2),
+            )
+        ]
+
+    @classmethod
+    def pair(cls, gap: Mapping[str, Any]) -> tuple[str, str] | None:
+        key = str(gap.get("key", ""))
+        detail = key.split(":", 1)[1] if ":" in key else key
+        if ">" in detail:
+            before, after = (s.strip() for s in detail.split(">", 1))
+            return before, after
+        return None
+
+    @classmethod
+    def choose_action(cls, gap: Mapping[str, Any], catalog: Catalog) -> tuple[str, list[str], str]:
+        pair = cls.pair(gap)
+        if pair and pair[1] in catalog.tools and not catalog.tools[pair[1]].read:
+            tools = [t for t in gap.get("tools", []) if t in catalog.tools]
+            tools += [t for t in pair if t in catalog.tools and t not in tools]
+            return pair[1], tools, f"{pair[1]}: the action of the mined rule {pair[0]} > {pair[1]}"
+        action, tools, note = super().choose_action(gap, catalog)
+        if pair:
+            tools = [*tools, *(t for t in pair if t in catalog.tools and t not in tools)]
+        return action, tools, note
+
+    @classmethod
+    def requirements(cls, roles: Roles, catalog: Catalog, gap: Mapping[str, Any]) -> None:
+        super().requirements(roles, catalog, gap)
+        pair = cls.pair(gap)
+        if pair:
+            missing = [t for t in pair if t not in catalog.tools]
+            if missing:
+                raise NotSynthesizable(
+                    f"no recorded calls of {', '.join(missing)}: their schemas are unknown"
+                )
+
+    def _prereq(self) -> tuple[str, str]:
+        """The (before, after) pair the verifier enforces: the gap's mined rule when both tools
+        are in this world, else lookup before action."""
+        pair = ToolOrderEnv.pair(self.spec.gap) if self.spec else None
+        if pair and all(t in self.world.schemas for t in pair) and pair[0] != pair[1]:
+            return pair
+        return (self.roles.lookup or "", self.roles.action)
+
+    def _pattern(self, ctx: Ctx, tool: str, eid: str) -> dict[str, Any]:
+        r = self.roles
+        if tool == r.lookup:
+            return {"name": tool, "arguments": {r.lookup_arg: eid}}
+        if tool == r.action:
+            return {"name": tool, "arguments": {r.id_arg: eid}}
+        if tool == r.owner:
+            return {"name": tool, "arguments": {r.owner_arg: ctx.owner_id}}
+        return {"name": tool}
+
+    def _side_call(self, ctx: Ctx, tool: str, eid: str) -> Action:
+        """A call of a tool outside the chain, with arguments from the record where the traces
+        say they come from (`get_product_details(product_id=<items[*].product_id>)`)."""
+        r = self.roles
+        schema = self.catalog.tools[tool]
+        gen = Gen(random.Random(f"side:{ctx.state['_seed']}:{eid}"))
+        args = {}
+        for name in schema.required:
+            found: list[Any] = []
+            for flow in self.catalog.flows_into(tool, name):
+                if flow.source == r.lookup:
+                    found = get_all(ctx.state["entities"][eid], path_tokens(flow.path))
+                elif flow.source == r.owner and ctx.owner_id is not None:
+                    found = get_all(ctx.state["owners"][ctx.owner_id], path_tokens(flow.path))
+                if found:
+                    break
+            args[name] = found[0] if found else gen.argument(schema.arguments[name])
+        return {"name": tool, "arguments": args}
+
+    def generate(self, seed: int) -> Task:
+        k = self.knobs
+        n = int(k["targets"])
+        ctx = self.world_ctx(
+            seed,
+            n_targets=n,
+            n_entities=n + int(k["distractors"]),
+            refused=int(k.get("refused", 0)),
+        )
+        before, after = self._prereq()
+        r = self.roles
+        chain = {r.lookup, r.action, r.owner, r.finder}
+        in_owner_chain = bool({before, after} & {r.owner, r.finder} - {None})
+        by_label = in_owner_chain and bool(r.label_path) and bool(ctx.labels)
+        oracle: list[Action] = self.owner_chain(ctx) if (ctx.needs_owner or in_owner_chain) else []
+        goal: dict[str, Any] = {
+            "required_calls": [],
+            "forbidden_calls": [],
+            "order": [],
+            "answer_includes": [],
+        }
+        done, refused = [], []
+        afters: set[str] = set()
+        for t in ctx.targets:
+            oracle.append(self.lookup_call(t))
+            side: dict[str, Action] = {}
+            for tool in (before, after):
+                if tool not in chain:
+                    side[tool] = self._side_call(ctx, tool, t)
+                    oracle.append(side[tool])
+            if self.allowed(ctx, t):
+                oracle.append(self.action_call(ctx, t))
+                goal["required_calls"].append(self.action_call(ctx, t))
+                done.append(t)
+            else:
+                goal["forbidden_calls"].append({"name": r.action, "arguments": {r.id_arg: t}})
+                goal["answer_includes"].append(str(self.status_of(ctx, t)))
+                refused.append(t)
+            rule = [side.get(tool) or self._pattern(ctx, tool, t) for tool in (before, after)]
+            # one rule per distinct `after` call: its first occurrence must follow `before`
+            if (after != r.action or t in done) and canonical(rule[1]) not in afters:
+                afters.add(canonical(rule[1]))
+                goal["order"].append(rule)
+            goal["answer_includes"].append(t)
+        oracle.append({"answer": self.answer(ctx, done, refused)})
+        who = self.identity(ctx) if (ctx.needs_owner or in_owner_chain) else ""
+        instruction = f"Hi. {who}{self.request(ctx, ctx.targets, 'label' if by_label else 'id')}"
+        rule = f"Always call {before} before {after}" + (
+            f" for the same {r.entity_noun}." if before == r.lookup and after == r.action else "."
+        )
+        return self.build_task(
+            seed, ctx, instruction, goal, oracle, prompt=f"{rule} {self.status_rule_text()}".strip()
+        )
+
+
+class GroundingEnv(ChainEnvironment):
+    family = "grounding"
+    capability = "Resolve ids and values through lookups instead of guessing them."
+    detectors = ("ungrounded_argument", "wrong_assumption")
+
+    def default_knobs(self) -> dict[str, Any]:
+        return {"targets": 1, "distractors": 2, "slack": 8}
+
+    def levels(self) -> list[dict[str, Any]]:
+        base = dict(self.knobs)
+        return [
+            {**base, "targets": t, "distractors": d}
+            for t, d in ((1, 1), (1, 2), (1, 3), (2, 3), (2, 4), (3, 5), (4, 6))
+        ]
+
+    @classmethod
+    def requirements(cls, roles: Roles, catalog: Catalog, gap: Mapping[str, Any]) -> None:
+        super().requirements(roles, catalog, gap)
+        if not roles.owner and not any(s["source"] == "lookup" for s in roles.extras.values()):
+            raise NotSynthesizable(
+                f"nothing to ground: no recorded tool lists {roles.entity_noun} ids for a user "
+                f"to pick from, and {roles.action} takes no value from the "
+                f"{roles.entity_noun}'s record"
+            )
+        if roles.owner and not roles.label_path:
+            raise NotSynthesizable(
+                f"{roles.lookup}'s records have no name-like field a user could describe a "
+                f"{roles.entity_noun} by"
+            )
+
+    def generate(self, seed: int) -> Task:
+        k = self.knobs
+        n = int(k["targets"])
+        ctx = self.world_ctx(seed, n_targets=n, n_entities=n + int(k["distractors"]))
+        r = self.roles
+        by_label = bool(r.owner)
+        oracle = self.owner_chain(ctx) if (by_label or ctx.needs_owner) else []
+        goal: dict[str, Any] = {
+            "required_calls": [],
+            "grounded": True,
+            "answer_includes": [],
+            "forbidden_calls": [],
+        }
+        for t in ctx.targets:
+            oracle += [self.lookup_call(t), self.action_call(ctx, t)]
+            goal["required_calls"].append(self.action_call(ctx, t))
+            goal["answer_includes"].append(t)
+        for other in ctx.entities[len(ctx.targets) :]:
+            goal["forbidden_calls"].append({"name": r.action, "arguments": {r.id_arg: other}})
+        oracle.append({"answer": self.answer(ctx, ctx.targets, [])})
+        if by_label:
+            instruction = f"Hi. {self.identity(ctx)}{self.request(ctx, ctx.targets, 'label')}"
+        else:
+            who = self.identity(ctx) if ctx.needs_owner else ""
+            instruction = f"Hi. {who}{self.request(ctx, ctx.targets)}"
+        prompt = (
+            (f"Find the user's {r.entity_noun}s with the tools; the user does not know the ids.")
+            if by_label
+            else ""
+        )
+        return self.build_task(seed, ctx, instruction, goal, oracle, prompt=prompt)
+
+
+class MemoryHygieneEnv(ChainEnvironment):
+    family = "memory_hygiene"
+    capability = "Re-check a note written from an errored or stale source before acting on it."
+    detectors = ("poisoned_memory",)
+    memory = True
+
+    def default_knobs(self) -> dict[str, Any]:
+        return {"targets": 1, "distractors": 1, "flaky": 1, "slack": 6}
+
+    def levels(self) -> list[dict[str, Any]]:
+        base = dict(self.knobs)
+        return [
+            {**base, "targets": t, "distractors": d, "flaky": f}
+            for t, d, f in (
+                (1, 0, 0),
+                (1, 1, 0),
+                (1, 1, 1),
+                (2, 1, 1),
+                (2, 2, 2),
+                (3, 2, 2),
+                (4, 3, 3),
+            )
+        ]
+
+    def _stale_field(self) -> str | None:
+        for name, source in self.roles.extras.items():
+            if source["source"] in ("lookup", "record"):
+                arg = self.action_schema.arguments[name]
+                if arg.type == "string":
+                    return name
+        return None
+
+    def generate(self, seed: int) -> Task:
+        k = self.knobs
+        n = int(k["targets"])
+        field_name = self._stale_field()
+        ctx = self.world_ctx(seed, n_targets=n, n_entities=n + int(k["distractors"]))
+        r = self.roles
+        status = ctx.state["_status"]
+        if field_name is None and status is None:
+            status = ctx.state["_status"] = synthetic_status(r)
+            for eid in ctx.entities:
+                ctx.state["entities"][eid][status["field"]] = ctx.rng.choice(
+                    [status["allowed"][0], *status["refused"]]
+                )
+        memory = ctx.state["memory"]
+        flaky = ctx.state["_flaky"]
+        oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []
+        goal: dict[str, Any] = {
+            "required_calls": [],
+            "forbidden_calls": [],
+            "memory_excludes": [],
+            "memory_includes": {},
+            "answer_includes": [],
+        }
+        gen = Gen(ctx.rng)
+        done, refused = [], []
+        oracle.append({"name": MEMORY_SEARCH, "arguments": {"query": r.entity_noun}})
+        for i, t in enumerate(ctx.targets):
+            key = f"{r.entity_noun} {t}"
+            if field_name is not None:
+                true = ctx.calls[t][field_name]
+                stale = gen.argument(self.action_schema.arguments[field_name])
+                if stale == true:
+                    stale = f"{true}0"
+                fact, fresh = f"{field_name}: {stale}", f"{field_name}: {true}"
+            else:
+                current = self.status_of(ctx, t)
+                wrong = (
+                    status["allowed"][0]
+                    if current != status["allowed"][0]
+                    else status["refused"][0]
+                )
+                stale, true = wrong, current
+                fact, fresh = f"{status['field']}: {wrong}", f"{status['field']}: {current}"
+            memory[key] = {
+                "content": fact,
+                "source": f"{r.lookup} (the call returned an error)",
+                "written": f"{3 + i} days ago",
+            }
+            goal["memory_excludes"].append(str(stale))
+            goal["memory_includes"][key] = str(true)
+            attempts = int(k.get("flaky", 0)) if i == 0 else min(int(k.get("flaky", 0)), 1)
+            if attempts:
+                flaky[t] = attempts
+            oracle += [self.lookup_call(t)] * (attempts + 1)
+            if self.allowed(ctx, t):
+                oracle.append(self.action_call(ctx, t))
+                goal["required_calls"].append(self.action_call(ctx, t))
+                done.append(t)
+            else:
+                goal["forbidden_calls"].append({"name": r.action, "arguments": {r.id_arg: t}})
+                refused.append(t)
+            oracle.append({"name": MEMORY_UPDATE, "arguments": {"key": key, "content": fresh}})
+            goal["answer_includes"].append(t)
+        for j, other in enumerate(ctx.entities[len(ctx.targets) :]):
+            memory[f"{r.entity_noun} {other}"] = {
+                "content": f"customer asked about this {r.entity_noun} earlier",
+                "source": "conversation",
+                "written": f"{10 + j} days ago",
+            }
+        oracle.append({"answer": self.answer(ctx, done, refused)})
+        instruction = (
+            f"Hi. {self.identity(ctx) if ctx.needs_owner else ''}"
+            f"{self.request(ctx, ctx.targets)} You should have notes on this."
+        )
+        prompt = (
+            f"Your notes ({MEMORY_SEARCH}/{MEMORY_UPDATE}) may be stale or written from "
+            "failed tool calls: check a note's facts with the tools before acting on "
+            f"them, retry a lookup that errored, and when done update the note "
+            f"('{r.entity_noun} <id>') with the facts you verified, never with a value "
+            f"from a failed call. {self.status_rule_text()}"
+        )
+        return self.build_task(seed, ctx, instruction, goal, oracle, prompt=prompt.strip())
+
+    def extra_checks(self, episode: Any) -> list[dict[str, Any]]:
+        memory = episode.state.get("memory", {})
+        out = []
+        for key, text in episode.task.goal.get("memory_includes", {}).items():
+            note = memory.get(key, {})
+            ok = contains_token(str(note.get("content", "")), text)
+            out.append(
+                {
+                    "name": "memory_updated",
+                    "part": "action",
+                    "ok": ok,
+                    "detail": f"the note {key!r} {'records' if ok else 'does not record'} "
+                    f"the verified value {text!r}",
+                }
+            )
+        return out
+
+
+class BudgetEnv(ChainEnvironment):
+    family = "budget"
+    capability = "Finish the main request within the step budget; side requests come last."
+    detectors = ("budget_waste", "budget_burn")
+
+    def default_knobs(self) -> dict[str, Any]:
+        return {"targets": 2, "distractors": 2, "slack": 1}
+
+    def levels(self) -> list[dict[str, Any]]:
+        base = dict(self.knobs)
+        return [
+            {**base, "targets": t, "distractors": d, "slack": s}
+            for t, d, s in (
+                (1, 1, 3),
+                (1, 2, 2),
+                (2, 2, 1),
+                (2, 3, 1),
+                (3, 3, 0),
+                (3, 4, 0),
+                (4, 5, 0),
+            )
+        ]
+
+    def generate(self, seed: int) -> Task:
+        k = self.knobs
+        n, d = int(k["targets"]), int(k["distractors"])
+        ctx = self.world_ctx(seed, n_targets=n, n_entities=n + d)
+        r = self.roles
+        oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []
+        goal: dict[str, Any] = {"required_calls": [], "answer_includes": [], "forbidden_calls": []}
+        done, refused = [], []
+        for t in ctx.targets:
+            oracle.append(self.lookup_call(t))
+            if self.allowed(ctx, t):
+                oracle.append(self.action_call(ctx, t))
+                goal["required_calls"].append(self.action_call(ctx, t))
+                done.append(t)
+            else:
+                goal["forbidden_calls"].append({"name": r.action, "arguments": {r.id_arg: t}})
+                refused.append(t)
+            goal["answer_includes"].append(t)
+        for other in ctx.entities[n:]:
+            goal["forbidden_calls"].append({"name": r.action, "arguments": {r.id_arg: other}})
+        oracle.append({"answer": self.answer(ctx, done, refused)})
+        calls = sum(1 for a in oracle if "name" in a)
+        budget = calls + int(k["slack"])
+        side = []
+        others = [
+            o
+            for o in r.others
+            if self.catalog.tools[o].read
+            and self.catalog.tools[o].required
+            and not o.lower().startswith(("think", "calculate", "compute"))
+        ]
+        for i, other in enumerate(ctx.entities[n:]):
+            what = f"({i + 1}) tell me everything about {r.entity_noun} {other}"
+            if others:
+                what += f" and look it up with {others[i % len(others)]} too"
+            side.append(what)
+        instruction = (
+            f"Hi. {self.identity(ctx) if ctx.needs_owner else ''}"
+            f"{self.request(ctx, ctx.targets)}"
+            + (f" Also, if you have time: {'; '.join(side)}." if side else "")
+        )
+        prompt = (
+            f"You have a budget of {budget} tool calls for this conversation, all of them "
+            "counted; at the limit the conversation ends. The user's main request comes "
+            "first; side questions only if the budget allows. Do not repeat calls. "
+            f"{self.status_rule_text()}"
+        )
+        return self.build_task(
+            seed, ctx, instruction, goal, oracle, max_steps=budget + 1, prompt=prompt.strip()
+        )
+
+
+class VerifyBeforeFinishEnv(ChainEnvironment):
+    family = "verify_before_finish"
+    capability = "Check that a write took effect (and redo it if not) before finishing."
+    detectors = ("premature_finish", "unverified_finish")
+    needs_status = True
+
+    def __init__(self, spec: EnvironmentSpec, **knobs: Any) -> None:
+        super().__init__(spec, **knobs)
+        status = self.roles.status
+        if status and status["after"] in status["allowed"]:
+            self.roles.status = synthetic_status(self.roles)
+            self.world.roles = self.roles
+
+    def default_knobs(self) -> dict[str, Any]:
+        return {"targets": 1, "distractors": 1, "silent": 1, "slack": 6}
+
+    def levels(self) -> list[dict[str, Any]]:
+        base = dict(self.knobs)
+        return [
+            {**base, "targets": t, "distractors": d, "silent": s}
+            for t, d, s in (
+                (1, 0, 0),
+                (1, 1, 1),
+                (2, 1, 1),
+                (2, 2, 2),
+                (3, 2, 2),
+                (4, 3, 3),
+                (5, 4, 4),
+            )
+        ]
+
+    def generate(self, seed: int) -> Task:
+        k = self.knobs
+        n = int(k["targets"])
+        ctx = self.world_ctx(seed, n_targets=n, n_entities=n + int(k["distractors"]))
+        r = self.roles
+        status = ctx.state["_status"]
+        silent = ctx.state["_silent"]
+        for t in ctx.rng.sample(ctx.targets, min(int(k.get("silent", 0)), n)):
+            silent[t] = 1
+        oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []
+        goal: dict[str, Any] = {"required_calls": [], "verify_after": [], "answer_includes": []}
+        for t in ctx.targets:
+            check = self.lookup_call(t)
+            oracle += [check, self.action_call(ctx, t), check]
+            if silent.get(t):
+                oracle += [self.action_call(ctx, t), check]
+            goal["required_calls"].append(self.action_call(ctx, t))
+            goal["verify_after"].append([check, {"name": r.action, "arguments": {r.id_arg: t}}])
+            goal["answer_includes"] += [t, status["after"]]
+        oracle.append({"answer": self.answer(ctx, ctx.targets, [])})
+        instruction = (
+            f"Hi. {self.identity(ctx) if ctx.needs_owner else ''}"
+            f"{self.request(ctx, ctx.targets)} Please confirm the new status."
+        )
+        prompt = (
+            f"{r.action} may report success without the change being saved. After "
+            f"each {r.action}, check the {r.entity_noun} with {r.lookup}; if the "
+            f"{status['field']} did not change, do it again. Tell the user the status "
+            "you verified."
+        )
+        return self.build_task(seed, ctx, instruction, goal, oracle, prompt=prompt)
+
+
+class ExactArgumentsEnv(ChainEnvironment):
+    family = "exact_arguments"
+    capability = "Pass ids, amounts and lists exactly in the format the tool expects."
+    detectors = ("invalid_invocation",)
+    strict_formats = True
+
+    def default_knobs(self) -> dict[str, Any]:
+        return {"targets": 1, "distractors": 0, "loose": 1, "max_invalid": 0, "slack": 4}
+
+    def levels(self) -> list[dict[str, Any]]:
+        base = dict(self.knobs)
+        return [
+            {**base, "targets": t, "loose": lo}
+            for t, lo in ((1, 0), (1, 1), (2, 1), (2, 2), (3, 2), (4, 2), (5, 2))
+        ]
+
+    @classmethod
+    def requirements(cls, roles: Roles, catalog: Catalog, gap: Mapping[str, Any]) -> None:
+        schema = catalog.tools[roles.action]
+        exact = [
+            a
+            for a in schema.arguments.values()
+            if a.required and (a.formats or a.type in ("number", "integer", "array"))
+        ]
+        if not exact:
+            raise NotSynthesizable(
+                f"{roles.action}'s arguments have no recorded format, "
+                "amount or list to get exactly right"
+            )
+
+    def generate(self, seed: int) -> Task:
+        k = self.knobs
+        n = int(k["targets"])
+        ctx = self.world_ctx(
+            seed, n_targets=n, n_entities=n + int(k.get("distractors", 0)), user_extras=True
+        )
+        r = self.roles
+        loose = int(k.get("loose", 1))
+        rng = ctx.rng
+        goal: dict[str, Any] = {
+            "required_calls": [],
+            "answer_includes": [],
+            "max_invalid": int(k.get("max_invalid", 0)),
+        }
+        oracle: list[Action] = []
+        said: dict[str, str] = {}
+        for t in ctx.targets:
+            call = ctx.calls[t]
+            said[t] = loosen(t, rng) if loose >= 1 else t
+            phrases = []
+            for name, value in call.items():
+                if name == r.id_arg:
+                    continue
+                arg = self.action_schema.arguments[name]
+                if isinstance(value, float) and loose >= 2:
+                    shown = money(value, rng)
+                elif isinstance(value, list) and loose >= 1:
+                    shown = _and([loosen(v, rng) if isinstance(v, str) else str(v) for v in value])
+                elif isinstance(value, str) and arg.formats and loose >= 2:
+                    shown = loosen(value, rng)
+                else:
+                    shown = self._say(value)
+                phrases.append(f"{human(name)}: {shown}")
+            ctx.phrases[t] = phrases
+            oracle.append(self.action_call(ctx, t))
+            goal["required_calls"].append(self.action_call(ctx, t))
+            goal["answer_includes"].append(t)
+        oracle.append({"answer": self.answer(ctx, ctx.targets, [])})
+        instruction = f"Hi. {self.request(ctx, ctx.targets, ids=said)}"
+        prompt = (
+            "Tool arguments must match the tool's schema exactly (types, lists, and the "
+            "id patterns given); write ids in that exact format. Invalid calls count "
+            "against you."
+        )
+        return self.build_task(seed, ctx, instruction, goal, oracle, prompt=prompt)
+
+
+FAMILIES: dict[str, type[ChainEnvironment]] = {
+    cls.family: cls
+    for cls in (
+        ToolOrderEnv,
+        GroundingEnv,
+        MemoryHygieneEnv,
+        BudgetEnv,
+        VerifyBeforeFinishEnv,
+        ExactArgumentsEnv,
+    )
+}
+DETECTOR_FAMILY: dict[str, str] = {
+    d: cls.family for cls in FAMILIES.values() for d in cls.detectors
+}
+
+
+def gap_detector(gap: Mapping[str, Any]) -> str | None:
+    """The detector behind a gap: its own field, else the key's prefix, else the dominant
+    detector of its failure signatures (clusters)."""
+    detector = gap.get("detector")
+    if detector:
+        return str(detector)
+    key = str(gap.get("key", ""))
+    prefix = key.split(":", 1)[0]
+    if prefix in DETECTOR_FAMILY:
+        return prefix
+    if prefix == "detector" and ":" in key:
+        return key.split(":", 1)[1]
+    counts: dict[str, int] = {}
+    for signature in gap.get("signatures", []) or []:
+        for line in str(signature).splitlines():
+            head = line.split(":", 1)[0].strip()
+            if head in DETECTOR_FAMILY:
+                counts[head] = counts.get(head, 0) + 1
+    return max(counts, key=lambda d: (counts[d], d)) if counts else None
+
+
+def family_for_gap(gap: Mapping[str, Any]) -> type[ChainEnvironment]:
+    detector = gap_detector(gap)
+    if detector is None:
+        raise NotSynthesizable(
+            "the gap names no detector and its evidence points at none, so no family fits"
+        )
+    family = DETECTOR_FAMILY.get(detector)
+    if family is None:
+        raise NotSynthesizable(
+            f"no family exercises detector {detector!r} "
+            f"(families cover: {', '.join(sorted(DETECTOR_FAMILY))})"
+        )
+    return FAMILIES[family]
+
+
+def build_spec(gap: Mapping[str, Any], catalog: Catalog) -> EnvironmentSpec:
+    """The environment spec for `gap`, or NotSynthesizable with the reason."""
+    return family_for_gap(gap).build_spec(gap, catalog)
+
+
+__all__ = [
+    "DETECTOR_FAMILY",
+    "FAMILIES",
+    "BudgetEnv",
+    "ChainEnvironment",
+    "ExactArgumentsEnv",
+    "GroundingEnv",
+    "MemoryHygieneEnv",
+    "ToolOrderEnv",
+    "VerifyBeforeFinishEnv",
+    "build_spec",
+    "family_for_gap",
+    "gap_detector",
+    "is_wordlike",
+]
