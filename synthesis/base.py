@@ -102,14 +102,45 @@ class Episode:
     def invalid(self) -> int:
         return sum(1 for s in self.steps if s.get("invalid"))
 
-    def transcript(self) -> list[dict[str, Any]]:
-        """The episode as chat messages (user request, assistant actions, tool results)."""
-        out: list[dict[str, Any]] = [{"role": "user", "content": self.task.instruction}]
-        for step in self.steps:
-            out.append({"role": "assistant", "action": step["action"]})
-            out.append(step["observation"])
+    def messages(self, system: bool = True) -> list[dict[str, Any]]:
+        """The episode as OpenAI-format chat messages (system, user, assistant tool calls, tool
+        results, the final answer): what a model is fine-tuned on."""
+        out: list[dict[str, Any]] = []
+        if system and self.task.system_prompt:
+            out.append({"role": "system", "content": self.task.system_prompt})
+        out.append({"role": "user", "content": self.task.instruction})
+        for i, step in enumerate(self.steps):
+            action = step["action"]
+            arguments = action.get("arguments", {})
+            call_id = f"call_{i}"
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {
+                                "name": action.get("name"),
+                                "arguments": arguments
+                                if isinstance(arguments, str)
+                                else json.dumps(arguments, ensure_ascii=False),
+                            },
+                        }
+                    ],
+                }
+            )
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call_id,
+                    "name": action.get("name"),
+                    "content": step["observation"]["content"],
+                }
+            )
         if self.answer is not None:
-            out.append({"role": "assistant", "action": {"answer": self.answer}})
+            out.append({"role": "assistant", "content": self.answer})
         return out
 
 

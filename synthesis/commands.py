@@ -265,11 +265,12 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         console.print("[bold]tools:[/] " + ", ".join(t["function"]["name"] for t in task["tools"]))
         console.print(f"[bold]user:[/] {escape(task['observation']['content'])}", highlight=False)
         console.print("[bold]oracle episode:[/]")
-        for message in data["oracle"]["messages"][1:]:
-            if message["role"] == "assistant":
-                text = json.dumps(message["action"], ensure_ascii=False)
+        for message in data["oracle"]["messages"][2:]:  # after the system prompt and request
+            if message.get("tool_calls"):
+                call = message["tool_calls"][0]["function"]
+                text = f"{call['name']} {call['arguments']}"
             else:
-                text = message["content"]
+                text = str(message["content"])
             if len(text) > 300:
                 text = text[:297] + "..."
             console.print(f"  [cyan]{message['role']}[/]: {escape(text)}", highlight=False)

@@ -574,13 +574,16 @@ class ToolOrderEnv(ChainEnvironment):
             return {"name": tool, "arguments": {r.owner_arg: ctx.owner_id}}
         return {"name": tool}
 
-    def _side_call(self, ctx: Ctx, tool: str, eid: str) -> Action:
+    def _side_call(self, ctx: Ctx, tool: str, eid: str) -> tuple[Action, dict[str, Any]]:
         """A call of a tool outside the chain, with arguments from the record where the traces
-        say they come from (`get_product_details(product_id=<items[*].product_id>)`)."""
+        say they come from (`get_product_details(product_id=<items[*].product_id>)`), else
+        generated; and the pattern the order rule checks (only the record-derived arguments:
+        nobody can be expected to reproduce a generated `thought`)."""
         r = self.roles
         schema = self.catalog.tools[tool]
         gen = Gen(random.Random(f"side:{ctx.state['_seed']}:{eid}"))
-        args = {}
+        args: dict[str, Any] = {}
+        pinned: dict[str, Any] = {}
         for name in schema.required:
             found: list[Any] = []
             for flow in self.catalog.flows_into(tool, name):
@@ -590,8 +593,12 @@ class ToolOrderEnv(ChainEnvironment):
                     found = get_all(ctx.state["owners"][ctx.owner_id], path_tokens(flow.path))
                 if found:
                     break
-            args[name] = found[0] if found else gen.argument(schema.arguments[name])
-        return {"name": tool, "arguments": args}
+            if found:
+                args[name] = pinned[name] = found[0]
+            else:
+                args[name] = gen.argument(schema.arguments[name])
+        pattern = {"name": tool, "arguments": pinned} if pinned else {"name": tool}
+        return {"name": tool, "arguments": args}, pattern
 
     def generate(self, seed: int) -> Task:
         k = self.knobs
@@ -621,8 +628,8 @@ class ToolOrderEnv(ChainEnvironment):
             side: dict[str, Action] = {}
             for tool in (before, after):
                 if tool not in chain:
-                    side[tool] = self._side_call(ctx, tool, t)
-                    oracle.append(side[tool])
+                    call, side[tool] = self._side_call(ctx, tool, t)
+                    oracle.append(call)
             if self.allowed(ctx, t):
                 oracle.append(self.action_call(ctx, t))
                 goal["required_calls"].append(self.action_call(ctx, t))

@@ -19,7 +19,7 @@ from typing import Any
 from tracegym.synthesis.base import Policy
 from tracegym.synthesis.calibrate import calibrate
 from tracegym.synthesis.families import build_spec, family_for_gap, gap_detector
-from tracegym.synthesis.registry import from_spec, register
+from tracegym.synthesis.registry import from_spec, register, unregister
 from tracegym.synthesis.spec import Catalog, catalog_from_patterns, catalog_from_store
 from tracegym.synthesis.validity import check_environment
 from tracegym.synthesis.world import NotSynthesizable
@@ -168,8 +168,6 @@ def synthesize(
                         "failures": validity.failures,
                     }
                 )
-                from tracegym.synthesis.registry import unregister
-
                 unregister(home, spec.env_id, missing_ok=True)
                 continue
             path = register(

@@ -168,13 +168,15 @@ def _now() -> str:
 
 def demonstration(env: Environment, seed: int) -> dict[str, Any]:
     """The oracle's episode on `seed` as a chat transcript, with its verdict."""
-    episode, verdict = run_actions(env, seed, env.oracle(seed))
+    actions = env.oracle(seed)
+    episode, verdict = run_actions(env, seed, actions)
     return {
         "env_id": env.env_id,
         "seed": seed,
         "task_id": f"{env.env_id}:{seed}",
         "system_prompt": episode.task.system_prompt,
-        "messages": episode.transcript(),
+        "messages": episode.messages(),  # OpenAI chat format; the tools are in tasks_*.jsonl
+        "actions": actions,
         "reward": verdict.reward,
         "passed": verdict.passed,
     }

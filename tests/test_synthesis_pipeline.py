@@ -86,7 +86,13 @@ def test_exported_tasks_and_demonstrations(synthesized):
     demos = [json.loads(line) for line in (folder / "demos_train.jsonl").open()]
     assert [d["seed"] for d in demos] == [t["seed"] for t in train]
     assert all(d["passed"] and d["reward"] == 1.0 for d in demos)
-    assert demos[0]["messages"][0] == {"role": "user", "content": first["observation"]["content"]}
+    messages = demos[0]["messages"]
+    assert messages[0] == {"role": "system", "content": first["system_prompt"]}
+    assert messages[1] == {"role": "user", "content": first["observation"]["content"]}
+    call = messages[2]["tool_calls"][0]
+    assert messages[3]["tool_call_id"] == call["id"] and messages[3]["role"] == "tool"
+    assert json.loads(call["function"]["arguments"]) == demos[0]["actions"][0]["arguments"]
+    assert messages[-1]["role"] == "assistant" and messages[-1]["content"]
 
 
 def test_registered_environment_loads_and_runs(synthesized):
