@@ -14,21 +14,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from tracegym.cli_options import HomeOption, table_console
 
-HomeOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--home",
-        help="Data directory (default: $TRACEGYM_HOME, else ./.tracegym).",
-        show_default=False,
-    ),
-]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-
-
-def _console() -> Console:
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
 
 
 def _dump(data: Any) -> None:
@@ -145,7 +133,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         if as_json:
             _dump(report.to_dict())
             return
-        render_report(_console(), report)
+        render_report(table_console(), report)
 
     envs = typer.Typer(
         help="The registered environments: list, show, sample, check.", no_args_is_help=True
@@ -168,7 +156,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         if as_json:
             _dump(items)
             return
-        console = _console()
+        console = table_console()
         table = Table()
         for column in ("environment", "family", "gap", "train", "held-out", "pass@1", "valid"):
             table.add_column(column)
@@ -204,7 +192,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         if as_json:
             _dump(data)
             return
-        console = _console()
+        console = table_console()
         spec = data["spec"]
         roles = spec["roles"]
         console.print(f"[bold]{escape(env_id)}[/] ({spec['family']}) at {escape(data['path'])}")
@@ -255,7 +243,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         if as_json:
             _dump(data)
             return
-        console = _console()
+        console = table_console()
         task = data["task"]
         console.print(
             f"[bold]{escape(task['task_id'])}[/] ({task['split']}, at most "
@@ -313,7 +301,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         if as_json:
             _dump(reports)
         else:
-            console = _console()
+            console = table_console()
             for report in reports:
                 verdict = "[green]valid[/]" if report["ok"] else "[red]INVALID[/]"
                 console.print(
