@@ -17,6 +17,7 @@ STAMP := $(VENV)/.tracegym-installed
 job: $(STAMP)
 	$(BIN)/tracegym demo
 	$(BIN)/tracegym analyze
+	$(BIN)/tracegym synthesize
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

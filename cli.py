@@ -1,9 +1,9 @@
-"""The `tracegym` command.
+"""The `tracegym` command: one Typer app; each stage registers its own commands.
 
-    tracegym [--home DIR] demo [--tasks N] [--seed S]   trace the example agent into the store
-    tracegym [--home DIR] summary [--json]              what the spool holds
-    tracegym [--home DIR] outcome RUN_ID --success|--failure [--reward R] [--source S] [--label k=v]
-    tracegym version
+    tracegym [--home DIR] demo | summary | outcome | version          (this module)
+    tracegym [--home DIR] sql | traces | show | compact | import | collect   (store/commands.py)
+    tracegym [--home DIR] analyze | attribute                           (analysis/commands.py)
+    tracegym [--home DIR] synthesize | envs ...                         (synthesis/commands.py)
 
 Every command works on one data directory: `--home` (before or after the command name), else
 $TRACEGYM_HOME, else ./.tracegym. Bad input ends with a one-line message and exit code 2.
@@ -23,6 +23,7 @@ from rich.table import Table
 from tracegym.analysis.commands import register as register_analysis_commands
 from tracegym.cli_options import HomeOption
 from tracegym.store.commands import register as register_store_commands
+from tracegym.synthesis.commands import register as register_synthesis_commands
 from tracegym.tracer.config import resolve_home
 
 app = typer.Typer(
@@ -327,6 +328,7 @@ def version() -> None:
 
 register_store_commands(app, _home, _fail)
 register_analysis_commands(app, _home, _fail)
+register_synthesis_commands(app, _home, _fail)
 
 if __name__ == "__main__":
     app(prog_name="tracegym")
