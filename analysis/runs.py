@@ -8,7 +8,7 @@ and fast enough. `runs_frame` gives the same data as a Polars DataFrame for feat
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,25 @@ def parse_json(text: Any) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def json_type(value: Any) -> str:
+    """The JSON Schema type name of a parsed JSON value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "object"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    return "string"
 
 
 @dataclass(eq=False)

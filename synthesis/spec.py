@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracegym.analysis.runs import json_type
+
 SPEC_VERSION = 1
 
 # A tool is a *read* (no side effects) when its name starts with one of these verbs; everything
@@ -85,24 +87,6 @@ def is_id_name(name: str) -> bool:
         or name.lower().endswith(("_id", "_ids"))
         or (name.endswith(("Id", "Ids", "ID")))
     )
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, Mapping):
-        return "object"
-    if isinstance(value, (list, tuple)):
-        return "array"
-    return "string"
 
 
 def parse_json(text: Any) -> Any:

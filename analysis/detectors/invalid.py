@@ -30,23 +30,7 @@ from typing import Any
 
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.features import is_tool, step_ref
-from tracegym.analysis.runs import Run, Step, parse_json
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
+from tracegym.analysis.runs import Run, Step, json_type, parse_json
 
 
 @dataclass(frozen=True)
