@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -15,6 +16,12 @@ from tracegym.tracer import semconv as sc
 from tracegym.tracer.context import Budget, Run, Scope, current
 from tracegym.tracer.operations import Handle, Operation, _record_usage, state
 from tracegym.tracer.serialize import content_hash, to_json
+
+# Call ids come from a generator of our own: drawing from `random` would shift the agent's own
+# seeded stream, and os.urandom is a system call on every tool call. Reseeded in forked children.
+_ids = random.Random(os.urandom(16))
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(16)))
 
 
 def _json(value: Any) -> str:
@@ -133,9 +140,7 @@ class Tool(Operation):
         return {sc.OPERATION: self.operation, sc.TOOL_NAME: self.name}
 
     def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
-        attrs[sc.TOOL_CALL_ID] = (
-            self.call_id or f"call_{os.urandom(8).hex()}"
-        )  # not `random`: the agent's seeded stream stays its own
+        attrs[sc.TOOL_CALL_ID] = self.call_id or f"call_{_ids.getrandbits(64):016x}"
         if capture:
             if self._binder is None:  # `with` form: `tool("name", arguments={...})`
                 arguments = arguments.get("arguments", {})
