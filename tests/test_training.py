@@ -1,0 +1,167 @@
+"""Training: tiny model, rollouts, SFT with LoRA, registry, held-out evaluation (issue 6)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from tracegym.training import adapters
+from tracegym.training.evaluate import decide, gain_p_value, rate, wilson
+from tracegym.training.model import ensure_model, load_policy, tiny_model
+from tracegym.training.rollout import (
+    ChatEncoder,
+    parse_action,
+    rollout,
+    success_rate,
+)
+from tracegym.training.sft import (
+    capability_data,
+    default_config,
+    train_adapter,
+    train_capability,
+)
+from tracegym.training.toy import press_env
+
+HELDOUT = range(1_000_000, 1_000_020)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The tiny model trained once on the toy environment, registered under a home."""
+    home = tmp_path_factory.mktemp("home")
+    folder = ensure_model(home, "tiny")
+    meta = train_capability(home, press_env(), folder, eval_seeds=20)
+    return home, folder, meta
+
+
+def test_tiny_model_builds_fast_and_round_trips(tmp_path):
+    import time
+
+    started = time.perf_counter()
+    policy = tiny_model(seed=1)
+    assert time.perf_counter() - started < 1.0
+    assert sum(p.numel() for p in policy.model.parameters()) < 500_000
+    folder = ensure_model(tmp_path, "tiny-1")
+    again = load_policy(folder)
+    assert again.name == "tiny-1"
+    assert ensure_model(tmp_path, "tiny-1") == folder  # built once
+    ids, mask = ChatEncoder(again.tokenizer).conversation(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "done"}]
+    )
+    assert len(ids) == len(mask) and 0 < sum(mask) < len(mask)
+
+
+def test_parse_action_never_raises_and_flags_malformed_calls():
+    assert parse_action("all done") == {"answer": "all done"}
+    ok = parse_action('<tool_call>{"name": "press", "arguments": {"color": "red"}}</tool_call>')
+    assert ok == {"name": "press", "arguments": {"color": "red"}}
+    for text in (
+        "<tool_call>{not json",
+        '<tool_call>{"name": "press", "arguments": {"color": ',
+        "<tool_call>[1, 2]</tool_call>",
+        "<tool_call></tool_call>",
+        '<tool_call>{"arguments": 3}</tool_call>',
+        '{"name": "press", "arguments": [1]}',
+    ):
+        action = parse_action(text)
+        assert "answer" not in action, text
+
+
+def test_malformed_model_output_is_a_failed_step_not_a_crash():
+    env = press_env()
+
+    env.reset(seed=3)
+    for text in ("<tool_call>{broken", '<tool_call>{"name": "explode", "arguments": {}}'):
+        obs, _r, terminated, truncated, _info = env.step(parse_action(text))
+        assert obs["content"].startswith("Error:") and not (terminated or truncated)
+    _obs, _reward, terminated, _t, info = env.step(parse_action("done"))
+    assert terminated and not info["passed"] and env.episode.invalid == 2
+
+
+def test_rollout_is_traced_and_kv_cache_matches_recompute():
+    import tracegym as tg
+
+    policy = tiny_model()
+    env = press_env()
+    with tg.testing.capture() as captured:
+        cached = rollout(policy, env, 1_000_003, max_new_tokens=24)
+    plain = rollout(policy, env, 1_000_003, max_new_tokens=24, use_cache=False, trace=False)
+    assert [m["content"] for m in cached.messages] == [m["content"] for m in plain.messages]
+    names = captured.names()
+    assert "invoke_agent policy" in names and any(n.startswith("chat ") for n in names)
+    assert not cached.passed and cached.generated_tokens > 0
+
+
+def test_capability_data_masks_assistant_tokens_only():
+    env = press_env()
+    data = capability_data(env, range(4))
+    assert data.demonstrations == 4 and len(data.conversations) == 4
+    assert data.conversations[0][0]["role"] == "system"
+    assert "press(color: string)" in data.conversations[0][0]["content"]
+    assert data.hash == capability_data(env, range(4)).hash
+    policy = tiny_model()
+    encoder = ChatEncoder(policy.tokenizer)
+    ids, mask = encoder.conversation(data.conversations[0])
+    trained = policy.tokenizer.decode([t for t, m in zip(ids, mask, strict=False) if m])
+    assert "press" in trained and "done" in trained and "Ticket" not in trained
+
+
+def test_training_raises_heldout_success(trained):
+    """The real assertion: a tiny random model learns the toy task; held-out success goes up."""
+    _home, _folder, meta = trained
+    row = meta["metrics"]["eval"]
+    assert row["base"]["rate"] <= 0.1
+    assert row["adapter"]["rate"] >= 0.6, row
+    assert row["adapter"]["ci95"][0] > row["base"]["ci95"][1]
+    assert meta["promoted"] and "significant" in meta["promotion"]
+    train = meta["metrics"]["train"]
+    assert train["loss_last"] < train["loss_first"] / 5
+
+
+def test_registry_round_trip(trained):
+    home, folder, meta = trained
+    listed = adapters.list_adapters(home)
+    assert [a["adapter_id"] for a in listed] == ["toy-press"]
+    shown = adapters.show(home, "toy-press")
+    for key in ("capability", "base_model", "data_hash", "hyperparameters", "created_at"):
+        assert shown[key], key
+    assert shown["capability"]["env_id"] == "toy-press"
+    assert shown["base_model"]["hash"] and shown["hyperparameters"]["rank"] == 16
+    assert shown["router_texts"] > 10
+    # reload the adapter on a fresh base: the same greedy held-out result
+    policy = load_policy(folder)
+    model = adapters.load_adapters(policy.model, home, ["toy-press"])
+    model.set_adapter("toy-press")
+    from tracegym.training.model import Policy
+
+    passed, _n, _ = success_rate(Policy(model, policy.tokenizer, "x"), press_env(), HELDOUT)
+    assert passed == meta["metrics"]["eval"]["adapter"]["passed"]
+    with pytest.raises(adapters.AdapterError):
+        adapters.show(home, "nope")
+    assert not any(p.name.startswith(".") for p in (home / "adapters").iterdir())
+    json.loads((home / "adapters" / "toy-press" / "meta.json").read_text())
+
+
+def test_statistics():
+    low, high = wilson(0, 20)
+    assert low == 0 and 0.15 < high < 0.17
+    low, high = wilson(10, 20)
+    assert 0.29 < low < 0.3 and 0.7 < high < 0.71
+    assert gain_p_value(0, 20, 13, 20) < 0.001
+    assert gain_p_value(5, 20, 6, 20) > 0.3
+    promoted, reason = decide(rate(5, 20), rate(6, 20))
+    assert not promoted and "not significant" in reason
+    assert decide(rate(0, 20), rate(15, 20))[0]
+
+
+def test_sft_on_in_memory_model_lowers_loss():
+    policy = tiny_model()
+    data = capability_data(press_env(), range(8))
+    _model, metrics = train_adapter(
+        policy, data.conversations, default_config("tiny", steps=10), "x"
+    )
+    assert metrics.loss_last < metrics.loss_first and metrics.tokens_per_second > 0

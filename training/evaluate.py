@@ -1,0 +1,145 @@
+"""Held-out evaluation: success of base vs base + adapter (vs base + router), 95% Wilson
+intervals, and promotion only when the gain is significant.
+
+    from tracegym.training.evaluate import evaluate_capability
+    row = evaluate_capability(model, tokenizer, env, adapter_id, seeds)   # model: a PeftModel
+    row["promoted"], row["reason"]
+
+The gain is tested with a one-sided two-proportion z-test (pooled); an adapter is promoted when
+its held-out success beats the base policy's at p < 0.05. A non-promoted adapter stays in the
+registry but the router skips it, and the reason is written to its metadata and the report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tracegym.training.model import Policy
+from tracegym.training.rollout import rollout
+
+ALPHA = 0.05
+Z95 = 1.959963984540054
+
+
+def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval for a binomial proportion (95% by default)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def gain_p_value(s1: int, n1: int, s2: int, n2: int) -> float:
+    """One-sided p-value that rate 2 (s2/n2) is greater than rate 1 (pooled z-test)."""
+    if n1 == 0 or n2 == 0:
+        return 1.0
+    p1, p2 = s1 / n1, s2 / n2
+    pooled = (s1 + s2) / (n1 + n2)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
+    if se == 0:
+        return 1.0 if p2 <= p1 else 0.0
+    z = (p2 - p1) / se
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def rate(successes: int, n: int) -> dict[str, Any]:
+    low, high = wilson(successes, n)
+    return {
+        "passed": successes,
+        "n": n,
+        "rate": round(successes / n, 4) if n else 0.0,
+        "ci95": [round(low, 4), round(high, 4)],
+    }
+
+
+def decide(base: dict[str, Any], adapted: dict[str, Any], alpha: float = ALPHA) -> tuple[bool, str]:
+    p = gain_p_value(base["passed"], base["n"], adapted["passed"], adapted["n"])
+    gain = adapted["rate"] - base["rate"]
+    if p < alpha and gain > 0:
+        return True, f"held-out gain {gain:+.2f} is significant (p={p:.3g} < {alpha})"
+    return False, f"held-out gain {gain:+.2f} is not significant (p={p:.3g} >= {alpha})"
+
+
+def _run(policy: Policy, env: Any, seeds: Sequence[int], adapter: str | None, **kw: Any) -> int:
+    return sum(rollout(policy, env, s, adapter=adapter, **kw).passed for s in seeds)
+
+
+def evaluate_capability(
+    model: Any,
+    tokenizer: Any,
+    env: Any,
+    adapter_id: str,
+    seeds: Sequence[int],
+    *,
+    name: str = "policy",
+    route: Callable[[Any, int], None] | None = None,
+    alpha: float = ALPHA,
+    **rollout_kwargs: Any,
+) -> dict[str, Any]:
+    """Greedy held-out success of the base model (adapters disabled), the base with
+    `adapter_id`, and (with `route`, a function that sets up the model for a task) the router."""
+    policy = Policy(model, tokenizer, name)
+    seeds = list(seeds)
+    with model.disable_adapter():
+        base = rate(_run(policy, env, seeds, None, **rollout_kwargs), len(seeds))
+    model.set_adapter(adapter_id)
+    adapted = rate(_run(policy, env, seeds, adapter_id, **rollout_kwargs), len(seeds))
+    promoted, reason = decide(base, adapted, alpha)
+    row: dict[str, Any] = {
+        "env_id": env.env_id,
+        "adapter_id": adapter_id,
+        "seeds": [seeds[0], seeds[-1]] if seeds else [],
+        "base": base,
+        "adapter": adapted,
+        "gain": round(adapted["rate"] - base["rate"], 4),
+        "p_value": round(
+            gain_p_value(base["passed"], base["n"], adapted["passed"], adapted["n"]), 6
+        ),
+        "promoted": promoted,
+        "reason": reason,
+        "router": None,
+    }
+    if route is not None:
+        passed = 0
+        for s in seeds:
+            use = route(env, s)
+            passed += rollout(policy, env, s, adapter=use, **rollout_kwargs).passed
+        row["router"] = rate(passed, len(seeds))
+    return row
+
+
+def render_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """The evaluation as a Markdown table."""
+
+    def fmt(r: dict[str, Any] | None) -> str:
+        if not r:
+            return "-"
+        return f"{r['rate']:.2f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] (n={r['n']})"
+
+    lines = [
+        "| environment | base | + adapter | + router | gain | p | promoted |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['env_id']} | {fmt(row['base'])} | {fmt(row['adapter'])} | "
+            f"{fmt(row.get('router'))} | {row['gain']:+.2f} | {row['p_value']:.3g} | "
+            f"{'yes' if row['promoted'] else 'no'} |"
+        )
+    reasons = [f"- {row['adapter_id']}: {row['reason']}" for row in rows]
+    return "\n".join([*lines, "", *reasons]) + "\n"
+
+
+__all__ = [
+    "decide",
+    "evaluate_capability",
+    "gain_p_value",
+    "rate",
+    "render_markdown",
+    "wilson",
+]

@@ -1,0 +1,440 @@
+"""Supervised fine-tuning of one LoRA adapter per capability (and a GRPO mode).
+
+    from tracegym.training.sft import TrainConfig, capability_data, train_adapter
+    data = capability_data(env, train_seeds, policy=policy, samples=4)   # demos + passing rollouts
+    peft_model, metrics = train_adapter(policy, data.conversations, TrainConfig(steps=200), "toy")
+
+Data per capability: the oracle's demonstrations for the train seeds plus, with `samples > 0`,
+rejection sampling: the policy is rolled out `samples` times per seed at temperature 1 and the
+episodes the verifier passes are kept. Everything is in the policy's chat format (see rollout.py);
+the loss is on the assistant tokens only.
+
+The trainer is a small torch loop (AdamW, padded batches, masked labels): it is what
+benchmarks/training_throughput.py compares against a hand-written peft loop. TRL is not a
+dependency; nothing here needs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tracegym.training.model import Policy
+from tracegym.training.rollout import ChatEncoder, rollout, to_chat
+
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class TrainConfig:
+    """LoRA and optimisation settings (see `default_config` for per-model defaults)."""
+
+    rank: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    steps: int = 100
+    lr: float = 2e-4
+    batch_size: int = 8
+    max_length: int = 1024
+    seed: int = 0
+    mode: str = "sft"  # or "grpo"
+    samples: int = 0  # rejection-sampling rollouts per train seed (0: demonstrations only)
+    train_seeds: int = 64
+    # GRPO
+    group_size: int = 4
+    grpo_tasks: int = 2  # tasks per GRPO step
+    temperature: float = 1.0
+    max_new_tokens: int = 48
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def default_config(model_name: str, **overrides: Any) -> TrainConfig:
+    """Sensible defaults: the tiny test model learns fast with LoRA on every linear layer and a
+    high learning rate; SmolLM2 gets the usual r=8 on q/k/v/o at 2e-4."""
+    if model_name.startswith("tiny"):
+        base = TrainConfig(
+            rank=16, alpha=32, targets=list(ALL_LINEAR), steps=100, lr=1e-2, batch_size=8
+        )
+    else:
+        base = TrainConfig()
+    return TrainConfig.from_dict({**base.to_dict(), **overrides})
+
+
+# Data ------------------------------------------------------------------------------------------
+@dataclass
+class CapabilityData:
+    env_id: str
+    conversations: list[list[dict[str, str]]]
+    demonstrations: int
+    sampled: int  # verifier-passing rollouts kept
+    attempted: int  # rollouts tried
+    instructions: list[str]  # the train tasks' requests (for the router)
+
+    @property
+    def hash(self) -> str:
+        return data_hash(self.conversations)
+
+
+def data_hash(conversations: Sequence[Any]) -> str:
+    text = json.dumps(conversations, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def capability_data(
+    env: Any,
+    seeds: Sequence[int],
+    *,
+    policy: Policy | None = None,
+    samples: int = 0,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> CapabilityData:
+    """Oracle demonstrations for `seeds`, plus verifier-passing sampled rollouts of `policy`."""
+    import torch
+    from tracegym.synthesis.registry import demonstration
+
+    conversations = []
+    instructions = []
+    tools = env.tool_schemas()
+    for s in seeds:
+        demo = demonstration(env, s)
+        if not demo["passed"]:
+            continue
+        conversations.append(to_chat(demo["messages"], tools, demo.get("system_prompt", "")))
+        instructions.append(demo["messages"][1]["content"] if demo["system_prompt"] else "")
+    n_demos = len(conversations)
+    kept = attempted = 0
+    if policy is not None and samples > 0:
+        generator = torch.Generator().manual_seed(seed)
+        for s in seeds:
+            for _ in range(samples):
+                attempted += 1
+                result = rollout(policy, env, s, temperature=temperature, generator=generator)
+                if result.passed:
+                    kept += 1
+                    conversations.append(result.messages)
+    instructions = [i for i in instructions if i]
+    return CapabilityData(env.env_id, conversations, n_demos, kept, attempted, instructions)
+
+
+def encode_examples(
+    tokenizer: Any, conversations: Sequence[Sequence[dict[str, str]]], max_length: int
+) -> list[tuple[list[int], list[int]]]:
+    encoder = ChatEncoder(tokenizer)
+    out = []
+    for conv in conversations:
+        ids, mask = encoder.conversation(conv)
+        ids, mask = ids[:max_length], mask[:max_length]
+        if any(mask):
+            out.append((ids, mask))
+    return out
+
+
+def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int, device: Any) -> dict:
+    import torch
+
+    width = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, (ids, mask) in enumerate(examples):
+        n = len(ids)
+        input_ids[row, :n] = torch.tensor(ids)
+        attention[row, :n] = 1
+        labels[row, :n] = torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=False)])
+    return {
+        "input_ids": input_ids.to(device),
+        "attention_mask": attention.to(device),
+        "labels": labels.to(device),
+    }
+
+
+# Training --------------------------------------------------------------------------------------
+def attach_lora(model: Any, config: TrainConfig, adapter_name: str) -> Any:
+    """`model` with a fresh LoRA adapter `adapter_name` (a PeftModel; added if it is one)."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    torch.manual_seed(config.seed)
+    lora = LoraConfig(
+        r=config.rank,
+        lora_alpha=config.alpha,
+        lora_dropout=config.dropout,
+        target_modules=list(config.targets),
+        task_type="CAUSAL_LM",
+    )
+    if isinstance(model, PeftModel):
+        model.add_adapter(adapter_name, lora)
+        model.set_adapter(adapter_name)
+        return model
+    return get_peft_model(model, lora, adapter_name=adapter_name)
+
+
+@dataclass
+class TrainMetrics:
+    steps: int
+    examples: int
+    tokens: int  # tokens processed (padded batches count their real tokens)
+    trained_tokens: int  # assistant tokens with a loss
+    seconds: float
+    tokens_per_second: float
+    loss_first: float
+    loss_last: float
+    mode: str = "sft"
+    reward_first: float | None = None
+    reward_last: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def train_adapter(
+    policy: Policy,
+    conversations: Sequence[Sequence[dict[str, str]]],
+    config: TrainConfig,
+    adapter_name: str,
+    *,
+    progress: Callable[[int, float], None] | None = None,
+) -> tuple[Any, TrainMetrics]:
+    """Train a LoRA adapter on `conversations` (SFT, loss on assistant tokens). Returns the
+    PeftModel (wrapping `policy.model`, adapter active) and the metrics."""
+    import torch
+
+    examples = encode_examples(policy.tokenizer, conversations, config.max_length)
+    if not examples:
+        raise ValueError(f"no training examples for {adapter_name}")
+    model = attach_lora(policy.model, config, adapter_name)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    rng = random.Random(config.seed)
+    order: list[int] = []
+    device = policy.device
+    pad = policy.tokenizer.pad_token_id or 0
+    losses: list[float] = []
+    tokens = trained = 0
+    model.train()
+    started = time.perf_counter()
+    for step in range(config.steps):
+        batch_idx = []
+        while len(batch_idx) < min(config.batch_size, len(examples)):
+            if not order:
+                order = list(range(len(examples)))
+                rng.shuffle(order)
+            batch_idx.append(order.pop())
+        batch = [examples[i] for i in batch_idx]
+        inputs = collate(batch, pad, device)
+        loss = model(**inputs).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+        tokens += sum(len(ids) for ids, _ in batch)
+        trained += sum(sum(mask) for _, mask in batch)
+        if progress is not None:
+            progress(step, losses[-1])
+    seconds = time.perf_counter() - started
+    model.eval()
+    k = max(1, min(10, len(losses) // 5))
+    return model, TrainMetrics(
+        steps=config.steps,
+        examples=len(examples),
+        tokens=tokens,
+        trained_tokens=trained,
+        seconds=round(seconds, 3),
+        tokens_per_second=round(tokens / seconds, 1) if seconds else 0.0,
+        loss_first=round(sum(losses[:k]) / k, 4),
+        loss_last=round(sum(losses[-k:]) / k, 4),
+    )
+
+
+def train_grpo(
+    policy: Policy,
+    env: Any,
+    seeds: Sequence[int],
+    config: TrainConfig,
+    adapter_name: str,
+    *,
+    model: Any = None,
+) -> tuple[Any, TrainMetrics]:
+    """GRPO: for each step, sample `group_size` rollouts on each of `grpo_tasks` train seeds,
+    score them with the verifier, and push up the log-likelihood of each episode's assistant
+    tokens by its group-relative advantage (reward minus the group mean, over the group's std).
+    Continues training `model`'s adapter when given (e.g. after SFT), else a fresh one."""
+    import torch
+
+    model = model if model is not None else attach_lora(policy.model, config, adapter_name)
+    work = Policy(model, policy.tokenizer, policy.name, policy.folder)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    pad = policy.tokenizer.pad_token_id or 0
+    rewards: list[float] = []
+    losses: list[float] = []
+    tokens = trained = 0
+    started = time.perf_counter()
+    for _step in range(config.steps):
+        model.eval()
+        batch, advantages = [], []
+        for seed in rng.sample(list(seeds), min(config.grpo_tasks, len(seeds))):
+            group = [
+                rollout(
+                    work,
+                    env,
+                    seed,
+                    temperature=config.temperature,
+                    generator=generator,
+                    max_new_tokens=config.max_new_tokens,
+                    trace=False,
+                )
+                for _ in range(config.group_size)
+            ]
+            scores = torch.tensor([r.reward for r in group])
+            rewards.extend(scores.tolist())
+            std = float(scores.std()) if len(group) > 1 else 0.0
+            if std < 1e-6:
+                continue  # no signal in this group
+            for r, score in zip(group, scores, strict=False):
+                examples = encode_examples(policy.tokenizer, [r.messages], config.max_length)
+                if examples:
+                    batch.append(examples[0])
+                    advantages.append(float(score - scores.mean()) / std)
+        if not batch:
+            continue
+        model.train()
+        inputs = collate(batch, pad, policy.device)
+        logits = model(
+            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]
+        ).logits
+        labels = inputs["labels"][:, 1:]
+        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        mask = labels != -100
+        token_logp = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
+        seq_logp = token_logp.sum(-1) / mask.sum(-1).clamp(min=1)
+        adv = torch.tensor(advantages, device=seq_logp.device)
+        loss = -(adv * seq_logp).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+        tokens += sum(len(ids) for ids, _ in batch)
+        trained += int(mask.sum())
+    model.eval()
+    seconds = time.perf_counter() - started
+    k = max(1, len(rewards) // 4)
+    return model, TrainMetrics(
+        steps=config.steps,
+        examples=len(rewards),
+        tokens=tokens,
+        trained_tokens=trained,
+        seconds=round(seconds, 3),
+        tokens_per_second=round(tokens / seconds, 1) if seconds else 0.0,
+        loss_first=round(losses[0], 4) if losses else 0.0,
+        loss_last=round(losses[-1], 4) if losses else 0.0,
+        mode="grpo",
+        reward_first=round(sum(rewards[:k]) / k, 4) if rewards else None,
+        reward_last=round(sum(rewards[-k:]) / k, 4) if rewards else None,
+    )
+
+
+__all__ = [
+    "ALL_LINEAR",
+    "CapabilityData",
+    "TrainConfig",
+    "TrainMetrics",
+    "attach_lora",
+    "capability_data",
+    "collate",
+    "data_hash",
+    "default_config",
+    "encode_examples",
+    "train_adapter",
+    "train_grpo",
+]
+
+
+# One capability end to end ---------------------------------------------------------------------
+def train_capability(
+    home: Any,
+    env: Any,
+    model_folder: Any,
+    config: TrainConfig | None = None,
+    *,
+    eval_seeds: int = 20,
+    evaluate: bool = True,
+) -> dict[str, Any]:
+    """Data -> LoRA adapter -> registry -> held-out evaluation -> promotion, for one environment.
+
+    Loads a fresh base from `model_folder` (see model.ensure_model), so runs are independent.
+    Returns the adapter's metadata (with `metrics.eval`, `promoted`, `promotion`)."""
+    from tracegym.training import adapters
+    from tracegym.training.evaluate import evaluate_capability
+    from tracegym.training.model import load_policy, weights_hash
+
+    policy = load_policy(model_folder)
+    config = config or default_config(policy.name)
+    spec = env.spec
+    t0, t1 = spec.train_seeds if spec is not None else (0, 10_000)
+    h0, h1 = spec.heldout_seeds if spec is not None else (1_000_000, 1_001_000)
+    train_seeds = list(range(t0, min(t1, t0 + config.train_seeds)))
+    data = capability_data(
+        env,
+        train_seeds,
+        policy=policy if config.samples else None,
+        samples=config.samples,
+        seed=config.seed,
+    )
+    adapter_id = adapters.adapter_id_for(env.env_id)
+    if config.mode == "grpo":
+        model, sft_metrics = train_adapter(policy, data.conversations, config, adapter_id)
+        model, metrics = train_grpo(policy, env, train_seeds, config, adapter_id, model=model)
+        metrics_dict = {**metrics.to_dict(), "sft": sft_metrics.to_dict()}
+    else:
+        model, metrics = train_adapter(policy, data.conversations, config, adapter_id)
+        metrics_dict = metrics.to_dict()
+    metrics_dict.update(
+        demonstrations=data.demonstrations, sampled=data.sampled, attempted=data.attempted
+    )
+    gap = spec.gap if spec is not None else {}
+    router = [str(gap.get("name") or ""), str(gap.get("description") or "")]
+    router = [t for t in router if t] + data.instructions[:64]
+    adapters.save_adapter(
+        home,
+        model,
+        adapter_id,
+        capability={
+            "id": gap.get("id") or env.env_id,
+            "name": gap.get("name") or env.env_id,
+            "env_id": env.env_id,
+            "family": env.family,
+        },
+        base_model={
+            "name": policy.name,
+            "hash": weights_hash(model_folder),
+            "folder": str(model_folder),
+        },
+        data_hash=data.hash,
+        hyperparameters=config.to_dict(),
+        train_metrics=metrics_dict,
+        router_texts=router,
+    )
+    if not evaluate:
+        return adapters.show(home, adapter_id)
+    seeds = list(range(h0, min(h1, h0 + eval_seeds)))
+    row = evaluate_capability(model, policy.tokenizer, env, adapter_id, seeds, name=policy.name)
+    return adapters.update(
+        home, adapter_id, eval=row, promoted=row["promoted"], promotion=row["reason"]
+    )
