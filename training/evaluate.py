@@ -87,6 +87,7 @@ def evaluate_capability(
     seeds = list(seeds)
     with model.disable_adapter():
         base = rate(_run(policy, env, seeds, None, **rollout_kwargs), len(seeds))
+    model.base_model.enable_adapter_layers()  # a router may have switched them off
     model.set_adapter(adapter_id)
     adapted = rate(_run(policy, env, seeds, adapter_id, **rollout_kwargs), len(seeds))
     promoted, reason = decide(base, adapted, alpha)
@@ -107,7 +108,7 @@ def evaluate_capability(
     if route is not None:
         passed = 0
         for s in seeds:
-            use = route(env, s)
+            use = route(env, s)  # applies the routed adapters (router.apply_weights)
             passed += rollout(policy, env, s, adapter=use, **rollout_kwargs).passed
         row["router"] = rate(passed, len(seeds))
     return row

@@ -1,0 +1,171 @@
+"""Route a task to adapters: embedding similarity to each capability's training tasks and gap.
+
+    from tracegym.training.router import Router, apply_weights
+    router = Router.from_registry(home, Embedder(home / "cache"))   # promoted adapters only
+    weights = router.weights("Ticket 1f2e3d: please press the red button.")  # {} = none
+    apply_weights(peft_model, weights)   # one adapter, a weighted combination, or adapters off
+
+Scoring: each adapter's score is the mean of the top-3 cosine similarities between the task and
+the adapter's router texts (its gap name and description and its training requests). Scores go
+through a softmax at `temperature` together with a "none" option scored at `threshold`; options
+are kept in order until their probability mass reaches `top_p`. When "none" ranks first, no
+adapter is applied. The embedder is anything with `encode(texts) -> unit-length rows` (the
+analysis extra's `Embedder`; tests pass a fake one).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+NONE = "none"
+COMBINED = "routed"
+
+
+class Router:
+    def __init__(
+        self,
+        embedder: Any,
+        entries: Mapping[str, Sequence[str]],
+        *,
+        top_p: float = 0.9,
+        temperature: float = 0.05,
+        threshold: float = 0.35,
+        max_adapters: int = 3,
+        top_k: int = 3,
+    ) -> None:
+        import numpy as np
+
+        self.embedder = embedder
+        self.top_p = top_p
+        self.temperature = temperature
+        self.threshold = threshold
+        self.max_adapters = max_adapters
+        self.top_k = top_k
+        self.adapters = [a for a, texts in entries.items() if texts]
+        self._vectors = {
+            a: np.asarray(embedder.encode(list(entries[a])), dtype=np.float32)
+            for a in self.adapters
+        }
+
+    @classmethod
+    def from_registry(
+        cls, home: str | Path, embedder: Any, *, promoted_only: bool = True, **options: Any
+    ) -> Router:
+        from tracegym.training import adapters
+
+        entries = {}
+        for meta in adapters.list_adapters(home):
+            if promoted_only and not meta.get("promoted"):
+                continue
+            entries[meta["adapter_id"]] = adapters.router_texts(home, meta["adapter_id"])
+        return cls(embedder, entries, **options)
+
+    def scores(self, text: str) -> dict[str, float]:
+        import numpy as np
+
+        if not self.adapters:
+            return {}
+        query = np.asarray(self.embedder.encode([text]), dtype=np.float32)[0]
+        out = {}
+        for adapter, vectors in self._vectors.items():
+            sims = np.sort(vectors @ query)[::-1][: self.top_k]
+            out[adapter] = float(sims.mean())
+        return out
+
+    def weights(self, text: str) -> dict[str, float]:
+        """Weights over adapters (summing to 1), or {} for none."""
+        import numpy as np
+
+        scores = self.scores(text)
+        if not scores:
+            return {}
+        names = [*scores, NONE]
+        values = np.array([*scores.values(), self.threshold]) / self.temperature
+        probs = np.exp(values - values.max())
+        probs /= probs.sum()
+        order = np.argsort(-probs)
+        if names[order[0]] == NONE:
+            return {}
+        kept: dict[str, float] = {}
+        mass = 0.0
+        for i in order:
+            if names[i] == NONE or len(kept) >= self.max_adapters:
+                break
+            kept[names[i]] = float(probs[i])
+            mass += float(probs[i])
+            if mass >= self.top_p:
+                break
+        total = sum(kept.values())
+        return {k: round(v / total, 6) for k, v in kept.items()}
+
+    def choose(self, text: str) -> str | None:
+        weights = self.weights(text)
+        return max(weights, key=weights.get) if weights else None
+
+
+def apply_weights(model: Any, weights: Mapping[str, float], name: str = COMBINED) -> str | None:
+    """Make `model` (a PeftModel holding the adapters) use `weights`: adapters off for {}, one
+    adapter with `set_adapter`, or a linear combination with `add_weighted_adapter` (`cat` when
+    the ranks differ). Returns the active adapter's name, or None."""
+    lora = model.base_model
+    if not weights:
+        lora.disable_adapter_layers()
+        return None
+    lora.enable_adapter_layers()
+    if len(weights) == 1:
+        (only,) = weights
+        model.set_adapter(only)
+        return only
+    if name in model.peft_config:
+        model.delete_adapter(name)
+    adapters = list(weights)
+    ranks = {model.peft_config[a].r for a in adapters}
+    model.add_weighted_adapter(
+        adapters,
+        [float(weights[a]) for a in adapters],
+        adapter_name=name,
+        combination_type="linear" if len(ranks) == 1 else "cat",
+    )
+    model.set_adapter(name)
+    return name
+
+
+def heldout_tasks(
+    home: str | Path, adapter_ids: Iterable[str], n: int = 20
+) -> list[tuple[str, str]]:
+    """(request, adapter_id) pairs from each adapter's environment's held-out tasks."""
+    from tracegym.training import adapters
+
+    out = []
+    for adapter_id in adapter_ids:
+        env_id = adapters.show(home, adapter_id)["capability"]["env_id"]
+        path = Path(home) / "envs" / env_id / "tasks_heldout.jsonl"
+        if not path.exists():
+            continue
+        with path.open(encoding="utf-8") as handle:
+            for i, line in enumerate(handle):
+                if i >= n:
+                    break
+                out.append((json.loads(line)["observation"]["content"], adapter_id))
+    return out
+
+
+def routing_accuracy(router: Router, tasks: Sequence[tuple[str, str | None]]) -> dict[str, Any]:
+    """Share of tasks whose top adapter is the expected one (None expects no adapter)."""
+    per: dict[str, list[int]] = {}
+    for text, expected in tasks:
+        got = router.choose(text)
+        per.setdefault(expected or NONE, []).append(int(got == expected))
+    total = sum(len(v) for v in per.values())
+    correct = sum(sum(v) for v in per.values())
+    return {
+        "accuracy": round(correct / total, 4) if total else None,
+        "n": total,
+        "per_adapter": {k: round(sum(v) / len(v), 4) for k, v in per.items()},
+    }
+
+
+__all__ = ["Router", "apply_weights", "heldout_tasks", "routing_accuracy"]
