@@ -24,6 +24,27 @@ NONE = "none"
 COMBINED = "routed"
 
 
+class HashEmbedder:
+    """A bag-of-words embedder hashed into `dim` dimensions (unit rows): no model, instant,
+    deterministic. For tests and for homes without the analysis extra."""
+
+    def __init__(self, dim: int = 256) -> None:
+        self.dim = dim
+
+    def encode(self, texts: Sequence[str]) -> Any:
+        import hashlib
+        import re
+
+        import numpy as np
+
+        rows = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            for word in re.findall(r"[a-z]+", text.lower()):
+                rows[i, int(hashlib.md5(word.encode()).hexdigest(), 16) % self.dim] += 1.0
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)
+        return rows / np.where(norms == 0, 1, norms)
+
+
 class Router:
     def __init__(
         self,
@@ -168,4 +189,4 @@ def routing_accuracy(router: Router, tasks: Sequence[tuple[str, str | None]]) ->
     }
 
 
-__all__ = ["Router", "apply_weights", "heldout_tasks", "routing_accuracy"]
+__all__ = ["HashEmbedder", "Router", "apply_weights", "heldout_tasks", "routing_accuracy"]

@@ -1,0 +1,464 @@
+"""The nightly batch job: compaction -> analysis -> synthesis -> training -> evaluation -> report.
+
+    from tracegym.training.nightly import nightly, NightlyConfig
+    report = nightly(home)                 # or `tracegym nightly`
+
+Everything for one night lives under `<home>/nightly/<YYYY-MM-DD>/`:
+
+    stages/<stage>.json   the stage's result; written atomically when the stage completes
+    report.json           the night's data (for dashboards)
+    report.md             the same as Markdown
+
+Incremental: a stage compares its inputs with the last completed night's (`<home>/nightly/
+state.json`) and skips what did not change: analysis runs only when the lake changed (new runs),
+synthesis only when gaps.json changed, training only for environments whose adapter is missing
+or was trained on other data, base model or settings, evaluation only for adapters trained
+tonight (the others keep their numbers).
+
+Safe: a lock file (`<home>/nightly/.lock`, holding the pid) refuses a second concurrent run (a
+lock whose process is gone is taken over); every artifact is written to a temporary name and
+renamed; after a kill, the next run of the same night skips the stages that completed and redoes
+the one that was interrupted (adapters already saved with matching inputs are not retrained).
+Each night is appended to `<home>/nightly/history.jsonl`.
+
+The `fault` argument (tests) raises `NightlyFault` at a named point: a stage name (just before
+its marker is written) or `train:after-adapter` (after the first adapter is saved).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracegym.training.adapters import write_json_atomic
+
+STAGES = ("compact", "analyze", "synthesize", "train", "evaluate", "report")
+
+
+class NightlyBusy(RuntimeError):
+    """Another nightly run holds the lock."""
+
+
+class NightlyFault(RuntimeError):
+    """An injected failure (tests)."""
+
+
+@dataclass
+class NightlyConfig:
+    model: str = "smollm2"  # see model.ensure_model: smollm2, tiny[-SEED] or a folder
+    train: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides
+    eval_seeds: int = 20
+    max_new_tokens: int = 96  # per assistant turn in evaluation rollouts
+    route: bool = True  # evaluate base + router too (needs an embedder)
+    date: str | None = None  # YYYY-MM-DD (default: today, UTC)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def nightly_dir(home: str | Path) -> Path:
+    return Path(home) / "nightly"
+
+
+# Lock ------------------------------------------------------------------------------------------
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Lock:
+    """An exclusive lock file holding the owner's pid; a dead owner's lock is taken over."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.held = False
+
+    def acquire(self) -> Lock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    owner = json.loads(self.path.read_text() or "{}")
+                except (OSError, ValueError):
+                    owner = {}
+                pid = int(owner.get("pid") or 0)
+                if pid and _alive(pid):
+                    raise NightlyBusy(
+                        f"another nightly run (pid {pid}, since {owner.get('since')}) holds "
+                        f"{self.path}"
+                    ) from None
+                self.path.unlink(missing_ok=True)  # stale: its process is gone
+                continue
+            with os.fdopen(fd, "w") as handle:
+                handle.write(json.dumps({"pid": os.getpid(), "since": _now()}))
+            self.held = True
+            return self
+        raise NightlyBusy(f"could not take {self.path}")
+
+    def release(self) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+    def __enter__(self) -> Lock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock(home: str | Path) -> Lock:
+    return Lock(nightly_dir(home) / ".lock")
+
+
+# Helpers ---------------------------------------------------------------------------------------
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _hash_json(data: Any) -> str:
+    text = json.dumps(data, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _file_hash(path: Path) -> str | None:
+    if not path.exists():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _tree_fingerprint(folder: Path) -> str | None:
+    """Names and sizes of the files under `folder` (the lake only ever gains files)."""
+    if not folder.is_dir():
+        return None
+    items = sorted(
+        (str(p.relative_to(folder)), p.stat().st_size) for p in folder.rglob("*") if p.is_file()
+    )
+    return _hash_json(items)
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# The job ---------------------------------------------------------------------------------------
+class _Night:
+    def __init__(
+        self,
+        home: Path,
+        config: NightlyConfig,
+        fault: str | None,
+        progress: Callable[[str, str], None] | None,
+        embedder: Any,
+    ) -> None:
+        self.home = home
+        self.config = config
+        self.fault = fault
+        self.progress = progress or (lambda stage, message: None)
+        self.embedder = embedder
+        self.date = config.date or time.strftime("%Y-%m-%d", time.gmtime())
+        self.dir = nightly_dir(home) / self.date
+        self.previous = _read(nightly_dir(home) / "state.json") or {}
+        self.results: dict[str, Any] = {}
+
+    def inject(self, point: str) -> None:
+        if self.fault == point:
+            raise NightlyFault(f"injected fault at {point}")
+
+    def marker(self, stage: str) -> Path:
+        return self.dir / "stages" / f"{stage}.json"
+
+    def run(self) -> dict[str, Any]:
+        for stage in STAGES:
+            done = _read(self.marker(stage))
+            if done is not None:
+                self.results[stage] = done
+                self.progress(stage, "already done")
+                continue
+            self.progress(stage, "running")
+            started = time.perf_counter()
+            result = getattr(self, f"stage_{stage}")()
+            result["seconds"] = round(time.perf_counter() - started, 3)
+            self.inject(stage)
+            write_json_atomic(self.marker(stage), result)
+            self.results[stage] = result
+            self.progress(stage, result.get("status", "done"))
+        return self.results["report"]
+
+    # Stages --------------------------------------------------------------------------------
+    def stage_compact(self) -> dict[str, Any]:
+        if not (self.home / "spool").exists() and not (self.home / "lake").exists():
+            return {"status": "skipped", "reason": "no trace store under this home"}
+        try:
+            from tracegym.store.store import Store
+        except ImportError as exc:
+            return {"status": "skipped", "reason": f"the analysis extra is missing: {exc}"}
+        with Store(self.home, compact_on_open=False) as store:
+            report = store.compact()
+        return {
+            "status": "done",
+            "files": report.files,
+            "spans": report.spans,
+            "parts": report.parts,
+            "lake": _tree_fingerprint(self.home / "lake"),
+        }
+
+    def stage_analyze(self) -> dict[str, Any]:
+        lake = _tree_fingerprint(self.home / "lake")
+        if lake is None:
+            return {"status": "skipped", "reason": "no runs in the lake", "lake": None}
+        if lake == self.previous.get("lake") and (self.home / "gaps.json").exists():
+            return {"status": "skipped", "reason": "no new runs since the last night", "lake": lake}
+        from tracegym.analysis.pipeline import analyze
+
+        result = analyze(self.home)
+        document = result.gaps_document()
+        return {
+            "status": "done",
+            "lake": lake,
+            "runs": document["runs"],
+            "gaps": [g["id"] for g in document["gaps"]],
+        }
+
+    def stage_synthesize(self) -> dict[str, Any]:
+        gaps = self.home / "gaps.json"
+        digest = _file_hash(gaps)
+        if digest is None:
+            return {"status": "skipped", "reason": "no gaps.json", "gaps_hash": None}
+        if digest == self.previous.get("gaps_hash"):
+            return {"status": "skipped", "reason": "gaps unchanged", "gaps_hash": digest}
+        from tracegym.synthesis.pipeline import synthesize
+
+        report = synthesize(self.home)
+        return {
+            "status": "done",
+            "gaps_hash": digest,
+            "environments": [e["env_id"] for e in report.environments],
+            "rejected": [e["env_id"] for e in report.rejected],
+            "not_synthesizable": [e["gap_id"] for e in report.not_synthesizable],
+        }
+
+    def _model_folder(self) -> Path:
+        from tracegym.training.model import ensure_model
+
+        return ensure_model(self.home, self.config.model)
+
+    def _train_key(self, env: Any, folder: Path, config: Any) -> str:
+        from tracegym.training.model import weights_hash
+
+        spec = env.spec.to_dict() if env.spec is not None else {"env_id": env.env_id}
+        return _hash_json({"spec": spec, "base": weights_hash(folder), "config": config.to_dict()})
+
+    def stage_train(self) -> dict[str, Any]:
+        from tracegym.synthesis import registry
+        from tracegym.training import adapters
+        from tracegym.training.sft import default_config, train_capability
+
+        envs = registry.list_envs(self.home)
+        if not envs:
+            return {"status": "skipped", "reason": "no environments", "trained": [], "kept": []}
+        folder = self._model_folder()
+        config = default_config(self.config.model, **self.config.train)
+        trained, kept = [], []
+        for item in envs:
+            env = registry.load(self.home, item["env_id"])
+            adapter_id = adapters.adapter_id_for(env.env_id)
+            key = self._train_key(env, folder, config)
+            try:
+                existing = adapters.show(self.home, adapter_id)
+            except adapters.AdapterError:
+                existing = None
+            if existing is not None and existing.get("train_key") == key:
+                # trained earlier tonight (a resumed run) or on an earlier night
+                (trained if existing.get("night") == self.date else kept).append(adapter_id)
+                continue
+            self.progress("train", f"training {adapter_id}")
+            train_capability(self.home, env, folder, config, evaluate=False)
+            adapters.update(self.home, adapter_id, train_key=key, night=self.date)
+            trained.append(adapter_id)
+            self.inject("train:after-adapter")
+        return {"status": "done", "trained": trained, "kept": kept, "model": str(folder)}
+
+    def stage_evaluate(self) -> dict[str, Any]:
+        from tracegym.synthesis import registry
+        from tracegym.training import adapters
+        from tracegym.training.evaluate import evaluate_capability
+        from tracegym.training.model import load_policy
+        from tracegym.training.router import (
+            Router,
+            apply_weights,
+            heldout_tasks,
+            routing_accuracy,
+        )
+
+        todo = list(self.results["train"].get("trained", []))
+        todo += [
+            a["adapter_id"]
+            for a in adapters.list_adapters(self.home)
+            if a["metrics"].get("eval") is None and a["adapter_id"] not in todo
+        ]
+        if not todo:
+            return {"status": "skipped", "reason": "no adapter trained tonight", "rows": []}
+        policy = load_policy(self._model_folder())
+        all_ids = [a["adapter_id"] for a in adapters.list_adapters(self.home)]
+        model = adapters.load_adapters(policy.model, self.home, all_ids)
+        router = None
+        embedder = self.embedder
+        if self.config.route and embedder is None:
+            try:
+                from tracegym.analysis.embeddings import Embedder
+
+                embedder = Embedder(self.home / "cache")
+            except ImportError:
+                embedder = None
+        if self.config.route and embedder is not None:
+            # every adapter is a candidate while evaluating; promotion decides routing later
+            router = Router.from_registry(self.home, embedder, promoted_only=False)
+
+        def route(env: Any, seed: int) -> str | None:
+            assert router is not None
+            text = env.make_task(seed).instruction
+            return apply_weights(model, router.weights(text))
+
+        rows = []
+        for adapter_id in todo:
+            meta = adapters.show(self.home, adapter_id)
+            env = registry.load(self.home, meta["capability"]["env_id"])
+            h0, h1 = env.spec.heldout_seeds
+            seeds = list(range(h0, min(h1, h0 + self.config.eval_seeds)))
+            self.progress("evaluate", f"evaluating {adapter_id}")
+            row = evaluate_capability(
+                model,
+                policy.tokenizer,
+                env,
+                adapter_id,
+                seeds,
+                name=policy.name,
+                route=route if router is not None else None,
+                max_new_tokens=self.config.max_new_tokens,
+            )
+            adapters.update(
+                self.home, adapter_id, eval=row, promoted=row["promoted"], promotion=row["reason"]
+            )
+            rows.append(row)
+        routing = None
+        if router is not None:
+            routing = routing_accuracy(
+                router, heldout_tasks(self.home, all_ids, self.config.eval_seeds)
+            )
+        return {"status": "done", "rows": rows, "routing": routing}
+
+    def stage_report(self) -> dict[str, Any]:
+        from tracegym.training import adapters
+        from tracegym.training.evaluate import render_markdown
+
+        rows = self.results["evaluate"].get("rows", [])
+        report = {
+            "date": self.date,
+            "home": str(self.home),
+            "config": self.config.to_dict(),
+            "stages": {
+                s: {k: v for k, v in self.results[s].items() if k != "rows"} for s in STAGES[:-1]
+            },
+            "evaluation": rows,
+            "routing": self.results["evaluate"].get("routing"),
+            "adapters": [
+                {
+                    "adapter_id": a["adapter_id"],
+                    "capability": a["capability"]["name"],
+                    "promoted": a.get("promoted"),
+                    "promotion": a.get("promotion"),
+                    "data_hash": a["data_hash"],
+                }
+                for a in adapters.list_adapters(self.home)
+            ],
+        }
+        lines = [f"# tracegym nightly {self.date}", ""]
+        for stage in STAGES[:-1]:
+            r = self.results[stage]
+            extra = r.get("reason") or ", ".join(
+                f"{k}={v}" for k, v in r.items() if k in ("trained", "kept", "environments")
+            )
+            lines.append(f"- **{stage}**: {r.get('status')} {('- ' + extra) if extra else ''}")
+        lines += ["", "## Evaluation (held-out success, 95% Wilson intervals)", ""]
+        lines.append(render_markdown(rows) if rows else "No adapter was evaluated tonight.\n")
+        routing = report["routing"]
+        if routing:
+            lines.append(f"Routing accuracy: {routing['accuracy']} over {routing['n']} tasks.\n")
+        lines += ["## Adapters", ""]
+        for a in report["adapters"]:
+            state = "promoted" if a["promoted"] else "not promoted"
+            lines.append(f"- {a['adapter_id']} ({a['capability']}): {state}: {a['promotion']}")
+        write_json_atomic(self.dir / "report.json", report)
+        tmp = self.dir / ".report.md.tmp"
+        tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, self.dir / "report.md")
+        return {"status": "done", "report": str(self.dir / "report.json")}
+
+
+def nightly(
+    home: str | Path,
+    config: NightlyConfig | None = None,
+    *,
+    fault: str | None = None,
+    progress: Callable[[str, str], None] | None = None,
+    embedder: Any = None,
+) -> dict[str, Any]:
+    """Run (or resume) tonight's job under `home`; returns the stage results and report path.
+    Raises NightlyBusy when another run holds the lock."""
+    home = Path(home)
+    config = config or NightlyConfig()
+    with lock(home):
+        night = _Night(home, config, fault, progress, embedder)
+        night.run()
+        results = night.results
+        state = {
+            "date": night.date,
+            "finished_at": _now(),
+            "lake": results["analyze"].get("lake"),
+            "gaps_hash": results["synthesize"].get("gaps_hash") or night.previous.get("gaps_hash"),
+        }
+        if not (night.dir / "recorded").exists():
+            with (nightly_dir(home) / "history.jsonl").open("a", encoding="utf-8") as handle:
+                handle.write(
+                    json.dumps(
+                        {
+                            "date": night.date,
+                            "finished_at": state["finished_at"],
+                            "stages": {s: results[s].get("status") for s in STAGES},
+                            "report": str(night.dir / "report.json"),
+                        }
+                    )
+                    + "\n"
+                )
+            (night.dir / "recorded").touch()
+        write_json_atomic(nightly_dir(home) / "state.json", state)
+        return {"date": night.date, "dir": str(night.dir), "stages": results}
+
+
+__all__ = [
+    "STAGES",
+    "Lock",
+    "NightlyBusy",
+    "NightlyConfig",
+    "NightlyFault",
+    "lock",
+    "nightly",
+    "nightly_dir",
+]
