@@ -1,0 +1,67 @@
+"""The training commands: train, evaluate, adapters list/show, nightly (tiny model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+import typer
+from tracegym.synthesis import registry
+from tracegym.training.commands import register
+from tracegym.training.toy import press_env
+from typer.testing import CliRunner
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+
+    def fail(message: str, code: int = 2) -> NoReturn:
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(code)
+
+    def home_of(ctx: typer.Context, home: Path | None) -> Path:
+        return Path(home if home is not None else (ctx.obj or {})["home"])
+
+    @app.callback()
+    def main(ctx: typer.Context, home: Path | None = typer.Option(None, "--home")) -> None:  # noqa: B008
+        ctx.obj = {"home": home}
+
+    register(app, home_of, fail)
+    return app
+
+
+def test_training_commands(tmp_path):
+    registry.register(tmp_path, press_env(), n_train=16, n_heldout=8, validity_seeds=20)
+    app, runner = _app(), CliRunner()
+    base = ["--home", str(tmp_path)]
+    small = ["--model", "tiny", "--eval-seeds", "3"]
+    result = runner.invoke(app, [*base, "train", "toy-press", *small, "--steps", "5"])
+    assert result.exit_code == 0, result.output
+    assert "toy-press" in result.output and "held-out" in result.output
+    result = runner.invoke(app, [*base, "adapters", "list", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)[0]["adapter_id"] == "toy-press"
+    result = runner.invoke(app, [*base, "adapters", "list"])
+    assert result.exit_code == 0 and "toy-press" in result.output
+    result = runner.invoke(app, [*base, "adapters", "show", "toy-press", "--json"])
+    meta = json.loads(result.stdout)
+    assert meta["hyperparameters"]["steps"] == 5 and meta["base_model"]["name"] == "tiny-0"
+    result = runner.invoke(app, [*base, "adapters", "show", "nope"])
+    assert result.exit_code == 2 and "no adapter 'nope'" in result.output
+    result = runner.invoke(app, [*base, "train", "nope", "--model", "tiny"])
+    assert result.exit_code == 2 and "nope" in result.output
+    result = runner.invoke(app, [*base, "evaluate", *small, "--embedder", "hash", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["rows"][0]["base"]["n"] == 3 and data["routing"]["n"] == 3
+    result = runner.invoke(
+        app,
+        [*base, "nightly", *small, "--steps", "3", "--embedder", "hash", "--date", "2026-01-02"],
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "nightly" / "2026-01-02" / "report.md").exists()

@@ -1,0 +1,310 @@
+"""The training commands: `tracegym nightly`, `train`, `evaluate` and `adapters list/show`.
+
+Registered on the main app by `register(app, home_of, fail)`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+from tracegym.cli_options import HomeOption, table_console
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+ModelOption = Annotated[
+    str,
+    typer.Option(
+        "--model", help="Policy: smollm2 (default, offline), tiny[-SEED], or a local HF folder."
+    ),
+]
+EmbedderOption = Annotated[
+    str,
+    typer.Option(
+        "--embedder",
+        help="Router embeddings: minilm (the analysis extra's model) or hash (no model).",
+    ),
+]
+
+
+def _dump(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def _embedder(name: str, home: Path) -> Any:
+    from tracegym.training.router import HashEmbedder
+
+    if name == "hash":
+        return HashEmbedder()
+    try:
+        from tracegym.analysis.embeddings import Embedder
+    except ImportError:
+        return HashEmbedder()
+    return Embedder(home / "cache")
+
+
+def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
+    """Add `nightly`, `train`, `evaluate` and the `adapters` group to `app`."""
+
+    def _home(ctx: typer.Context, home: Path | None) -> Path:
+        target = home_of(ctx, home)
+        if not target.is_dir():
+            fail(f"no tracegym home at {target}")
+        return target
+
+    @app.command()
+    def nightly(
+        ctx: typer.Context,
+        model: ModelOption = "smollm2",
+        steps: Annotated[int | None, typer.Option(min=1, help="LoRA steps per adapter.")] = None,
+        eval_seeds: Annotated[int, typer.Option(min=1, help="Held-out tasks per env.")] = 20,
+        date: Annotated[
+            str | None, typer.Option(help="The night (YYYY-MM-DD) to run or resume.")
+        ] = None,
+        no_route: Annotated[bool, typer.Option("--no-route", help="Skip router eval.")] = False,
+        embedder: EmbedderOption = "minilm",
+        as_json: JsonOption = False,
+        home: HomeOption = None,
+    ) -> None:
+        """Compaction -> analysis -> synthesis -> training -> evaluation -> report (resumable)."""
+        from tracegym.training.nightly import NightlyBusy, NightlyConfig
+        from tracegym.training.nightly import nightly as run
+
+        target = _home(ctx, home)
+        config = NightlyConfig(
+            model=model,
+            train={"steps": steps} if steps else {},
+            eval_seeds=eval_seeds,
+            route=not no_route,
+            date=date,
+        )
+        console = table_console()
+        err = table_console() if not as_json else None
+
+        def progress(stage: str, message: str) -> None:
+            if err is not None:
+                err.print(f"[bold]{stage}[/]: {escape(message)}", highlight=False)
+
+        try:
+            result = run(target, config, progress=progress, embedder=_embedder(embedder, target))
+        except NightlyBusy as exc:
+            fail(str(exc), 3)
+        if as_json:
+            _dump(result)
+            return
+        report = Path(result["dir"]) / "report.md"
+        console.print(f"report: {escape(str(report))}")
+
+    @app.command()
+    def train(
+        ctx: typer.Context,
+        env_id: Annotated[str, typer.Argument(help="A registered environment.")],
+        model: ModelOption = "smollm2",
+        mode: Annotated[str, typer.Option(help="sft or grpo (grpo starts from SFT).")] = "sft",
+        steps: Annotated[int | None, typer.Option(min=1)] = None,
+        lr: Annotated[float | None, typer.Option(min=0)] = None,
+        rank: Annotated[int | None, typer.Option(min=1)] = None,
+        alpha: Annotated[int | None, typer.Option(min=1)] = None,
+        targets: Annotated[
+            str | None, typer.Option(help="Comma-separated module names (q_proj,v_proj,...).")
+        ] = None,
+        samples: Annotated[
+            int, typer.Option(min=0, help="Rejection-sampling rollouts per train seed.")
+        ] = 0,
+        train_seeds: Annotated[int | None, typer.Option(min=1)] = None,
+        eval_seeds: Annotated[int, typer.Option(min=1)] = 20,
+        no_eval: Annotated[bool, typer.Option("--no-eval")] = False,
+        as_json: JsonOption = False,
+        home: HomeOption = None,
+    ) -> None:
+        """Train (and evaluate) the LoRA adapter of one environment's capability."""
+        from tracegym.synthesis import registry
+        from tracegym.training.model import ModelError, ensure_model
+        from tracegym.training.sft import default_config, train_capability
+
+        target = _home(ctx, home)
+        if mode not in ("sft", "grpo"):
+            fail(f"--mode must be sft or grpo, not {mode!r}")
+        try:
+            env = registry.load(target, env_id)
+            folder = ensure_model(target, model)
+        except (registry.RegistryError, ModelError) as exc:
+            fail(str(exc))
+        overrides: dict[str, Any] = {"mode": mode, "samples": samples}
+        for key, value in (
+            ("steps", steps),
+            ("lr", lr),
+            ("rank", rank),
+            ("alpha", alpha),
+            ("train_seeds", train_seeds),
+        ):
+            if value is not None:
+                overrides[key] = value
+        if targets:
+            overrides["targets"] = [t.strip() for t in targets.split(",") if t.strip()]
+        config = default_config(model, **overrides)
+        meta = train_capability(
+            target, env, folder, config, eval_seeds=eval_seeds, evaluate=not no_eval
+        )
+        if as_json:
+            _dump(meta)
+            return
+        _print_adapter(meta)
+
+    @app.command()
+    def evaluate(
+        ctx: typer.Context,
+        adapter_ids: Annotated[
+            list[str] | None, typer.Argument(help="Adapters to evaluate (default: all).")
+        ] = None,
+        model: ModelOption = "smollm2",
+        eval_seeds: Annotated[int, typer.Option(min=1)] = 20,
+        embedder: EmbedderOption = "minilm",
+        as_json: JsonOption = False,
+        home: HomeOption = None,
+    ) -> None:
+        """Held-out success of base, base + adapter and base + router, with 95% intervals."""
+        from tracegym.synthesis import registry
+        from tracegym.training import adapters
+        from tracegym.training.evaluate import evaluate_capability, render_markdown
+        from tracegym.training.model import ModelError, ensure_model, load_policy
+        from tracegym.training.router import (
+            Router,
+            apply_weights,
+            heldout_tasks,
+            routing_accuracy,
+        )
+
+        target = _home(ctx, home)
+        known = [a["adapter_id"] for a in adapters.list_adapters(target)]
+        chosen = adapter_ids or known
+        missing = [a for a in chosen if a not in known]
+        if missing or not chosen:
+            fail(f"no adapter {', '.join(missing)}" if missing else "no adapters registered")
+        try:
+            policy = load_policy(ensure_model(target, model))
+        except ModelError as exc:
+            fail(str(exc))
+        peft_model = adapters.load_adapters(policy.model, target, known)
+        router = Router.from_registry(target, _embedder(embedder, target), promoted_only=False)
+
+        def route(env: Any, seed: int) -> str | None:
+            return apply_weights(peft_model, router.weights(env.make_task(seed).instruction))
+
+        rows = []
+        for adapter_id in chosen:
+            meta = adapters.show(target, adapter_id)
+            env = registry.load(target, meta["capability"]["env_id"])
+            h0, h1 = env.spec.heldout_seeds
+            seeds = list(range(h0, min(h1, h0 + eval_seeds)))
+            row = evaluate_capability(
+                peft_model, policy.tokenizer, env, adapter_id, seeds, name=policy.name, route=route
+            )
+            adapters.update(
+                target, adapter_id, eval=row, promoted=row["promoted"], promotion=row["reason"]
+            )
+            rows.append(row)
+        routing = routing_accuracy(router, heldout_tasks(target, known, eval_seeds))
+        if as_json:
+            _dump({"rows": rows, "routing": routing})
+            return
+        console = table_console()
+        console.print(render_markdown(rows), markup=False, highlight=False)
+        console.print(f"routing accuracy: {routing['accuracy']} over {routing['n']} tasks")
+
+    group = typer.Typer(help="The trained LoRA adapters: list, show.", no_args_is_help=True)
+    app.add_typer(group, name="adapters")
+
+    @group.command("list")
+    def list_(ctx: typer.Context, as_json: JsonOption = False, home: HomeOption = None) -> None:
+        """The registered adapters."""
+        from tracegym.training import adapters
+
+        items = adapters.list_adapters(home_of(ctx, home))
+        if as_json:
+            _dump(items)
+            return
+        table = Table()
+        for column in (
+            "adapter",
+            "capability",
+            "base",
+            "rank",
+            "steps",
+            "base",
+            "adapted",
+            "promoted",
+        ):
+            table.add_column(column)
+        for a in items:
+            row = (a["metrics"] or {}).get("eval") or {}
+            table.add_row(
+                escape(a["adapter_id"]),
+                escape(str(a["capability"].get("name"))),
+                escape(a["base_model"]["name"]),
+                str(a["hyperparameters"].get("rank")),
+                str(a["hyperparameters"].get("steps")),
+                f"{row['base']['rate']:.2f}" if row else "-",
+                f"{row['adapter']['rate']:.2f}" if row else "-",
+                "yes" if a.get("promoted") else "no",
+            )
+        console = table_console()
+        console.print(table)
+        console.print(f"{len(items)} adapter(s)", style="dim")
+
+    @group.command("show")
+    def show(
+        ctx: typer.Context,
+        adapter_id: Annotated[str, typer.Argument()],
+        as_json: JsonOption = False,
+        home: HomeOption = None,
+    ) -> None:
+        """One adapter's metadata: capability, base model, data, settings, metrics."""
+        from tracegym.training import adapters
+
+        try:
+            meta = adapters.show(home_of(ctx, home), adapter_id)
+        except adapters.AdapterError as exc:
+            fail(str(exc))
+        if as_json:
+            _dump(meta)
+            return
+        _print_adapter(meta)
+
+
+def _print_adapter(meta: dict[str, Any]) -> None:
+    console = table_console()
+    cap = meta["capability"]
+    console.print(f"[bold]{escape(meta['adapter_id'])}[/]: {escape(str(cap.get('name')))}")
+    base = meta["base_model"]
+    console.print(f"  base model: {escape(base['name'])} ({base['hash']})", highlight=False)
+    console.print(f"  data: {meta['data_hash']}  created: {meta['created_at']}", highlight=False)
+    hp = meta["hyperparameters"]
+    console.print(
+        f"  {hp['mode']}: rank {hp['rank']}, alpha {hp['alpha']}, {hp['steps']} steps, "
+        f"lr {hp['lr']}, targets {', '.join(hp['targets'])}",
+        highlight=False,
+    )
+    train = meta["metrics"]["train"]
+    console.print(
+        f"  train: loss {train['loss_first']} -> {train['loss_last']}, "
+        f"{train['tokens_per_second']} tokens/s",
+        highlight=False,
+    )
+    row = meta["metrics"].get("eval")
+    if row:
+        b, a = row["base"], row["adapter"]
+        console.print(
+            f"  held-out: base {b['rate']:.2f} {b['ci95']} -> adapter {a['rate']:.2f} "
+            f"{a['ci95']} (n={a['n']})",
+            highlight=False,
+        )
+    state = "promoted" if meta.get("promoted") else "not promoted"
+    console.print(f"  {state}: {escape(str(meta.get('promotion')))}")
+
+
+__all__ = ["register"]
