@@ -165,3 +165,44 @@ def test_sft_on_in_memory_model_lowers_loss():
         policy, data.conversations, default_config("tiny", steps=10), "x"
     )
     assert metrics.loss_last < metrics.loss_first and metrics.tokens_per_second > 0
+
+
+def test_grpo_runs_and_its_update_favours_higher_reward():
+    import torch
+    from tracegym.training.model import Policy
+    from tracegym.training.sft import encode_examples, grpo_loss, train_grpo
+
+    env = press_env()
+    policy = tiny_model()
+    data = capability_data(env, range(32))
+    model, _ = train_adapter(policy, data.conversations, default_config("tiny", steps=25), "toy")
+    lora = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    config = default_config(
+        "tiny", mode="grpo", steps=2, grpo_tasks=2, group_size=4, lr=1e-3, max_new_tokens=40
+    )
+    model, metrics = train_grpo(policy, env, list(range(32)), config, "toy", model=model)
+    assert metrics.mode == "grpo" and metrics.examples == 16
+    assert metrics.reward_first is not None and 0 <= metrics.reward_last <= 1
+    changed = [
+        n for n, p in model.named_parameters() if p.requires_grad and not torch.equal(p, lora[n])
+    ]
+    assert changed or metrics.tokens == 0  # no group had variance: nothing to learn from
+    # the update direction: one step raises the likelihood of above-average episodes
+    work = Policy(model, policy.tokenizer, policy.name)
+    generator = torch.Generator().manual_seed(3)
+    group = [
+        rollout(work, env, 5, temperature=1.0, generator=generator, trace=False) for _ in range(8)
+    ]
+    rewards = torch.tensor([r.reward for r in group])
+    if float(rewards.std()) < 1e-6:
+        pytest.skip("the sampled group has no reward variance")
+    advantages = ((rewards - rewards.mean()) / rewards.std()).tolist()
+    batch = [encode_examples(policy.tokenizer, [r.messages], 1024)[0] for r in group]
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=1e-2)
+    before, _ = grpo_loss(model, batch, advantages, 0, "cpu")
+    before.backward()
+    optimizer.step()
+    with torch.no_grad():
+        after, _ = grpo_loss(model, batch, advantages, 0, "cpu")
+    assert float(after) < float(before)

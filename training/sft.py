@@ -260,6 +260,27 @@ def train_adapter(
     )
 
 
+def grpo_loss(
+    model: Any,
+    batch: Sequence[tuple[list[int], list[int]]],
+    advantages: Sequence[float],
+    pad_id: int,
+    device: Any,
+) -> tuple[Any, Any]:
+    """-mean(advantage x mean log-likelihood of each episode's assistant tokens), and the mask."""
+    import torch
+
+    inputs = collate(batch, pad_id, device)
+    logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+    labels = inputs["labels"][:, 1:]
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    mask = labels != -100
+    token_logp = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
+    seq_logp = token_logp.sum(-1) / mask.sum(-1).clamp(min=1)
+    adv = torch.tensor(list(advantages), device=seq_logp.device, dtype=seq_logp.dtype)
+    return -(adv * seq_logp).mean(), mask
+
+
 def train_grpo(
     policy: Policy,
     env: Any,
@@ -315,17 +336,7 @@ def train_grpo(
         if not batch:
             continue
         model.train()
-        inputs = collate(batch, pad, policy.device)
-        logits = model(
-            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]
-        ).logits
-        labels = inputs["labels"][:, 1:]
-        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-        mask = labels != -100
-        token_logp = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
-        seq_logp = token_logp.sum(-1) / mask.sum(-1).clamp(min=1)
-        adv = torch.tensor(advantages, device=seq_logp.device)
-        loss = -(adv * seq_logp).mean()
+        loss, mask = grpo_loss(model, batch, advantages, pad, policy.device)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -361,6 +372,7 @@ __all__ = [
     "data_hash",
     "default_config",
     "encode_examples",
+    "grpo_loss",
     "train_adapter",
     "train_grpo",
 ]
