@@ -140,6 +140,12 @@ def test_registry_round_trip(trained):
 
     passed, _n, _ = success_rate(Policy(model, policy.tokenizer, "x"), press_env(), HELDOUT)
     assert passed == meta["metrics"]["eval"]["adapter"]["passed"]
+    # rejection sampling with the trained policy: passing rollouts join the demonstrations
+    data = capability_data(
+        press_env(), range(4), policy=Policy(model, policy.tokenizer, "x"), samples=2
+    )
+    assert data.attempted == 8 and 0 < data.sampled <= 8
+    assert len(data.conversations) == data.demonstrations + data.sampled == 4 + data.sampled
     with pytest.raises(adapters.AdapterError):
         adapters.show(home, "nope")
     assert not any(p.name.startswith(".") for p in (home / "adapters").iterdir())
@@ -206,3 +212,25 @@ def test_grpo_runs_and_its_update_favours_higher_reward():
     with torch.no_grad():
         after, _ = grpo_loss(model, batch, advantages, 0, "cpu")
     assert float(after) < float(before)
+
+
+def test_rollouts_are_queryable_in_the_store_after_compaction(tmp_path, tracer_setup):
+    pytest.importorskip("duckdb")
+    import tracegym as tg
+    from tracegym.store.store import Store
+    from tracegym.training.nightly import NightlyConfig, _Night
+
+    tracer_setup(service="policy-rollouts", home=tmp_path)
+    policy = tiny_model()
+    env = press_env()
+    results = [rollout(policy, env, s, max_new_tokens=8) for s in (1_000_000, 1_000_001)]
+    tg.flush()
+    tg.shutdown()
+    compacted = _Night(tmp_path, NightlyConfig(), None, None, None).stage_compact()
+    assert compacted["status"] == "done" and compacted["spans"] > 0
+    with Store(tmp_path, compact_on_open=False) as store:
+        rows = store.sql("SELECT run_id, agent, success FROM traces ORDER BY run_id").fetchall()
+        calls = store.sql("SELECT count(*) FROM llm_calls").fetchall()[0][0]
+    assert sorted(r[0] for r in rows) == sorted(r.run_id for r in results)
+    assert all(r[1] == "policy" and r[2] is False for r in rows)
+    assert calls >= 2
