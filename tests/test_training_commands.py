@@ -55,7 +55,8 @@ def test_training_commands(tmp_path):
     assert result.exit_code == 2 and "no adapter 'nope'" in result.output
     result = runner.invoke(app, [*base, "train", "nope", "--model", "tiny"])
     assert result.exit_code == 2 and "nope" in result.output
-    result = runner.invoke(app, [*base, "evaluate", *small, "--embedder", "hash", "--json"])
+    evaluate = ["evaluate", "--eval-seeds", "3", "--embedder", "hash", "--json"]
+    result = runner.invoke(app, [*base, *evaluate])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["rows"][0]["base"]["n"] == 3 and data["routing"]["n"] == 3

@@ -89,10 +89,14 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             if err is not None:
                 err.print(f"[bold]{stage}[/]: {escape(message)}", highlight=False)
 
+        from tracegym.training.model import ModelError
+
         try:
             result = run(target, config, progress=progress, embedder=_embedder(embedder, target))
         except NightlyBusy as exc:
             fail(str(exc), 3)
+        except ModelError as exc:
+            fail(f"{exc} (completed stages are kept: rerun to resume)")
         if as_json:
             _dump(result)
             return
@@ -161,7 +165,12 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         adapter_ids: Annotated[
             list[str] | None, typer.Argument(help="Adapters to evaluate (default: all).")
         ] = None,
-        model: ModelOption = "smollm2",
+        model: Annotated[
+            str | None,
+            typer.Option(
+                "--model", help="Base model (default: the one the adapters were trained on)."
+            ),
+        ] = None,
         eval_seeds: Annotated[int, typer.Option(min=1)] = 20,
         embedder: EmbedderOption = "minilm",
         as_json: JsonOption = False,
@@ -185,8 +194,12 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         missing = [a for a in chosen if a not in known]
         if missing or not chosen:
             fail(f"no adapter {', '.join(missing)}" if missing else "no adapters registered")
+        bases = {a["base_model"]["folder"] for a in adapters.list_adapters(target)}
+        if model is None and len(bases) > 1:
+            fail(f"the adapters were trained on different base models ({len(bases)}): --model")
         try:
-            policy = load_policy(ensure_model(target, model))
+            folder = ensure_model(target, model) if model else Path(bases.pop())
+            policy = load_policy(folder)
         except ModelError as exc:
             fail(str(exc))
         peft_model = adapters.load_adapters(policy.model, target, known)

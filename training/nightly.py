@@ -259,11 +259,9 @@ class _Night:
 
         return ensure_model(self.home, self.config.model)
 
-    def _train_key(self, env: Any, folder: Path, config: Any) -> str:
-        from tracegym.training.model import weights_hash
-
+    def _train_key(self, env: Any, base_hash: str, config: Any) -> str:
         spec = env.spec.to_dict() if env.spec is not None else {"env_id": env.env_id}
-        return _hash_json({"spec": spec, "base": weights_hash(folder), "config": config.to_dict()})
+        return _hash_json({"spec": spec, "base": base_hash, "config": config.to_dict()})
 
     def stage_train(self) -> dict[str, Any]:
         from tracegym.synthesis import registry
@@ -273,13 +271,16 @@ class _Night:
         envs = registry.list_envs(self.home)
         if not envs:
             return {"status": "skipped", "reason": "no environments", "trained": [], "kept": []}
+        from tracegym.training.model import weights_hash
+
         folder = self._model_folder()
+        base_hash = weights_hash(folder)
         config = default_config(self.config.model, **self.config.train)
         trained, kept = [], []
         for item in envs:
             env = registry.load(self.home, item["env_id"])
             adapter_id = adapters.adapter_id_for(env.env_id)
-            key = self._train_key(env, folder, config)
+            key = self._train_key(env, base_hash, config)
             try:
                 existing = adapters.show(self.home, adapter_id)
             except adapters.AdapterError:
