@@ -4,6 +4,7 @@
     tracegym [--home DIR] sql | traces | show | compact | import | collect   (store/commands.py)
     tracegym [--home DIR] analyze | attribute                           (analysis/commands.py)
     tracegym [--home DIR] synthesize | envs ...                         (synthesis/commands.py)
+    tracegym [--home DIR] nightly | train | evaluate | adapters ...     (training/commands.py)
 
 Every command works on one data directory: `--home` (before or after the command name), else
 $TRACEGYM_HOME, else ./.tracegym. Bad input ends with a one-line message and exit code 2.
@@ -25,6 +26,7 @@ from tracegym.cli_options import HomeOption
 from tracegym.store.commands import register as register_store_commands
 from tracegym.synthesis.commands import register as register_synthesis_commands
 from tracegym.tracer.config import resolve_home
+from tracegym.training.commands import register as register_training_commands
 
 app = typer.Typer(
     name="tracegym",
@@ -329,6 +331,7 @@ def version() -> None:
 register_store_commands(app, _home, _fail)
 register_analysis_commands(app, _home, _fail)
 register_synthesis_commands(app, _home, _fail)
+register_training_commands(app, _home, _fail)
 
 if __name__ == "__main__":
     app(prog_name="tracegym")
