@@ -10,12 +10,13 @@ Measured in one run, alternating rounds of:
 Prints the per-call overhead of each over `plain`, and tracegym's as a ratio to raw_sdk's.
 Goal: ratio <= 1.2. Then 50,000 decorated calls in a tight loop: nothing may be dropped.
 
-    .venv/bin/python benchmarks/tracer_overhead.py [--calls 2000] [--rounds 7]
+    .venv/bin/python benchmarks/tracer_overhead.py [--calls 1000] [--rounds 21]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -89,8 +90,8 @@ def traced_round(calls: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=2000, help="tool calls per round")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=1000, help="tool calls per round")
+    parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--tight-loop", type=int, default=50_000)
     args = parser.parse_args()
 
@@ -116,7 +117,12 @@ def main() -> None:
                 ("raw_sdk", lambda: raw_round(raw_tracer, args.calls)),
                 ("tracegym", lambda: traced_round(args.calls)),
             ):
-                samples[name].append(run() / args.calls * 1e6)
+                gc.collect()
+                gc.disable()  # as timeit does: no collector pauses inside a timed round
+                try:
+                    samples[name].append(run() / args.calls * 1e6)
+                finally:
+                    gc.enable()
                 raw_provider.force_flush()  # export outside the timed region, for both
                 tg.flush()
 

@@ -126,18 +126,18 @@ class _Unusual(Exception):
 
 
 def _make_fast_encoder() -> Callable[[Any], str]:
-    """The C encoder, built per call with fresh cycle markers: half the cost of json.dumps."""
+    """One shared C encoder without cycle markers (only `_small` values reach it, and those
+    cannot hold a cycle): a third of the cost of json.dumps."""
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:  # pure-Python json: take the standard route
         return json.JSONEncoder(
             ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_default
         ).encode
-    basestring = json.encoder.encode_basestring
+    encoder = make(None, _default, json.encoder.encode_basestring, None, ":", ",", False, False,
+                   False)  # fmt: skip
 
     def encode(value: Any) -> str:
-        return "".join(
-            make({}, _default, basestring, None, ":", ",", False, False, False)(value, 0)
-        )
+        return "".join(encoder(value, 0))
 
     return encode
 
@@ -165,32 +165,37 @@ def to_json(value: Any, max_length: int = 8192) -> str:
         return _describe(value)
 
 
-_SMALL_SCALARS = 64  # scalars a value may hold and still take the fast path
+_SMALL_ITEMS = 64  # items a container may hold and still take the fast path
+
+
+def _small_scalar(value: Any, max_length: int) -> bool:
+    kind = type(value)
+    if kind is str:
+        return len(value) <= max_length
+    return kind is int or kind is float or kind is bool or value is None
 
 
 def _small(value: Any, max_length: int) -> bool:
-    """True for values the C encoder may take whole: few scalars, short strings, shallow.
+    """True for values the C encoder may take whole: at most two levels of small containers of
+    scalars and short strings (the usual tool arguments and results).
 
-    Anything bigger takes the bounded walk, so a 3-million-row argument costs a summary, not
-    a full encode on the agent's thread.
+    Anything bigger or deeper takes the bounded walk, so a 3-million-row argument costs a
+    summary, not a full encode on the agent's thread; and with no third level there can be no
+    cycle, so the encoder needs no cycle bookkeeping.
     """
-    budget = _SMALL_SCALARS
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
+    items = value.values() if type(value) is dict else value
+    if len(items) > _SMALL_ITEMS:
+        return False
+    for item in items:
         kind = type(item)
-        if kind is dict:
-            if depth >= 3 or len(item) > budget:
+        if kind is dict or kind is list or kind is tuple:
+            inner = item.values() if kind is dict else item
+            if len(inner) > _SMALL_ITEMS:
                 return False
-            stack.extend((v, depth + 1) for v in item.values())
-        elif kind is list or kind is tuple:
-            if depth >= 3 or len(item) > budget:
-                return False
-            stack.extend((v, depth + 1) for v in item)
-        elif kind is str and len(item) > max_length:
-            return False
-        budget -= 1
-        if budget < 0:
+            for leaf in inner:
+                if not _small_scalar(leaf, max_length):
+                    return False
+        elif not _small_scalar(item, max_length):
             return False
     return True
 
