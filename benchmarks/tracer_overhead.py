@@ -10,7 +10,7 @@ Measured in one run, alternating rounds of:
 Prints the per-call overhead of each over `plain`, and tracegym's as a ratio to raw_sdk's.
 Goal: ratio <= 1.2. Then 50,000 decorated calls in a tight loop: nothing may be dropped.
 
-    .venv/bin/python benchmarks/tracer_overhead.py [--calls 1000] [--rounds 21]
+    .venv/bin/python benchmarks/tracer_overhead.py [--calls 5000] [--rounds 9]
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def traced_round(calls: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=1000, help="tool calls per round")
-    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--calls", type=int, default=5000, help="tool calls per round")
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--tight-loop", type=int, default=50_000)
     args = parser.parse_args()
 
