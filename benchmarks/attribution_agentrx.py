@@ -87,26 +87,14 @@ def score(
     return 100 * agents / len(runs), 100 * steps / len(runs)
 
 
-def detector_findings(
-    runs: Sequence[Any], targets: Sequence[Any]
-) -> tuple[dict[str, list[Any]] | None, str]:
-    try:
-        from tracegym.analysis.detectors.registry import default_detectors
-    except ImportError as exc:
-        return None, f"no detectors ({exc})"
-    findings: dict[str, list[Any]] = {}
-    errors = []
-    judged = [r for r in runs if r.success is not None]
-    for detector in default_detectors():
-        try:
-            detector.fit(judged)
-            for run in targets:
-                findings.setdefault(run.trace_id, []).extend(detector.detect(run))
-        except Exception as exc:  # report, don't sink the benchmark
-            errors.append(f"{detector.name or type(detector).__name__}: {exc}")
-    total = sum(len(f) for f in findings.values())
-    note = f"{total} findings from the default detectors (fitted on {len(judged)} runs)"
-    return findings, note + (f"; failed: {'; '.join(errors)}" if errors else "")
+def detector_findings(runs: Sequence[Any]) -> tuple[dict[str, list[Any]] | None, str]:
+    """Findings of the default detectors, fitted and run as `tracegym analyze` does."""
+    from tracegym.analysis.pipeline import default_detector_set, run_detectors
+
+    findings, errors = run_detectors(default_detector_set(), runs)
+    note = f"{sum(len(f) for f in findings.values())} findings from the default detectors"
+    failed = "; ".join(f"{name}: {error}" for name, error in errors.items())
+    return findings, note + (f"; failed: {failed}" if failed else "")
 
 
 def baselines() -> dict[str, Callable[[Any], tuple[str | None, int | None]]]:
@@ -162,9 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "held-out (odd)": [r for r in failed if task_id(r) % 2 == 1],
         "all": failed,
     }
-    findings, note = (
-        (None, "detectors off") if args.no_detectors else detector_findings(everything, failed)
-    )
+    findings, note = (None, "detectors off") if args.no_detectors else detector_findings(everything)
     loaded = time.perf_counter()
     rules = {r.trace_id: attribute(r) for r in failed}
     systems: dict[str, Callable[[Any], tuple[str | None, int | None]]] = {

@@ -57,24 +57,13 @@ def load(data: Path, home: Path) -> tuple[list[Any], dict[str, str]]:
 
 
 def detector_findings(runs: Sequence[Any]) -> tuple[dict[str, list[Any]] | None, str]:
-    """Findings of the default detectors fitted on the runs, or None where there are none."""
-    try:
-        from tracegym.analysis.detectors.registry import default_detectors
-    except ImportError as exc:
-        return None, f"no detectors ({exc})"
-    findings: dict[str, list[Any]] = {}
-    errors = []
-    judged = [r for r in runs if r.success is not None]
-    for detector in default_detectors():
-        try:
-            detector.fit(judged)
-            for run in runs:
-                findings.setdefault(run.trace_id, []).extend(detector.detect(run))
-        except Exception as exc:  # report, don't sink the benchmark
-            errors.append(f"{detector.name or type(detector).__name__}: {exc}")
-    total = sum(len(f) for f in findings.values())
-    note = f"{total} findings from the default detectors"
-    return findings, note + (f"; failed: {'; '.join(errors)}" if errors else "")
+    """Findings of the default detectors, fitted and run as `tracegym analyze` does."""
+    from tracegym.analysis.pipeline import default_detector_set, run_detectors
+
+    findings, errors = run_detectors(default_detector_set(), runs)
+    note = f"{sum(len(f) for f in findings.values())} findings from the default detectors"
+    failed = "; ".join(f"{name}: {error}" for name, error in errors.items())
+    return findings, note + (f"; failed: {failed}" if failed else "")
 
 
 def gold(run: Any) -> tuple[str | None, int | None]:
