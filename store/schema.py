@@ -81,7 +81,8 @@ SELECT
     {promoted},
     attributes, events, links, resource, scope,
     CAST(make_timestamp(start_ns // 1000) AS DATE) AS day,
-    CASE WHEN name = '{sc.OUTCOME_SPAN_NAME}' THEN 'outcomes' ELSE 'spans' END AS _table{src}
+    CASE name WHEN '{sc.OUTCOME_SPAN_NAME}' THEN 'outcomes' WHEN '{sc.NIGHTLY_SPAN_NAME}'
+        THEN 'nightly' ELSE 'spans' END AS _table{src}
 FROM (SELECT *, json_extract_string(attributes, {_PATHS}) AS _v FROM {source})
 """
 

@@ -14,7 +14,7 @@ from tracegym.store.lake import complete_spool_files, lake_dir
 from tracegym.store.schema import empty_source, read_json_source, row_select
 from tracegym.tracer import semconv as sc
 
-VIEWS = ["spans", "traces", "tool_calls", "llm_calls", "memory_ops", "outcomes"]
+VIEWS = ["spans", "traces", "tool_calls", "llm_calls", "memory_ops", "outcomes", "nightly"]
 
 
 def _literal(text: str) -> str:
@@ -46,7 +46,22 @@ def _live_sql(home: Path) -> str | None:
     return row_select(read_json_source(files))
 
 
+def _nightly_field(name: str, kind: str = "VARCHAR") -> str:
+    value = f"json_extract_string(attributes, '$.\"{sc.NIGHTLY_PREFIX}{name}\"')"
+    return f"TRY_CAST({value} AS {kind}) AS {name}" if kind != "VARCHAR" else f"{value} AS {name}"
+
+
 VIEW_SQL = {
+    # One row per night of the batch job (`tracegym nightly`), the latest record of each date.
+    "nightly": f"""
+        SELECT {_nightly_field("date")}, start_time AS finished_at,
+               {_nightly_field("gaps", "INTEGER")}, {_nightly_field("environments", "INTEGER")},
+               {_nightly_field("adapters_trained", "INTEGER")},
+               {_nightly_field("adapters_promoted", "INTEGER")},
+               {_nightly_field("stages")}, {_nightly_field("report")}
+        FROM _nightly_spans
+        QUALIFY row_number() OVER (PARTITION BY date ORDER BY start_ns DESC) = 1
+    """,
     # Latest recorded outcome per run; `target` may be a run id or a trace id.
     "outcomes": f"""
         WITH recorded AS (
@@ -155,11 +170,11 @@ def register_views(con: duckdb.DuckDBPyConnection, home: Path) -> None:
     """(Re)create the views over `home` on `con`."""
     home = Path(home)
     live = _live_sql(home)
-    for view, table in (("spans", "spans"), ("_outcome_spans", "outcomes")):
-        wanted = "'outcomes'" if table == "outcomes" else "'spans'"
+    for view, table in (("spans", "spans"), ("_outcome_spans", "outcomes"),
+                        ("_nightly_spans", "nightly")):  # fmt: skip
         live_rows = (
-            f"SELECT * EXCLUDE (_table) FROM ({live}) WHERE _table = {wanted}" if live else None
+            f"SELECT * EXCLUDE (_table) FROM ({live}) WHERE _table = '{table}'" if live else None
         )
         con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS {_table_sql(home, table, live_rows)}")
-    for name in ["outcomes", "traces", "tool_calls", "llm_calls", "memory_ops"]:
+    for name in ["outcomes", "traces", "tool_calls", "llm_calls", "memory_ops", "nightly"]:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEW_SQL[name]}")

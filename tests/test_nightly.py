@@ -83,6 +83,12 @@ def test_nightly_runs_every_stage_and_writes_the_report(reference):
     assert len(history) == 1 and json.loads(history[0])["date"] == DATE
     assert not (home / "nightly" / ".lock").exists()
     assert not list(night.rglob("*.tmp"))
+    from tracegym.store.store import Store
+
+    with Store(home) as store:  # the night is recorded in the store, not as a run
+        rows = store.sql("SELECT date, adapters_trained, stages FROM nightly").fetchall()
+        assert store.sql("SELECT count(*) FROM traces").fetchall() == [(0,)]
+    assert rows[0][:2] == (DATE, 1) and json.loads(rows[0][2])["train"] == "done"
 
 
 def test_next_night_is_incremental(reference):

@@ -64,6 +64,8 @@ OUTCOME_SOURCE = "tracegym.outcome.source"
 OUTCOME_LABELS = "tracegym.outcome.labels"
 
 OUTCOME_SPAN_NAME = "tracegym.outcome"
+NIGHTLY_SPAN_NAME = "tracegym.nightly"  # one record per night of the batch job
+NIGHTLY_PREFIX = "tracegym.nightly."
 INSTRUMENTATION_SCOPE = "tracegym"
 
 # Attributes that hold user content: dropped when content capture is off.

@@ -413,6 +413,39 @@ class _Night:
         return {"status": "done", "report": str(self.dir / "report.json")}
 
 
+def record_night(home: Path, date: str, results: dict[str, Any], report: Path) -> Path:
+    """Record the night in the store (the `nightly` view) as one spool record of its own."""
+    import time
+
+    from tracegym.store.records import span_record, stable_id, write_spool_file
+    from tracegym.tracer import semconv as sc
+
+    def count(stage: str, key: str) -> int:
+        value = results.get(stage, {}).get(key)
+        return len(value) if isinstance(value, (list, tuple)) else int(value or 0)
+
+    adapters_promoted = sum(
+        1 for row in results.get("evaluate", {}).get("rows", []) or [] if row.get("promoted")
+    )
+    now = time.time_ns()
+    attributes = {
+        sc.OPERATION: "nightly",
+        sc.NIGHTLY_PREFIX + "date": date,
+        sc.NIGHTLY_PREFIX + "gaps": count("analyze", "gaps"),
+        sc.NIGHTLY_PREFIX + "environments": count("synthesize", "environments"),
+        sc.NIGHTLY_PREFIX + "adapters_trained": count("train", "trained"),
+        sc.NIGHTLY_PREFIX + "adapters_promoted": adapters_promoted,
+        sc.NIGHTLY_PREFIX + "stages": json.dumps({s: results[s].get("status") for s in STAGES}),
+        sc.NIGHTLY_PREFIX + "report": str(report),
+    }
+    record = span_record(
+        trace_id=stable_id("nightly", date), span_id=stable_id("nightly", date, width=16),
+        name=sc.NIGHTLY_SPAN_NAME, start_ns=now, end_ns=now, attributes=attributes,
+        scope="tracegym.nightly",
+    )  # fmt: skip
+    return write_spool_file(home, [record], f"nightly-{date}")
+
+
 def nightly(
     home: str | Path,
     config: NightlyConfig | None = None,
@@ -448,6 +481,7 @@ def nightly(
                     )
                     + "\n"
                 )
+            record_night(home, night.date, results, night.dir / "report.json")
             (night.dir / "recorded").touch()
         write_json_atomic(nightly_dir(home) / "state.json", state)
         return {"date": night.date, "dir": str(night.dir), "stages": results}
