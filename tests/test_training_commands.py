@@ -66,3 +66,5 @@ def test_training_commands(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "nightly" / "2026-01-02" / "report.md").exists()
+    for stage in ("compact", "analyze", "synthesize", "train", "evaluate", "report"):
+        assert f"{stage}: " in result.output  # each stage's end is reported as the bar advances

@@ -83,16 +83,29 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             date=date,
         )
         console = table_console()
-        err = table_console() if not as_json else None
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from tracegym.training.model import ModelError
+        from tracegym.training.nightly import STAGES
+
+        bar = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+            TextColumn("{task.completed}/{task.total} stages"), TimeElapsedColumn(),
+            console=Console(stderr=True), disable=as_json,
+        )  # fmt: skip
+        night = bar.add_task("nightly", total=len(STAGES))
 
         def progress(stage: str, message: str) -> None:
-            if err is not None:
-                err.print(f"[bold]{stage}[/]: {escape(message)}", highlight=False)
-
-        from tracegym.training.model import ModelError
+            bar.update(night, description=f"{stage}: {escape(message)}")
+            if message != "running" and not message.startswith(("training ", "evaluating ")):
+                bar.console.print(f"[bold]{stage}[/]: {escape(message)}", highlight=False)
+                bar.advance(night)  # the stage ended (done, skipped, already done ...)
 
         try:
-            result = run(target, config, progress=progress, embedder=_embedder(embedder, target))
+            with bar:
+                result = run(
+                    target, config, progress=progress, embedder=_embedder(embedder, target)
+                )
         except NightlyBusy as exc:
             fail(str(exc), 3)
         except ModelError as exc:
