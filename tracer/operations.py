@@ -197,11 +197,19 @@ class Operation:
                 attrs[sc.AGENT_NAME] = parent.agent
             self.call_attributes(attrs, arguments, capture)
             span = self.start_span(attrs, parent)
+        except Exception as exc:
+            internal.report_error(f"begin.{self.operation}", exc)
+            return None
+        try:
             handle = Handle(self, span, self.open_scope(span, parent, arguments), arguments)
             handle.activate()
             return handle
-        except Exception as exc:
+        except Exception as exc:  # the span exists: end it rather than leak it
             internal.report_error(f"begin.{self.operation}", exc)
+            try:
+                span.end()
+            except Exception as inner:
+                internal.report_error("end", inner)
             return None
 
     def finish(self, handle: Handle | None, result: Any = _UNSET) -> None:
