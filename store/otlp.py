@@ -66,9 +66,9 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tracegym.store.records import span_record
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.serialize import content_hash
-from tracegym.tracer.spool import SPOOL_VERSION
 
 __all__ = [
     "OTLPFormatError",
@@ -228,23 +228,22 @@ def _pb_span(span: Any, resource: dict[str, Any], scope: str | None) -> dict[str
     attributes = normalize_attributes(attributes, name)
     if code == 2 and sc.ERROR_TYPE not in attributes and events:
         _error_type_from_events(attributes, events)
-    return {
-        "v": SPOOL_VERSION,
-        "trace_id": trace_id,
-        "span_id": span_id,
-        "parent_span_id": parent_id,
-        "name": name,
-        "kind": KIND_NAMES[kind],
-        "start_ns": start,
-        "end_ns": end,
-        "status": STATUS_NAMES[code],
-        "status_message": status.message or None,
-        "attributes": attributes,
-        "events": events,
-        "links": links,
-        "resource": resource,
-        "scope": scope,
-    }
+    return span_record(
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent_id,
+        name=name,
+        kind=KIND_NAMES[kind],
+        start_ns=start,
+        end_ns=end,
+        status=STATUS_NAMES[code],
+        status_message=status.message or None,
+        attributes=attributes,
+        events=events,
+        links=links,
+        resource=resource,
+        scope=scope,
+    )
 
 
 def records_from_request(request: Any) -> list[dict[str, Any]]:
@@ -523,23 +522,22 @@ def _j_span(span: Any, resource: dict[str, Any], scope: str | None) -> dict[str,
     attributes = normalize_attributes(attributes, name)
     if code == 2 and sc.ERROR_TYPE not in attributes and events:
         _error_type_from_events(attributes, events)
-    return {
-        "v": SPOOL_VERSION,
-        "trace_id": trace_id,
-        "span_id": span_id,
-        "parent_span_id": parent_id,
-        "name": name,
-        "kind": KIND_NAMES[kind],
-        "start_ns": start,
-        "end_ns": end,
-        "status": STATUS_NAMES[code],
-        "status_message": message,
-        "attributes": attributes,
-        "events": events,
-        "links": links,
-        "resource": resource,
-        "scope": scope,
-    }
+    return span_record(
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent_id,
+        name=name,
+        kind=KIND_NAMES[kind],
+        start_ns=start,
+        end_ns=end,
+        status=STATUS_NAMES[code],
+        status_message=message,
+        attributes=attributes,
+        events=events,
+        links=links,
+        resource=resource,
+        scope=scope,
+    )
 
 
 def records_from_json_object(request: Any) -> list[dict[str, Any]]:

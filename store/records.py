@@ -37,6 +37,11 @@ def random_id(width: int = 32) -> str:
     return secrets.token_hex(width // 2)
 
 
+def _owned_dict(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A plain dict as it is (records are encoded, never mutated), anything else copied."""
+    return value if type(value) is dict else dict(value or {})
+
+
 def span_record(
     *,
     trace_id: str,
@@ -54,7 +59,11 @@ def span_record(
     resource: Mapping[str, Any] | None = None,
     scope: str | None = None,
 ) -> dict[str, Any]:
-    """One spool line, with the same fields as the tracer writes (see docs/spool.md)."""
+    """One spool line, with the same fields as the tracer writes (see docs/spool.md).
+
+    Plain dicts and lists are used as they are, not copied: the OTLP receiver builds a fresh
+    one per span, and this sits on its hot path.
+    """
     return {
         "v": SPOOL_VERSION,
         "trace_id": trace_id,
@@ -66,10 +75,10 @@ def span_record(
         "end_ns": int(end_ns),
         "status": status,
         "status_message": status_message,
-        "attributes": dict(attributes or {}),
-        "events": [dict(e) for e in events],
-        "links": [dict(link) for link in links],
-        "resource": dict(resource or {}),
+        "attributes": _owned_dict(attributes),
+        "events": events if type(events) is list else [dict(e) for e in events],
+        "links": links if type(links) is list else [dict(link) for link in links],
+        "resource": _owned_dict(resource),
         "scope": scope,
     }
 
