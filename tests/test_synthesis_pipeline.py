@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 import typer
 from tracegym.synthesis import registry
 from tracegym.synthesis.base import run_actions
-from tracegym.synthesis.commands import register as register_commands
 from tracegym.synthesis.fixtures import gap, shop_traces
 from tracegym.synthesis.pipeline import GapsFileError, load_gaps, synthesize
 from tracegym.synthesis.policies import NoisyOraclePolicy
@@ -167,20 +166,9 @@ def test_empty_gaps_file_is_fine(tmp_path):
 
 # The commands -----------------------------------------------------------------------------------
 def _app() -> typer.Typer:
-    app = typer.Typer()
+    """The real `tracegym` command, which registers these commands with the others."""
+    from tracegym.cli import app
 
-    def fail(message: str, code: int = 2) -> NoReturn:
-        typer.echo(f"error: {message}", err=True)
-        raise typer.Exit(code)
-
-    def home_of(ctx: typer.Context, home: Path | None) -> Path:
-        return Path(home if home is not None else (ctx.obj or {})["home"])
-
-    @app.callback()
-    def main(ctx: typer.Context, home: Path | None = typer.Option(None, "--home")) -> None:  # noqa: B008
-        ctx.obj = {"home": home}
-
-    register_commands(app, home_of, fail)
     return app
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
@@ -13,26 +11,14 @@ pytest.importorskip("peft")
 
 import typer
 from tracegym.synthesis import registry
-from tracegym.training.commands import register
 from tracegym.training.toy import press_env
 from typer.testing import CliRunner
 
 
 def _app() -> typer.Typer:
-    app = typer.Typer()
+    """The real `tracegym` command, which registers these commands with the others."""
+    from tracegym.cli import app
 
-    def fail(message: str, code: int = 2) -> NoReturn:
-        typer.echo(f"error: {message}", err=True)
-        raise typer.Exit(code)
-
-    def home_of(ctx: typer.Context, home: Path | None) -> Path:
-        return Path(home if home is not None else (ctx.obj or {})["home"])
-
-    @app.callback()
-    def main(ctx: typer.Context, home: Path | None = typer.Option(None, "--home")) -> None:  # noqa: B008
-        ctx.obj = {"home": home}
-
-    register(app, home_of, fail)
     return app
 
 
