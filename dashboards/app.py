@@ -1,0 +1,177 @@
+"""The dashboard's web app (Starlette): routes, templates, static files.
+
+Handlers are plain (sync) functions: Starlette runs them in its thread pool, and the DuckDB
+connections serialise their own queries. Templates autoescape everything they print.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from tracegym.dashboards import pages
+from tracegym.dashboards.db import Database, SqlBox
+from tracegym.dashboards.findings import FindingsModel
+from tracegym.dashboards.queries import RunFilters
+from tracegym.dashboards.security import Guard
+from tracegym.store.store import ReadOnlyError
+
+HERE = Path(__file__).resolve().parent
+TEMPLATES = HERE / "templates"
+STATIC = HERE / "static"
+NAV = [
+    ("overview", "/", "Overview"),
+    ("runs", "/runs", "Runs"),
+    ("gaps", "/gaps", "Gaps"),
+    ("environments", "/environments", "Environments"),
+    ("adapters", "/adapters", "Adapters"),
+]
+EXAMPLE_SQL = (
+    "SELECT tool, count(*) AS calls, count(*) FILTER (WHERE status = 'ERROR') AS errors\n"
+    "FROM tool_calls GROUP BY tool ORDER BY errors DESC"
+)
+
+
+def plotly_js() -> Path | None:
+    """plotly.min.js as bundled in the `plotly` wheel (the dashboard extra): no CDN."""
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "package_data" / "plotly.min.js"
+    return path if path.is_file() else None
+
+
+def _number(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _templates() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(str(TEMPLATES)),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["num"] = _number
+    env.filters["pct"] = lambda v: "–" if v is None else f"{100 * v:.1f}%"
+    return env
+
+
+def create_app(home: str | Path, *, token: str | None = None, loopback: bool = True) -> Starlette:
+    """The dashboard over `home`. `loopback`: only accept Host headers naming loopback."""
+    home = Path(home)
+    db = Database(home)
+    ctx = pages.Context(home=home, db=db, findings=FindingsModel(db))
+    sql_box = SqlBox(home)
+    templates = _templates()
+    has_charts = plotly_js() is not None
+
+    def render(
+        request: Request, name: str, section: str, status: int = 200, **data: Any
+    ) -> Response:
+        html = templates.get_template(name).render(
+            nav=NAV, section=section, home=str(home), charts=has_charts, request=request, **data
+        )
+        return HTMLResponse(html, status)
+
+    def overview(request: Request) -> Response:
+        return render(request, "overview.html", "overview", **pages.overview(ctx))
+
+    def runs(request: Request) -> Response:
+        q = request.query_params
+        try:
+            page = max(1, int(q.get("page", "1")))
+        except ValueError:
+            page = 1
+        filters = RunFilters(
+            **{
+                k: q.get(k, "").strip()[:500]
+                for k in ("agent", "outcome", "since", "until", "tool", "finding", "q")
+            },
+            page=page,
+        )
+        sql = q.get("sql", "")
+        data: dict[str, Any] = {"sql": sql or EXAMPLE_SQL, "sql_result": None, "sql_error": None}
+        status = 200
+        if sql.strip():
+            try:
+                data["sql_result"] = sql_box.run(sql)
+            except ReadOnlyError as exc:
+                data["sql_error"], status = str(exc), 400
+            except ValueError as exc:
+                data["sql_error"], status = str(exc), 400
+        return render(request, "runs.html", "runs", status, **data, **pages.runs(ctx, filters))
+
+    def run(request: Request) -> Response:
+        ident = request.path_params["trace_id"]
+        trace_id = pages.resolve(ctx, ident)
+        if trace_id is None:
+            return render(request, "missing.html", "runs", 404, what=f"run {ident}")
+        return render(request, "run.html", "runs", **pages.run(ctx, trace_id))
+
+    def gaps(request: Request) -> Response:
+        return render(request, "gaps.html", "gaps", **pages.gaps(ctx))
+
+    def environments(request: Request) -> Response:
+        return render(request, "environments.html", "environments", **pages.environments(ctx))
+
+    def environment(request: Request) -> Response:
+        env_id = request.path_params["env_id"]
+        try:
+            data = pages.environment(ctx, env_id)
+        except LookupError:
+            return render(
+                request, "missing.html", "environments", 404, what=f"environment {env_id}"
+            )
+        return render(request, "environment.html", "environments", **data)
+
+    def adapters(request: Request) -> Response:
+        return render(request, "adapters.html", "adapters", **pages.adapters(ctx))
+
+    def plotly(request: Request) -> Response:
+        path = plotly_js()
+        if path is None:
+            return PlainTextResponse(
+                "plotly is not installed (pip install 'tracegym[dashboard]')", 404
+            )
+        return FileResponse(
+            path, media_type="text/javascript", headers={"cache-control": "public, max-age=86400"}
+        )
+
+    def health(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    routes = [
+        Route("/", overview),
+        Route("/runs", runs),
+        Route("/run/{trace_id}", run),
+        Route("/gaps", gaps),
+        Route("/environments", environments),
+        Route("/environments/{env_id}", environment),
+        Route("/adapters", adapters),
+        Route("/static/plotly.min.js", plotly),
+        Route("/healthz", health),
+        Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        ctx.findings.start()  # fit the detectors in the background while pages are served
+        yield
+        db.close()
+        sql_box.close()
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.ctx = ctx
+    return Guard(app, token, loopback_only_hosts=loopback)  # type: ignore[return-value]

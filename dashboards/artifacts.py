@@ -1,0 +1,134 @@
+"""The batch job's files the dashboard shows: gaps.json, the environment and adapter
+registries, the nightly history. Read on demand (they are small), never written; a missing or
+broken file reads as empty plus a note, so one bad artifact never takes a page down."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tracegym.training.adapters import adapters_dir
+
+GAPS_FILE = "gaps.json"
+
+
+def _read_json(path: Path) -> tuple[Any, str | None]:
+    if not path.exists():
+        return None, None
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except (OSError, ValueError) as exc:
+        return None, f"cannot read {path.name}: {exc}"
+
+
+def gaps_document(home: Path) -> tuple[dict[str, Any], str | None]:
+    """gaps.json (docs/gaps.md), or an empty document and why."""
+    data, error = _read_json(Path(home) / GAPS_FILE)
+    if not isinstance(data, dict):
+        note = error or "no gaps.json yet: run `tracegym analyze`"
+        return {"gaps": [], "rejected": [], "runs": {}}, note
+    data.setdefault("gaps", [])
+    data.setdefault("rejected", [])
+    return data, error
+
+
+def gap_evidence(home: Path) -> dict[str, list[dict[str, Any]]]:
+    """trace id -> the gap examples naming it (with the gap's id, name and detector)."""
+    document, _ = gaps_document(home)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for gap in document["gaps"]:
+        for example in gap.get("examples") or []:
+            trace_id = example.get("trace_id")
+            if not isinstance(trace_id, str):
+                continue
+            out.setdefault(trace_id, []).append(
+                {
+                    **example,
+                    "gap_id": gap.get("id"),
+                    "gap_name": gap.get("name"),
+                    "detector": gap.get("detector") or gap.get("kind"),
+                }
+            )
+    return out
+
+
+def environments(home: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The registry's index entries (synthesis/registry.py)."""
+    try:
+        from tracegym.synthesis.registry import list_envs
+
+        return list_envs(home), None
+    except Exception as exc:  # a broken index must not break the page
+        return [], f"cannot read the environment registry: {exc}"
+
+
+def environment_detail(home: Path, env_id: str) -> dict[str, Any]:
+    """One environment: entry, spec, validity, calibration, and a sample task with its oracle
+    episode (computed by the environment's own code, deterministic per seed)."""
+    from tracegym.synthesis import registry
+
+    detail = registry.show(home, env_id)
+    try:
+        detail["sample"] = registry.sample(home, env_id)
+    except Exception as exc:
+        detail["sample"] = None
+        detail["sample_error"] = f"{type(exc).__name__}: {exc}"
+    return detail
+
+
+def adapters(home: Path) -> list[dict[str, Any]]:
+    """Every adapter's meta.json (training/adapters.py), half-written folders skipped."""
+    root = adapters_dir(home)
+    if not root.is_dir():
+        return []
+    out = []
+    for folder in sorted(root.iterdir()):
+        if folder.name.startswith("."):
+            continue
+        data, _ = _read_json(folder / "meta.json")
+        if isinstance(data, dict):
+            out.append(data)
+    return out
+
+
+def nightly_history(home: Path) -> list[dict[str, Any]]:
+    """`<home>/nightly/history.jsonl`, newest first, each with its report.json when readable."""
+    path = Path(home) / "nightly" / "history.jsonl"
+    if not path.exists():
+        return []
+    nights = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            night = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(night, dict):
+            nights.append(night)
+    by_date: dict[str, dict[str, Any]] = {}
+    for night in nights:
+        by_date[str(night.get("date"))] = night  # the latest record of a date wins
+    out = sorted(by_date.values(), key=lambda n: str(n.get("date")), reverse=True)
+    for night in out:
+        report = night.get("report")
+        candidate = Path(report) if isinstance(report, str) else None
+        if candidate is not None and not candidate.is_absolute():
+            candidate = Path(home) / candidate
+        own = Path(home) / "nightly" / str(night.get("date")) / "report.json"
+        for path in (own, candidate):
+            if path is not None and path.is_file():
+                data, _ = _read_json(path)
+                if isinstance(data, dict):
+                    night["report_data"] = data
+                    break
+    return out
+
+
+def routing(nights: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The latest routing accuracy a night measured ({"accuracy", "n", ...})."""
+    for night in nights:
+        data = night.get("report_data") or {}
+        value = data.get("routing") or (data.get("evaluate") or {}).get("routing")
+        if isinstance(value, dict):
+            return {**value, "date": night.get("date")}
+    return None

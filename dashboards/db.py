@@ -1,0 +1,133 @@
+"""DuckDB connections for the dashboard: read-only, sandboxed to the store's own files.
+
+The dashboard never compacts (compaction moves files: that is the batch job's business); it
+opens the views over the lake and the live spool the way `Store(compact_on_open=False)` does.
+Each connection may only read files under `<home>/lake` and `<home>/spool`, and its
+configuration is locked, so even a SELECT typed into the SQL box cannot read `/etc/passwd`,
+load an extension or turn the sandbox off. One lock per connection: DuckDB connections are not
+safe to share between threads, and every query already uses all cores.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from tracegym.store.lake import lake_dir
+from tracegym.store.store import ReadOnlyError
+from tracegym.store.views import register_views
+from tracegym.tracer.spool import spool_dir
+
+REFRESH_S = 10.0  # how often the views are rebuilt to pick up new spool files
+
+
+@dataclass
+class Result:
+    """Rows of one query, with the column names and whether rows were cut at the cap."""
+
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+    truncated: bool = False
+
+    def dicts(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
+
+
+def _sandboxed(home: Path, memory_limit: str | None) -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    register_views(con, home)
+    allowed = [str(lake_dir(home)) + "/", str(spool_dir(home)) + "/"]
+    con.execute("SET allowed_directories = $dirs", {"dirs": allowed})
+    if memory_limit:
+        con.execute("SET memory_limit = $limit", {"limit": memory_limit})
+    con.execute("SET enable_external_access = false")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET lock_configuration = true")
+    return con
+
+
+class Database:
+    """A locked, sandboxed connection over the store's views; `query` takes parameters only."""
+
+    def __init__(self, home: Path, memory_limit: str | None = None) -> None:
+        self.home = Path(home)
+        self._lock = threading.Lock()
+        self._con = _sandboxed(self.home, memory_limit)
+        self._refreshed = time.monotonic()
+
+    def _refresh(self) -> None:
+        """Re-read the spool's file list now and then (the lake glob sees new parts itself)."""
+        if time.monotonic() - self._refreshed > REFRESH_S:
+            register_views(self._con, self.home)
+            self._refreshed = time.monotonic()
+
+    def query(
+        self, sql: str, params: dict[str, Any] | Sequence[Any] | None = None, cap: int | None = None
+    ) -> Result:
+        """Run one parameterised query; trace content only ever travels as a parameter."""
+        with self._lock:
+            self._refresh()
+            cursor = self._con.execute(sql, params or {})
+            columns = [d[0] for d in cursor.description or []]
+            if cap is None:
+                return Result(columns, cursor.fetchall())
+            rows = cursor.fetchmany(cap + 1)
+            return Result(columns, rows[:cap], truncated=len(rows) > cap)
+
+    def interrupt(self) -> None:
+        self._con.interrupt()
+
+    def close(self) -> None:
+        with self._lock:
+            self._con.close()
+
+
+def check_single_select(sql: str) -> None:
+    """Raise ReadOnlyError unless `sql` is exactly one SELECT (or WITH ... SELECT) statement."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise ValueError(f"cannot parse SQL: {str(exc).strip().splitlines()[0]}") from None
+    if not statements:
+        raise ValueError("empty SQL statement")
+    if len(statements) > 1:
+        raise ReadOnlyError("refused: one statement at a time (a single SELECT or WITH query)")
+    kind = statements[0].type.name
+    if kind != "SELECT":
+        raise ReadOnlyError(
+            f"refused {kind} statement: the SQL box is read-only (a single SELECT or WITH query "
+            "over spans, traces, tool_calls, llm_calls, memory_ops, outcomes, nightly)"
+        )
+
+
+class SqlBox:
+    """The SQL box's own connection: one SELECT at a time, capped rows, a time limit."""
+
+    def __init__(self, home: Path, max_rows: int = 500, timeout_s: float = 20.0) -> None:
+        self.db = Database(home, memory_limit="2GB")
+        self.max_rows = max_rows
+        self.timeout_s = timeout_s
+
+    def run(self, sql: str) -> Result:
+        """Raises ReadOnlyError for anything but one SELECT, ValueError for bad SQL."""
+        check_single_select(sql)
+        timer = threading.Timer(self.timeout_s, self.db.interrupt)
+        timer.start()
+        try:
+            return self.db.query(sql, cap=self.max_rows)
+        except duckdb.InterruptException:
+            raise ValueError(f"query stopped after {self.timeout_s:.0f} s") from None
+        except duckdb.Error as exc:
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            raise ValueError(message) from None
+        finally:
+            timer.cancel()
+
+    def close(self) -> None:
+        self.db.close()

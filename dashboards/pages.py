@@ -1,0 +1,341 @@
+"""What each page shows: gathers the rows (queries.py) and artifacts into a template context.
+
+No HTML here and no escaping decisions: templates autoescape everything, and chart data goes
+to the page as JSON through Jinja's `tojson` (which escapes `<`, `>`, `&` and quotes).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tracegym.dashboards import artifacts, clusters, queries
+from tracegym.dashboards.db import Database, Result
+from tracegym.dashboards.findings import FindingsModel
+
+
+@dataclass
+class Context:
+    """What every page reads from: the store's views, the artifacts, the findings model."""
+
+    home: Path
+    db: Database
+    findings: FindingsModel
+
+    def run(self, query: queries.Query, cap: int | None = None) -> Result:
+        return self.db.query(query.sql, query.params, cap=cap)
+
+
+def _iso(value: Any) -> str:
+    return value.isoformat(sep=" ", timespec="seconds") if hasattr(value, "isoformat") else ""
+
+
+def pretty(text: Any) -> str:
+    """JSON text indented for reading; anything else as it is (the template escapes it)."""
+    if text is None:
+        return ""
+    if isinstance(text, str):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text
+        if isinstance(value, str):
+            return value
+        return json.dumps(value, indent=2, ensure_ascii=False)
+    return json.dumps(text, indent=2, ensure_ascii=False, default=str)
+
+
+# Overview -------------------------------------------------------------------------------------
+def overview(ctx: Context) -> dict[str, Any]:
+    daily, tools, nightly = (ctx.run(q) for q in queries.overview())
+    days = daily.dicts()
+    document, gaps_note = artifacts.gaps_document(ctx.home)
+    by_detector: dict[str, dict[str, Any]] = {}
+    for gap in document["gaps"]:
+        name = gap.get("detector") or gap.get("kind") or "?"
+        entry = by_detector.setdefault(name, {"detector": name, "gaps": 0, "failed_runs": 0})
+        entry["gaps"] += 1
+        entry["failed_runs"] = max(entry["failed_runs"], gap.get("failed_runs_lacking") or 0)
+    history = artifacts.nightly_history(ctx.home)
+    stored_nights = nightly.dicts()
+    totals = {
+        "runs": sum(d["runs"] for d in days),
+        "succeeded": sum(d["succeeded"] for d in days),
+        "failed": sum(d["failed"] for d in days),
+        "spans": int(sum(d["spans"] or 0 for d in days)),
+    }
+    judged = totals["succeeded"] + totals["failed"]
+    totals["success_rate"] = round(totals["succeeded"] / judged, 3) if judged else None
+    chart = {
+        "days": [str(d["day"]) for d in days],
+        "runs": [d["runs"] for d in days],
+        "rate": [
+            round(d["succeeded"] / (d["succeeded"] + d["failed"]), 4)
+            if d["succeeded"] + d["failed"]
+            else None
+            for d in days
+        ],
+        "tools": [r["tool"] for r in tools.dicts()],
+        "tool_errors": [r["errors"] for r in tools.dicts()],
+        "tool_failed_runs": [r["failed_runs"] for r in tools.dicts()],
+        "nights": [str(n["date"]) for n in stored_nights],
+        "night_gaps": [n["gaps"] for n in stored_nights],
+        "night_promoted": [n["adapters_promoted"] for n in stored_nights],
+        "night_trained": [n["adapters_trained"] for n in stored_nights],
+    }
+    return {
+        "totals": totals,
+        "tools": tools.dicts(),
+        "detectors": sorted(by_detector.values(), key=lambda e: -e["failed_runs"]),
+        "gaps": document["gaps"][:5],
+        "gaps_note": gaps_note,
+        "analysed": document.get("runs") or {},
+        "generated_at": document.get("generated_at"),
+        "nights": _nights(history, stored_nights),
+        "chart": chart,
+    }
+
+
+def _nights(history: list[dict[str, Any]], stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per night: the store's counts joined with history.jsonl's report (before/after)."""
+    by_date = {str(n["date"]): dict(n) for n in stored}
+    for night in history:
+        row = by_date.setdefault(str(night.get("date")), {"date": night.get("date")})
+        report = night.get("report_data") or {}
+        row["stages"] = row.get("stages") or json.dumps(night.get("stages") or {})
+        row["evaluation"] = [
+            {
+                "adapter_id": e.get("adapter_id"),
+                "base": (e.get("base") or {}).get("rate"),
+                "adapter": (e.get("adapter") or {}).get("rate"),
+                "promoted": e.get("promoted"),
+            }
+            for e in report.get("evaluation") or []
+        ]
+    for row in by_date.values():
+        stages = row.get("stages")
+        try:
+            row["stages"] = json.loads(stages) if isinstance(stages, str) else (stages or {})
+        except ValueError:
+            row["stages"] = {}
+    return sorted(by_date.values(), key=lambda n: str(n.get("date")), reverse=True)
+
+
+# Runs -----------------------------------------------------------------------------------------
+def finding_options(home: Path) -> tuple[list[dict[str, str]], dict[str, list[str]]]:
+    """Choices for the finding filter (each gap, each detector) and their evidence traces."""
+    document, _ = artifacts.gaps_document(home)
+    options, traces = [], {}
+    detectors: dict[str, list[str]] = {}
+    for gap in document["gaps"]:
+        ids = [
+            e["trace_id"]
+            for e in gap.get("examples") or []
+            if isinstance(e, dict) and isinstance(e.get("trace_id"), str)
+        ]
+        gap_id = str(gap.get("id"))
+        options.append({"value": gap_id, "label": f"gap: {gap.get('name')}"})
+        traces[gap_id] = ids
+        detectors.setdefault(str(gap.get("detector") or gap.get("kind")), []).extend(ids)
+    for name, ids in sorted(detectors.items()):
+        options.append({"value": name, "label": f"detector: {name}"})
+        traces.setdefault(name, sorted(set(ids)))
+    return options, traces
+
+
+def runs(ctx: Context, filters: queries.RunFilters) -> dict[str, Any]:
+    options, finding_traces = finding_options(ctx.home)
+    chosen = finding_traces.get(filters.finding, []) if filters.finding else None
+    result = ctx.run(queries.runs(filters, chosen))
+    agents, tools = (ctx.run(q) for q in queries.run_options())
+    rows = result.dicts()
+    total = rows[0]["total"] if rows else 0
+    pages = max(1, math.ceil(total / queries.PAGE_SIZE))
+    for row in rows:
+        row["start"] = _iso(row["start_time"])
+    return {
+        "rows": rows,
+        "total": total,
+        "page": filters.page,
+        "pages": pages,
+        "filters": filters,
+        "active": filters.active(),
+        "agents": [r[0] for r in agents.rows],
+        "tools": [r[0] for r in tools.rows],
+        "findings": options,
+    }
+
+
+# One run --------------------------------------------------------------------------------------
+def resolve(ctx: Context, ident: str) -> str | None:
+    found = ctx.run(queries.resolve_run(ident))
+    return found.rows[0][0] if found.rows else None
+
+
+def _tree(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Spans in depth-first order with their depth (orphans hang off the top)."""
+    known = {s["span_id"] for s in spans}
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for span in spans:
+        parent = span["parent_span_id"] if span["parent_span_id"] in known else None
+        children.setdefault(parent, []).append(span)
+    ordered: list[dict[str, Any]] = []
+    stack = [(s, 0) for s in reversed(children.get(None, []))]
+    while stack:
+        span, depth = stack.pop()
+        span["depth"] = depth
+        ordered.append(span)
+        stack.extend((c, depth + 1) for c in reversed(children.get(span["span_id"], [])))
+    return ordered
+
+
+def run(ctx: Context, trace_id: str) -> dict[str, Any]:
+    spans_q, outcome_q, memory_q = queries.run(trace_id)
+    spans = ctx.run(spans_q).dicts()
+    truncated = len(spans) > queries.MAX_RUN_SPANS
+    spans = spans[: queries.MAX_RUN_SPANS]
+    outcome = ctx.run(outcome_q).dicts()
+    memory = {m["span_id"]: m for m in ctx.run(memory_q).dicts()}
+    evidence = artifacts.gap_evidence(ctx.home).get(trace_id, [])
+    analysis = ctx.findings.analyse(trace_id)
+    flagged: dict[str, list[str]] = {}
+    for e in evidence:
+        for span_id in e.get("span_ids") or []:
+            flagged.setdefault(span_id, []).append(f"gap {e.get('gap_name')}: {e.get('evidence')}")
+    for f in analysis["findings"]:
+        for span_id in f.get("span_ids") or []:
+            flagged.setdefault(span_id, []).append(f"{f['detector']}: {f['message']}")
+    decisive = (analysis["attribution"] or {}).get("span_id")
+    if decisive is None and evidence:
+        decisive = next(iter(evidence[0].get("span_ids") or []), None)
+    start = min((s["start_ns"] for s in spans if s["start_ns"] is not None), default=0)
+    end = max((s["end_ns"] for s in spans if s["end_ns"] is not None), default=start)
+    width = max(end - start, 1)
+    ordered = _tree(spans)
+    for span in ordered:
+        s0 = (span["start_ns"] or start) - start
+        s1 = (span["end_ns"] or span["start_ns"] or start) - start
+        span["offset_pct"] = round(100 * s0 / width, 3)
+        span["width_pct"] = round(max(100 * (s1 - s0) / width, 0.3), 3)
+        span["input_pretty"] = pretty(span["input"])
+        span["output_pretty"] = pretty(span["output"])
+        span["attributes_pretty"] = pretty(span["attributes"])
+        span["events_pretty"] = pretty(span["events"]) if span["events"] not in ("[]", None) else ""
+        span["memory"] = memory.get(span["span_id"])
+        span["flags"] = flagged.get(span["span_id"], [])
+        span["decisive"] = span["span_id"] == decisive
+    result = outcome[0] if outcome else None
+    if result is not None:
+        labels = result.get("labels")
+        try:
+            parsed = json.loads(labels) if isinstance(labels, str) else labels
+        except ValueError:
+            parsed = labels
+        result["label_items"] = sorted(parsed.items()) if isinstance(parsed, dict) else []
+        result["labels_text"] = "" if isinstance(parsed, dict) else pretty(labels)
+    root = ordered[0] if ordered else {}
+    return {
+        "trace_id": trace_id,
+        "run_id": root.get("run_id"),
+        "agent": root.get("agent"),
+        "spans": ordered,
+        "truncated": truncated,
+        "duration_ms": round((end - start) / 1e6, 2),
+        "errors": sum(1 for s in spans if s["status"] == "ERROR"),
+        "outcome": result,
+        "evidence": evidence,
+        "analysis": analysis,
+        "decisive": decisive,
+        "started": _iso(dt.datetime.fromtimestamp(start / 1e9, dt.timezone.utc)) if spans else "",
+    }
+
+
+# Gaps -----------------------------------------------------------------------------------------
+def gaps(ctx: Context) -> dict[str, Any]:
+    document, note = artifacts.gaps_document(ctx.home)
+    path = ctx.home / artifacts.GAPS_FILE
+    mtime = path.stat().st_mtime if path.exists() else 0.0
+    cluster_map = clusters.cluster_map(ctx.home, document["gaps"], mtime)
+    names = {g.get("id"): g.get("name") for g in document["gaps"]}
+    chart = {
+        "points": cluster_map["points"],
+        "marks": cluster_map["gaps"],
+        "names": names,
+        "bars": [
+            {"name": g.get("name"), "coverage": g.get("coverage"), "delta": g.get("delta")}
+            for g in document["gaps"]
+        ],
+    }
+    return {
+        "document": document,
+        "gaps": document["gaps"],
+        "rejected": document["rejected"],
+        "note": note,
+        "map_note": cluster_map["note"],
+        "chart": chart,
+    }
+
+
+# Environments and adapters --------------------------------------------------------------------
+def environments(ctx: Context) -> dict[str, Any]:
+    envs, note = artifacts.environments(ctx.home)
+    return {"envs": envs, "note": note}
+
+
+def environment(ctx: Context, env_id: str) -> dict[str, Any]:
+    detail = artifacts.environment_detail(ctx.home, env_id)
+    sample = detail.get("sample") or {}
+    return {
+        "env_id": env_id,
+        "entry": detail["entry"],
+        "spec": pretty(detail.get("spec")),
+        "validity": detail.get("validity"),
+        "validity_text": pretty(detail.get("validity")),
+        "calibration": detail.get("calibration"),
+        "calibration_text": pretty(detail.get("calibration")),
+        "task": pretty(sample.get("task")),
+        "oracle": sample.get("oracle"),
+        "messages": [
+            {
+                "role": m.get("role"),
+                "content": pretty(m.get("content")),
+                "tool_calls": pretty(m.get("tool_calls")) if m.get("tool_calls") else "",
+            }
+            for m in (sample.get("oracle") or {}).get("messages") or []
+            if isinstance(m, dict)
+        ],
+        "sample_error": detail.get("sample_error"),
+    }
+
+
+def adapters(ctx: Context) -> dict[str, Any]:
+    metas = artifacts.adapters(ctx.home)
+    nights = artifacts.nightly_history(ctx.home)
+    rows, chart = [], {"names": [], "base": [], "adapter": [], "router": []}
+    for meta in metas:
+        ev = (meta.get("metrics") or {}).get("eval") or {}
+        row = {
+            "adapter_id": meta.get("adapter_id"),
+            "capability": (meta.get("capability") or {}).get("name"),
+            "env_id": (meta.get("capability") or {}).get("env_id"),
+            "family": (meta.get("capability") or {}).get("family"),
+            "base": ev.get("base"),
+            "adapter": ev.get("adapter"),
+            "router": ev.get("router"),
+            "gain": ev.get("gain"),
+            "p_value": ev.get("p_value"),
+            "promoted": meta.get("promoted"),
+            "promotion": meta.get("promotion"),
+            "created_at": meta.get("created_at"),
+        }
+        rows.append(row)
+        if ev:
+            chart["names"].append(row["adapter_id"])
+            for side in ("base", "adapter", "router"):
+                r = ev.get(side) or {}
+                chart[side].append({"rate": r.get("rate"), "ci": r.get("ci95")} if r else None)
+    return {"adapters": rows, "routing": artifacts.routing(nights), "chart": chart}
