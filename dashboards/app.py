@@ -35,6 +35,7 @@ NAV = [
     ("environments", "/environments", "Environments"),
     ("adapters", "/adapters", "Adapters"),
 ]
+CHART_PAGES = {"overview.html", "gaps.html", "adapters.html"}  # the pages that load plotly.js
 EXAMPLE_SQL = (
     "SELECT tool, count(*) AS calls, count(*) FILTER (WHERE status = 'ERROR') AS errors\n"
     "FROM tool_calls GROUP BY tool ORDER BY errors DESC"
@@ -81,7 +82,13 @@ def create_app(home: str | Path, *, token: str | None = None, loopback: bool = T
         request: Request, name: str, section: str, status: int = 200, **data: Any
     ) -> Response:
         html = templates.get_template(name).render(
-            nav=NAV, section=section, home=str(home), charts=has_charts, request=request, **data
+            nav=NAV,
+            section=section,
+            home=str(home),
+            charts=has_charts,
+            uses_charts=name in CHART_PAGES,
+            request=request,
+            **data,
         )
         return HTMLResponse(html, status)
 

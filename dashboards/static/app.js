@@ -39,7 +39,7 @@ const CHARTS = {
       { type: "bar", name: "runs", x: d.days, y: d.runs, marker: { color: "#9bb7d4" } },
       { type: "scatter", mode: "lines+markers", name: "success rate", x: d.days, y: d.rate,
         yaxis: "y2", line: { color: "#2a7d46" } },
-    ], { yaxis: { title: { text: "runs" } },
+    ], { xaxis: { type: "category" }, yaxis: { title: { text: "runs" } },
          yaxis2: { title: { text: "success rate" }, overlaying: "y", side: "right",
                    range: [0, 1], tickformat: ".0%" } }];
   },
@@ -55,7 +55,7 @@ const CHARTS = {
       { type: "scatter", mode: "lines+markers", name: "gaps", x: d.nights, y: d.night_gaps },
       { type: "bar", name: "adapters trained", x: d.nights, y: d.night_trained },
       { type: "bar", name: "adapters promoted", x: d.nights, y: d.night_promoted },
-    ], { barmode: "group" }];
+    ], { barmode: "group", xaxis: { type: "category" } }];
   },
   gaps(d) {
     const names = d.bars.map((b) => b.name);

@@ -1,0 +1,583 @@
+"""The web dashboard: HTTP-level checks (status codes, escaping, read-only SQL, token, Host)
+and end-to-end checks in a real headless Chromium (Debian's `chromium`, driven by Playwright's
+Python client; skipped with the reason when either is missing). Screenshots of every page go to
+`test-artifacts/dashboard/` (git-ignored).
+
+One small store serves every test: the example agent's runs, a run whose tool results are XSS
+payloads, analysis (with a hashed stand-in for the embedding model), synthesis, an adapter's
+metadata and a night of the batch job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("duckdb")
+pytest.importorskip("sklearn")
+
+import tracegym as tg
+from opentelemetry.sdk.trace import TracerProvider
+from tracegym.tracer.operations import state
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
+XSS_SCRIPT = "<script>window.__xss = 1; alert(1)</script>"
+XSS_IMG = '<img src=x onerror="window.__xss = 2; alert(2)">'
+XSS_JSON = "</script><script>window.__xss = 3; alert(3)</script>"
+
+
+class _HashModel:
+    """Stands in for all-MiniLM-L6-v2: a bag-of-words hash (no model load, deterministic)."""
+
+    def encode(self, texts: list[str], **_: Any) -> Any:
+        from tracegym.training.router import HashEmbedder
+
+        return HashEmbedder(384).encode(texts)
+
+
+def _xss_run() -> str:
+    """One failed run whose tool results, agent input and labels are XSS payloads."""
+
+    @tg.tool
+    def lookup(query: str) -> str:
+        return XSS_SCRIPT
+
+    @tg.tool
+    def render(query: str) -> str:
+        return XSS_IMG
+
+    @tg.agent(name="xss-agent", run_id="xss-run")
+    def agent(task: str) -> str:
+        lookup(task)
+        render(task)
+        return task
+
+    agent(XSS_IMG)
+    tg.record_outcome(
+        "xss-run", success=False, reward=0.0, source="test", labels={"note": XSS_JSON}
+    )
+    return "xss-run"
+
+
+def _add_training_artifacts(home: Path, env_id: str | None) -> None:
+    """An evaluated adapter and one recorded night, as the training stage writes them."""
+    from tracegym.training.adapters import write_json_atomic
+    from tracegym.training.evaluate import rate
+    from tracegym.training.nightly import record_night
+
+    folder = home / "adapters" / "lora-demo"
+    folder.mkdir(parents=True)
+    row = {
+        "env_id": env_id,
+        "adapter_id": "lora-demo",
+        "base": rate(6, 20),
+        "adapter": rate(14, 20),
+        "router": rate(13, 20),
+        "gain": 0.4,
+        "p_value": 0.005,
+        "promoted": True,
+        "reason": "held-out gain +0.40 is significant (p=0.005 < 0.05)",
+    }
+    write_json_atomic(
+        folder / "meta.json",
+        {
+            "version": 1,
+            "adapter_id": "lora-demo",
+            "capability": {
+                "id": "gap-x",
+                "name": "demo capability",
+                "env_id": env_id,
+                "family": "grounding",
+            },
+            "base_model": {"name": "tiny"},
+            "data_hash": "d",
+            "hyperparameters": {},
+            "metrics": {"train": {}, "eval": row},
+            "promoted": True,
+            "promotion": row["reason"],
+            "created_at": "2026-01-02T00:00:00Z",
+        },
+    )
+    night = home / "nightly" / "2026-01-02"
+    night.mkdir(parents=True)
+    report = {"date": "2026-01-02", "evaluation": [row], "routing": {"accuracy": 0.9, "n": 20}}
+    write_json_atomic(night / "report.json", report)
+    stages = {s: "done" for s in ("compact", "analyze", "synthesize", "train", "evaluate")}
+    (home / "nightly" / "history.jsonl").write_text(
+        json.dumps(
+            {
+                "date": "2026-01-02",
+                "finished_at": "2026-01-02T03:00:00Z",
+                "stages": stages,
+                "report": str(night / "report.json"),
+            }
+        )
+        + "\n"
+    )
+    results = {s: {"status": "done"} for s in (*stages, "report")}
+    results["analyze"]["gaps"] = 3
+    results["train"]["trained"] = ["lora-demo"]
+    results["evaluate"]["rows"] = [row]
+    record_night(home, "2026-01-02", results, night / "report.json")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tracegym.analysis.embeddings import Embedder
+    from tracegym.analysis.pipeline import analyze
+    from tracegym.examples.support_agent import run_demo
+    from tracegym.synthesis.pipeline import synthesize
+    from tracegym.synthesis.policies import NoisyOraclePolicy
+
+    class HashedEmbedder(Embedder):
+        def _load_model(self) -> Any:
+            return _HashModel()
+
+    home = tmp_path_factory.mktemp("dashboard")
+    saved = state.tracer, state.settings
+    tg.init(home=home, provider=TracerProvider(), capture_messages=True)
+    run_demo(n_tasks=40, seed=1)
+    _xss_run()
+    tg.shutdown()
+    state.tracer, state.settings = saved
+    analyze(home, embedder=HashedEmbedder(home / "cache"))
+    # A gap whose name and evidence are hostile too: gap names reach the chart JSON.
+    document = json.loads((home / "gaps.json").read_text())
+    document["gaps"].append(
+        {
+            "id": "gap-xss",
+            "rank": len(document["gaps"]) + 1,
+            "name": XSS_JSON,
+            "key": XSS_IMG,
+            "kind": "finding",
+            "detector": "xss_detector",
+            "description": XSS_SCRIPT,
+            "coverage": 0.5,
+            "delta": 0.5,
+            "stability": 10,
+            "failed_runs_lacking": 1,
+            "successful_runs_lacking": 0,
+            "tools": ["lookup"],
+            "examples": [
+                {
+                    "trace_id": _trace_of(home, "xss-run"),
+                    "run_id": "xss-run",
+                    "step": 1,
+                    "position": 1,
+                    "agent": "xss-agent",
+                    "span_ids": [],
+                    "evidence": XSS_IMG,
+                }
+            ],
+            "signatures": [XSS_SCRIPT],
+        },
+    )
+    (home / "gaps.json").write_text(json.dumps(document))
+    report = synthesize(
+        home,
+        policy=NoisyOraclePolicy(0.3),
+        n_train=10,
+        n_heldout=10,
+        validity_seeds=10,
+        calibration_seeds=8,
+        k=2,
+    )
+    env_id = report.environments[0]["env_id"] if report.environments else None
+    _add_training_artifacts(home, env_id)
+    from tracegym.store.store import Store
+
+    Store(home).close()  # compact, as the batch job would
+    return home
+
+
+def _trace_of(home: Path, run_id: str) -> str:
+    from tracegym.store.store import Store
+
+    with Store(home, compact_on_open=False) as store:
+        return store.sql("SELECT trace_id FROM traces WHERE run_id = $r", {"r": run_id}).fetchall()[
+            0
+        ][0]
+
+
+class Server:
+    """The dashboard app on a free loopback port, in a thread."""
+
+    def __init__(self, home: Path, token: str | None = None, loopback: bool = True) -> None:
+        import uvicorn
+        from tracegym.dashboards.app import create_app
+
+        app = create_app(home, token=token, loopback=loopback)
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the dashboard did not start"
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, str, Any]:
+        request = urllib.request.Request(self.url + path, headers=headers or {})
+
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+                return None
+
+        opener = urllib.request.build_opener(NoRedirect)
+        try:
+            with opener.open(request, timeout=60) as response:
+                return response.status, response.read().decode(), response.headers
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(), exc.headers
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def server(home: Path) -> Iterator[Server]:
+    running = Server(home)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def xss_trace(home: Path) -> str:
+    return _trace_of(home, "xss-run")
+
+
+def _gaps(home: Path) -> list[dict[str, Any]]:
+    return json.loads((home / "gaps.json").read_text())["gaps"]
+
+
+# HTTP ----------------------------------------------------------------------------------------
+PAGES = ["/", "/runs", "/gaps", "/environments", "/adapters"]
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_pages_answer_with_security_headers(server: Server, path: str):
+    status, body, headers = server.get(path)
+    assert status == 200, body[:500]
+    csp = headers["content-security-policy"]
+    assert (
+        "script-src 'self'" in csp
+        and "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
+    )
+    assert headers["x-content-type-options"] == "nosniff"
+    assert "<script>" not in body  # no inline script at all: only src= and JSON data islands
+
+
+def test_overview_shows_counts_tools_findings_and_nights(server: Server, home: Path):
+    _, body, _ = server.get("/")
+    assert "41</b><span>runs" in body
+    assert "get_order" in body and "2026-01-02" in body
+    assert _gaps(home)[0]["detector"] in body
+
+
+def test_runs_filters_and_pagination(server: Server, xss_trace: str):
+    _, everything, _ = server.get("/runs")
+    assert "41 runs" in everything and "page 1 of 1" in everything
+    _, failed, _ = server.get("/runs?outcome=failure")
+    _, succeeded, _ = server.get("/runs?outcome=success")
+    n_failed = int(failed.split('id="run-count">')[1].split(" ")[0])
+    n_ok = int(succeeded.split('id="run-count">')[1].split(" ")[0])
+    assert n_failed + n_ok == 41 and n_failed > 0
+    _, by_agent, _ = server.get("/runs?agent=xss-agent")
+    assert "1 run matching" in by_agent and f"/run/{xss_trace}" in by_agent
+    _, by_text, _ = server.get("/runs?q=" + urllib.parse.quote("onerror"))
+    assert f"/run/{xss_trace}" in by_text
+    _, by_tool, _ = server.get("/runs?tool=render")
+    assert "1 run matching" in by_tool
+    _, by_finding, _ = server.get("/runs?finding=gap-xss")
+    assert "1 run matching" in by_finding
+    _, future, _ = server.get("/runs?since=2999-01-01")
+    assert "0 runs matching" in future
+    _, odd, _ = server.get("/runs?page=abc&since=not-a-date&q=%27%3B+DROP+VIEW+spans%3B--")
+    assert "0 runs matching" in odd
+    status, _, _ = server.get("/runs")
+    assert status == 200  # the views survived the quote in the search text
+
+
+def test_run_page_escapes_hostile_content(server: Server, xss_trace: str):
+    status, body, _ = server.get(f"/run/{xss_trace}")
+    assert status == 200
+    assert "&lt;script&gt;window.__xss = 1; alert(1)&lt;/script&gt;" in body
+    assert "&lt;img src=x onerror=" in body
+    assert XSS_SCRIPT not in body and "<img src=x" not in body and XSS_JSON not in body
+    assert "failure" in body and "note" in body  # the outcome and its labels
+    status, by_run_id, _ = server.get("/run/xss-run")
+    assert status == 200 and xss_trace in by_run_id
+    assert server.get("/run/nope")[0] == 404
+
+
+def test_gap_chart_json_is_escaped_in_its_data_island(server: Server):
+    _, body, _ = server.get("/gaps")
+    island = body.split('<script type="application/json" id="gaps-data">')[1].split("</script>")[0]
+    assert "<" not in island and "\\u003c/script\\u003e" in island
+    assert json.loads(island)["names"]["gap-xss"] == XSS_JSON
+
+
+def test_run_page_shows_provenance_findings_and_decisive_step(server: Server, home: Path):
+    gap = _gaps(home)[0]
+    example = gap["examples"][0]
+    _, body, _ = server.get(f"/run/{example['trace_id']}")
+    assert f'id="span-{example["span_ids"][0]}"' in body
+    assert gap["name"] in body and "decisive step" in body
+    from tracegym.store.store import Store
+
+    with Store(home, compact_on_open=False) as store:
+        trace_id, write = store.sql(
+            "SELECT trace_id, source_write_span_ids[1] FROM memory_ops "
+            "WHERE source_write_span_ids[1] IS NOT NULL ORDER BY trace_id LIMIT 1"
+        ).fetchall()[0]
+    _, body, _ = server.get(f"/run/{trace_id}")
+    assert "read content written by" in body and f"#span-{write}" in body
+
+
+def test_sql_box_reads_and_refuses_writes(server: Server):
+    sql = "SELECT tool, count(*) AS n FROM tool_calls GROUP BY tool ORDER BY n DESC"
+    status, body, _ = server.get("/runs?sql=" + urllib.parse.quote(sql))
+    assert status == 200 and 'id="sql-result"' in body and "get_order" in body
+    for refused in [
+        "DROP VIEW spans",
+        "CREATE TABLE x AS SELECT 1",
+        "SELECT 1; SELECT 2",
+        "COPY (SELECT 1) TO '/tmp/x.csv'",
+        "INSTALL httpfs",
+        "ATTACH 'x.db'",
+        "SET enable_external_access = true",
+    ]:
+        status, body, _ = server.get("/runs?sql=" + urllib.parse.quote(refused))
+        assert status == 400 and 'id="sql-error"' in body and "refused" in body, refused
+    status, body, _ = server.get(
+        "/runs?sql=" + urllib.parse.quote("SELECT * FROM read_text('/etc/passwd')")
+    )
+    assert status == 400 and "root:" not in body and "Permission" in body
+    status, body, _ = server.get("/runs?sql=" + urllib.parse.quote("SELECT * FROM nowhere"))
+    assert status == 400 and "nowhere" in body
+    assert server.get("/runs?sql=SELECT+count(*)+FROM+spans")[0] == 200
+
+
+def test_environment_and_adapter_pages(server: Server, home: Path):
+    from tracegym.synthesis.registry import list_envs
+
+    env = list_envs(home)[0]
+    _, body, _ = server.get("/environments")
+    assert env["env_id"] in body
+    status, body, _ = server.get(f"/environments/{env['env_id']}")
+    assert status == 200 and 'id="oracle"' in body and "Validity" in body and "pass@1" in body
+    assert server.get("/environments/none-such")[0] == 404
+    _, body, _ = server.get("/adapters")
+    assert "lora-demo" in body and "promoted" in body and "Routing accuracy 90.0%" in body
+    assert "[" in body and "n=20" in body  # Wilson intervals
+
+
+def test_token_guard_and_loopback_host_check(home: Path):
+    guarded = Server(home, token="s3cret")
+    try:
+        assert guarded.get("/")[0] == 401
+        assert guarded.get("/", {"Authorization": "Bearer wrong"})[0] == 401
+        assert guarded.get("/", {"Authorization": "Bearer s3cret"})[0] == 200
+        status, _, headers = guarded.get("/runs?token=s3cret&outcome=failure")
+        assert status == 303 and headers["location"] == "/runs?outcome=failure"
+        cookie = headers["set-cookie"].split(";")[0]
+        assert "httponly" in headers["set-cookie"].lower()
+        assert guarded.get("/runs", {"Cookie": cookie})[0] == 200
+        assert (
+            guarded.get("/", {"Host": "evil.example:80", "Authorization": "Bearer s3cret"})[0]
+            == 400
+        )
+    finally:
+        guarded.stop()
+
+
+def test_read_only_checks_and_helpers():
+    from tracegym.dashboards.db import check_single_select
+    from tracegym.dashboards.security import is_loopback
+    from tracegym.store.store import ReadOnlyError
+
+    check_single_select("WITH x AS (SELECT 1) SELECT * FROM x")
+    for sql in ["DELETE FROM spans", "PRAGMA version", "SELECT 1; DROP TABLE x"]:
+        with pytest.raises(ReadOnlyError):
+            check_single_select(sql)
+    with pytest.raises(ValueError):
+        check_single_select("SELEC 1")
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")
+
+
+def test_command_registers_and_serve_generates_a_token(monkeypatch: pytest.MonkeyPatch, home: Path):
+    import typer
+    import uvicorn
+    from tracegym.dashboards import commands
+    from typer.testing import CliRunner
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    app = typer.Typer()
+
+    def fail(message: str) -> None:
+        typer.echo(message)
+        raise typer.Exit(2)
+
+    commands.register(app, lambda ctx, h: h, fail)
+
+    @app.command()
+    def other() -> None:  # a second command, so `dashboard` stays a subcommand
+        pass
+
+    done = CliRunner().invoke(app, ["dashboard", "--home", str(home), "--host", "0.0.0.0"])
+    assert done.exit_code == 0, done.output
+    assert seen["host"] == "0.0.0.0" and "?token=" in done.output
+    assert seen["app"].token and seen["app"].token in done.output
+    done = CliRunner().invoke(app, ["dashboard", "--home", str(home), "--port", "9999"])
+    assert seen["port"] == 9999 and seen["app"].token is None and "127.0.0.1:9999" in done.output
+    done = CliRunner().invoke(app, ["dashboard", "--home", str(home / "missing")])
+    assert done.exit_code == 2 and "no tracegym home" in done.output
+
+
+# Browser -------------------------------------------------------------------------------------
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    path = os.environ.get("TRACEGYM_CHROMIUM")
+    return path if path and Path(path).exists() else None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    executable = _chromium()
+    if executable is None:
+        pytest.skip("no chromium on PATH (CI installs Debian's: apt-get install -y chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=executable,
+            headless=True,
+            args=["--no-sandbox", "--disable-dev-shm-usage"],
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def context(browser: Any) -> Iterator[Any]:
+    """One browser context for the module: plotly.min.js is fetched once, then cached."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    yield context
+    context.close()
+
+
+@pytest.fixture
+def page(context: Any) -> Iterator[Any]:
+    """A fresh page that records dialogs (alert() must never run) and page errors."""
+    page = context.new_page()
+    page.dialogs = []
+    page.errors = []
+
+    def on_dialog(dialog: Any) -> None:
+        page.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", on_dialog)
+    page.on("pageerror", lambda exc: page.errors.append(str(exc)))
+    yield page
+    page.close()
+
+
+def _shot(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def _clean(page: Any) -> None:
+    assert page.dialogs == [], page.dialogs
+    assert page.evaluate("window.__xss") is None
+    assert page.errors == [], page.errors
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "selector"),
+    [
+        ("overview", "/", "#chart-daily[data-drawn]"),
+        ("runs", "/runs", "#runs-table a.run-link"),
+        ("gaps", "/gaps", "#chart-map[data-drawn]"),
+        ("environments", "/environments", "a.env-link"),
+        ("adapters", "/adapters", "#chart-adapters[data-drawn]"),
+    ],
+)
+def test_browser_pages_load_with_data(
+    page: Any, server: Server, name: str, path: str, selector: str
+):
+    page.goto(server.url + path)
+    page.wait_for_selector(selector, timeout=30000)
+    _shot(page, name)
+    _clean(page)
+
+
+def test_browser_gap_evidence_is_one_click_away(page: Any, server: Server, home: Path):
+    gap = _gaps(home)[0]
+    page.goto(server.url + "/gaps")
+    page.locator(f'tr[id="{gap["id"]}"] a.evidence-link').first.click()
+    page.wait_for_selector("#waterfall")
+    assert gap["examples"][0]["trace_id"] in page.url
+    span = page.locator(f'details[id="span-{gap["examples"][0]["span_ids"][0]}"]')
+    assert span.get_attribute("open") is not None  # the evidence span is opened
+    assert page.locator("details.span.decisive").count() == 1
+    _shot(page, "run")
+    _clean(page)
+    page.goto(server.url + "/environments")
+    page.locator("a.env-link").first.click()
+    page.wait_for_selector("#oracle")
+    _shot(page, "environment")
+    _clean(page)
+
+
+def test_browser_sql_box_shows_rows_and_refuses_writes(page: Any, server: Server):
+    page.goto(server.url + "/runs")
+    page.fill("#sql-form textarea", "SELECT agent, count(*) AS runs FROM traces GROUP BY agent")
+    page.click("#sql-form button")
+    page.wait_for_selector("#sql-result")
+    assert "support-agent" in page.inner_text("#sql-result")
+    _shot(page, "runs-sql")
+    page.fill("#sql-form textarea", "DROP VIEW spans")
+    page.click("#sql-form button")
+    page.wait_for_selector("#sql-error")
+    assert "read-only" in page.inner_text("#sql-error")
+    _clean(page)
+
+
+def test_browser_xss_payloads_run_nothing(page: Any, server: Server, xss_trace: str):
+    page.goto(f"{server.url}/run/{xss_trace}")
+    page.wait_for_selector("#waterfall")
+    for details in page.locator("details.span").all():
+        details.evaluate("node => { node.open = true; }")
+    text = page.inner_text("#waterfall")
+    assert "<script>window.__xss = 1" in text and "<img src=x onerror=" in text
+    assert page.locator("#waterfall img").count() == 0
+    _shot(page, "run-xss")
+    _clean(page)
+    # The overview and gaps pages (hostile gap name, description and evidence, also in their
+    # chart JSON) are checked by test_browser_pages_load_with_data; the runs list here.
+    page.goto(server.url + "/runs?q=onerror")
+    page.wait_for_selector("#runs-table a.run-link")
+    _clean(page)
