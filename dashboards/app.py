@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -122,10 +123,10 @@ def create_app(home: str | Path, *, token: str | None = None, loopback: bool = T
 
     def run(request: Request) -> Response:
         ident = request.path_params["trace_id"]
-        trace_id = pages.resolve(ctx, ident)
-        if trace_id is None:
+        found = pages.resolve(ctx, ident)
+        if found is None:
             return render(request, "missing.html", "runs", 404, what=f"run {ident}")
-        return render(request, "run.html", "runs", **pages.run(ctx, trace_id))
+        return render(request, "run.html", "runs", **pages.run(ctx, *found))
 
     def gaps(request: Request) -> Response:
         return render(request, "gaps.html", "gaps", **pages.gaps(ctx))
@@ -175,6 +176,7 @@ def create_app(home: str | Path, *, token: str | None = None, loopback: bool = T
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         ctx.findings.start()  # fit the detectors in the background while pages are served
+        threading.Thread(target=pages.warm, args=(ctx,), daemon=True).start()
         yield
         db.close()
         sql_box.close()

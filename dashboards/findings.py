@@ -13,57 +13,64 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from tracegym.dashboards import queries
 from tracegym.dashboards.db import Database
 
 SAMPLE_RUNS = 300
 
-_STEP_COLUMNS = [
-    "trace_id",
-    "span_id",
-    "parent_span_id",
-    "name",
-    "operation",
-    "agent",
-    "step_index",
-    "tool",
-    "call_id",
-    "input",
-    "output",
-    "status",
-    "error_type",
-    "start_ns",
-    "end_ns",
-    "duration_ms",
-    "input_tokens",
-    "output_tokens",
-    "memory_store",
-    "memory_record",
-    "memory_content_hash",
-    "memory_result_hashes",
-    "subtask",
-    "attributes",
-]
+
+def latest_outcome(trace_id: str, spans: list[dict[str, Any]], outcomes: list[dict[str, Any]]):
+    """The run's latest outcome record among those naming its trace id or run id."""
+    targets = set(queries.run_targets(trace_id, spans))
+    mine = [o for o in outcomes if o["target"] in targets]
+    return max(mine, key=lambda o: o["start_ns"] or 0) if mine else None
+
+
+def fetch(db: Database, trace_ids: list[str]) -> dict[str, Any]:
+    """Spans (by trace), provenance (by read span) and outcomes (by trace) of these runs."""
+    spans = db.query(*_args(queries.run_spans(trace_ids))).dicts()
+    provenance = {
+        p["span_id"]: p for p in db.query(*_args(queries.run_provenance(trace_ids))).dicts()
+    }
+    by_trace: dict[str, list[dict[str, Any]]] = {t: [] for t in trace_ids}
+    for span in spans:
+        by_trace.setdefault(span["trace_id"], []).append(span)
+        link = provenance.get(span["span_id"])
+        span["source_write_span_ids"] = link["source_write_span_ids"] if link else None
+        span["source_write_trace_ids"] = link["source_write_trace_ids"] if link else None
+    targets = sorted({t for tid, rows in by_trace.items() for t in queries.run_targets(tid, rows)})
+    outcomes = db.query(*_args(queries.run_outcomes(targets))).dicts() if targets else []
+    return {
+        "spans": by_trace,
+        "outcomes": {t: latest_outcome(t, rows, outcomes) for t, rows in by_trace.items()},
+    }
+
+
+def _args(query: queries.Query) -> tuple[str, dict[str, Any]]:
+    return query.sql, query.params
+
+
+def build(trace_id: str, spans: list[dict[str, Any]], outcome: dict[str, Any] | None) -> Any:
+    """An `analysis.runs.Run` from the rows `fetch` returned."""
+    from tracegym.analysis.runs import build_runs
+
+    root = next((s for s in spans if s["parent_span_id"] is None), spans[0] if spans else {})
+    trace = {
+        "trace_id": trace_id, "run_id": root.get("run_id"), "agent": root.get("agent"),
+        "success": outcome["success"] if outcome else None,
+        "reward": outcome["reward"] if outcome else None,
+        "outcome_source": outcome["source"] if outcome else None,
+        "outcome_labels": outcome["labels"] if outcome else None,
+    }  # fmt: skip
+    return build_runs(spans, [trace])[0]
 
 
 def load_runs(db: Database, trace_ids: list[str]) -> list[Any]:
-    """`analysis.runs.Run`s for these traces (parameterised, unlike `load_runs(where=...)`)."""
-    from tracegym.analysis.runs import build_runs
-
+    """`analysis.runs.Run`s for these traces, loaded by parameters only."""
     if not trace_ids:
         return []
-    traces = db.query(
-        "SELECT trace_id, run_id, agent, success, reward, outcome_source, outcome_labels "
-        "FROM traces WHERE list_contains($ids, trace_id) ORDER BY start_time, trace_id",
-        {"ids": trace_ids},
-    )
-    columns = ", ".join(f"s.{c}" for c in _STEP_COLUMNS)
-    steps = db.query(
-        f"SELECT {columns}, m.source_write_span_ids FROM spans s "
-        "LEFT JOIN memory_ops m ON m.span_id = s.span_id AND m.trace_id = s.trace_id "
-        "WHERE list_contains($ids, s.trace_id)",
-        {"ids": trace_ids},
-    )
-    return build_runs(steps.dicts(), traces.dicts())
+    got = fetch(db, trace_ids)
+    return [build(t, got["spans"][t], got["outcomes"][t]) for t in trace_ids if got["spans"][t]]
 
 
 class FindingsModel:
@@ -113,17 +120,9 @@ class FindingsModel:
         self.start()
         return self._ready.wait(timeout)
 
-    def analyse(self, trace_id: str, timeout: float = 0.5) -> dict[str, Any]:
-        """{"findings", "attribution", "note"} for one run; never raises."""
+    def analyse(self, run: Any, timeout: float = 0.5) -> dict[str, Any]:
+        """{"findings", "attribution", "note"} for one `Run`; never raises."""
         out: dict[str, Any] = {"findings": [], "attribution": None, "note": None}
-        try:
-            runs = load_runs(self.db, [trace_id])
-        except Exception as exc:
-            out["note"] = f"cannot load the run for analysis: {exc}"
-            return out
-        if not runs:
-            return out
-        run = runs[0]
         findings: list[Any] = []
         if not self.wait(timeout):
             out["note"] = "the detectors are still being fitted; reload for their findings"

@@ -6,6 +6,7 @@ to the page as JSON through Jinja's `tojson` (which escapes `<`, `>`, `&` and qu
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import math
@@ -13,9 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracegym.dashboards import artifacts, clusters, queries
+from tracegym.dashboards import artifacts, clusters, findings, queries
 from tracegym.dashboards.db import Database, Result
-from tracegym.dashboards.findings import FindingsModel
 
 
 @dataclass
@@ -24,7 +24,7 @@ class Context:
 
     home: Path
     db: Database
-    findings: FindingsModel
+    findings: findings.FindingsModel
 
     def run(self, query: queries.Query, cap: int | None = None) -> Result:
         return self.db.query(query.sql, query.params, cap=cap)
@@ -51,8 +51,9 @@ def pretty(text: Any) -> str:
 
 # Overview -------------------------------------------------------------------------------------
 def overview(ctx: Context) -> dict[str, Any]:
-    daily, tools, nightly = (ctx.run(q) for q in queries.overview())
-    days = daily.dicts()
+    summary, nightly = (ctx.run(q) for q in queries.overview())
+    days, tools = summary.rows[0] if summary.rows else ([], [])
+    days, tools = days or [], tools or []
     document, gaps_note = artifacts.gaps_document(ctx.home)
     by_detector: dict[str, dict[str, Any]] = {}
     for gap in document["gaps"]:
@@ -79,9 +80,9 @@ def overview(ctx: Context) -> dict[str, Any]:
             else None
             for d in days
         ],
-        "tools": [r["tool"] for r in tools.dicts()],
-        "tool_errors": [r["errors"] for r in tools.dicts()],
-        "tool_failed_runs": [r["failed_runs"] for r in tools.dicts()],
+        "tools": [r["tool"] for r in tools],
+        "tool_errors": [r["errors"] for r in tools],
+        "tool_failed_runs": [r["failed_runs"] for r in tools],
         "nights": [str(n["date"]) for n in stored_nights],
         "night_gaps": [n["gaps"] for n in stored_nights],
         "night_promoted": [n["adapters_promoted"] for n in stored_nights],
@@ -89,7 +90,7 @@ def overview(ctx: Context) -> dict[str, Any]:
     }
     return {
         "totals": totals,
-        "tools": tools.dicts(),
+        "tools": tools,
         "detectors": sorted(by_detector.values(), key=lambda e: -e["failed_runs"]),
         "gaps": document["gaps"][:5],
         "gaps_note": gaps_note,
@@ -171,9 +172,16 @@ def runs(ctx: Context, filters: queries.RunFilters) -> dict[str, Any]:
 
 
 # One run --------------------------------------------------------------------------------------
-def resolve(ctx: Context, ident: str) -> str | None:
+def resolve(ctx: Context, ident: str) -> tuple[str, dict[str, Any]] | None:
+    """(trace id, `findings.fetch` rows) for a trace id, else for a run id; None if neither."""
+    got = findings.fetch(ctx.db, [ident])
+    if got["spans"][ident]:
+        return ident, got
     found = ctx.run(queries.resolve_run(ident))
-    return found.rows[0][0] if found.rows else None
+    if not found.rows:
+        return None
+    trace_id = found.rows[0][0]
+    return trace_id, findings.fetch(ctx.db, [trace_id])
 
 
 def _tree(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -193,15 +201,17 @@ def _tree(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return ordered
 
 
-def run(ctx: Context, trace_id: str) -> dict[str, Any]:
-    spans_q, outcome_q, memory_q = queries.run(trace_id)
-    spans = ctx.run(spans_q).dicts()
+def _cut(text: Any) -> Any:
+    return text[: queries.VALUE_CHARS] if isinstance(text, str) else text
+
+
+def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
+    spans = got["spans"][trace_id]
     truncated = len(spans) > queries.MAX_RUN_SPANS
     spans = spans[: queries.MAX_RUN_SPANS]
-    outcome = ctx.run(outcome_q).dicts()
-    memory = {m["span_id"]: m for m in ctx.run(memory_q).dicts()}
+    outcome = got["outcomes"][trace_id]
     evidence = artifacts.gap_evidence(ctx.home).get(trace_id, [])
-    analysis = ctx.findings.analyse(trace_id)
+    analysis = ctx.findings.analyse(findings.build(trace_id, spans, outcome))
     flagged: dict[str, list[str]] = {}
     for e in evidence:
         for span_id in e.get("span_ids") or []:
@@ -221,14 +231,23 @@ def run(ctx: Context, trace_id: str) -> dict[str, Any]:
         s1 = (span["end_ns"] or span["start_ns"] or start) - start
         span["offset_pct"] = round(100 * s0 / width, 3)
         span["width_pct"] = round(max(100 * (s1 - s0) / width, 0.3), 3)
+        span["input_chars"] = len(span["input"] or "")
+        span["output_chars"] = len(span["output"] or "")
+        span["input"], span["output"] = _cut(span["input"]), _cut(span["output"])
         span["input_pretty"] = pretty(span["input"])
         span["output_pretty"] = pretty(span["output"])
-        span["attributes_pretty"] = pretty(span["attributes"])
+        span["attributes_pretty"] = pretty(_cut(span["attributes"]))
         span["events_pretty"] = pretty(span["events"]) if span["events"] not in ("[]", None) else ""
-        span["memory"] = memory.get(span["span_id"])
+        span["memory"] = (
+            {"operation": span["operation"], "store": span["memory_store"],
+             "record_id": span["memory_record"],
+             "source_write_span_ids": span["source_write_span_ids"],
+             "source_write_trace_ids": span["source_write_trace_ids"]}
+            if span["memory_store"] or span["source_write_span_ids"] else None
+        )  # fmt: skip
         span["flags"] = flagged.get(span["span_id"], [])
         span["decisive"] = span["span_id"] == decisive
-    result = outcome[0] if outcome else None
+    result = dict(outcome) if outcome else None
     if result is not None:
         labels = result.get("labels")
         try:
@@ -278,6 +297,12 @@ def gaps(ctx: Context) -> dict[str, Any]:
         "map_note": cluster_map["note"],
         "chart": chart,
     }
+
+
+def warm(ctx: Context) -> None:
+    """Compute the signature map ahead of the first visit (loading the cache takes seconds)."""
+    with contextlib.suppress(Exception):  # the page shows the problem when visited
+        gaps(ctx)
 
 
 # Environments and adapters --------------------------------------------------------------------

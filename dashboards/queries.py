@@ -12,6 +12,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracegym.tracer import semconv as sc
+
 PAGE_SIZE = 50
 MAX_RUN_SPANS = 5000  # the waterfall shows a run's first spans; a bigger run says it was cut
 VALUE_CHARS = 20000  # characters of one argument/result sent to the page
@@ -28,28 +30,36 @@ class Query:
 
 # Overview -------------------------------------------------------------------------------------
 def overview() -> list[Query]:
-    """Runs and success rate per day, the most failing tools, the nightly history."""
+    """Runs and success rate per day and the most failing tools in one statement, so that the
+    `outcomes` view (a pass over every span) is computed once; then the nightly history."""
     return [
         Query(
-            "daily",
+            "summary",
             """
-            SELECT CAST(start_time AS DATE) AS day, count(*) AS runs,
-                   count(*) FILTER (WHERE success) AS succeeded,
-                   count(*) FILTER (WHERE NOT success) AS failed,
-                   sum(spans) AS spans, sum(errors) AS errors
-            FROM traces GROUP BY day ORDER BY day
-            """,
-        ),
-        Query(
-            "tools",
-            """
-            SELECT t.tool, count(*) AS calls,
-                   count(*) FILTER (WHERE t.status = 'ERROR') AS errors,
-                   count(DISTINCT t.trace_id) FILTER (WHERE o.success = false) AS failed_runs,
-                   round(quantile_cont(t.duration_ms, 0.95), 2) AS p95_ms
-            FROM tool_calls t LEFT JOIN outcomes o USING (trace_id)
-            WHERE t.tool IS NOT NULL
-            GROUP BY t.tool ORDER BY errors DESC, failed_runs DESC, calls DESC LIMIT 15
+            WITH o AS MATERIALIZED (SELECT trace_id, success FROM outcomes),
+            per_trace AS (
+                SELECT trace_id, min(start_ns) AS start_ns, count(*) AS spans,
+                       count(*) FILTER (WHERE status = 'ERROR') AS errors
+                FROM spans GROUP BY trace_id
+            ),
+            daily AS (
+                SELECT CAST(make_timestamp(p.start_ns // 1000) AS DATE) AS day,
+                       count(*) AS runs, count(*) FILTER (WHERE o.success) AS succeeded,
+                       count(*) FILTER (WHERE NOT o.success) AS failed,
+                       sum(p.spans) AS spans, sum(p.errors) AS errors
+                FROM per_trace p LEFT JOIN o USING (trace_id) GROUP BY day
+            ),
+            tools AS (
+                SELECT t.tool, count(*) AS calls,
+                       count(*) FILTER (WHERE t.status = 'ERROR') AS errors,
+                       count(DISTINCT t.trace_id) FILTER (WHERE o.success = false) AS failed_runs,
+                       round(quantile_cont(t.duration_ms, 0.95), 2) AS p95_ms
+                FROM tool_calls t LEFT JOIN o USING (trace_id)
+                WHERE t.tool IS NOT NULL GROUP BY t.tool
+            )
+            SELECT (SELECT list(daily ORDER BY day) FROM daily) AS daily,
+                   (SELECT list(tools ORDER BY errors DESC, failed_runs DESC, calls DESC)[:15]
+                    FROM tools) AS tools
             """,
         ),
         Query(
@@ -144,44 +154,120 @@ def run_options() -> list[Query]:
 
 # One run --------------------------------------------------------------------------------------
 def resolve_run(ident: str) -> Query:
-    """A trace id or a run id -> the trace id (exact matches only)."""
+    """A run id -> its trace id (exact matches only; a trace id is tried first, by `run`)."""
     return Query(
         "resolve",
-        "SELECT trace_id FROM spans WHERE trace_id = $id OR run_id = $id LIMIT 1",
+        "SELECT trace_id FROM spans WHERE run_id = $id LIMIT 1",
         {"id": ident},
     )
 
 
+STEP_COLUMNS = [
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "operation",
+    "agent",
+    "step_index",
+    "tool",
+    "call_id",
+    "input",
+    "output",
+    "status",
+    "error_type",
+    "start_ns",
+    "end_ns",
+    "duration_ms",
+    "input_tokens",
+    "output_tokens",
+    "memory_store",
+    "memory_record",
+    "memory_content_hash",
+    "memory_result_hashes",
+    "subtask",
+    "attributes",
+]  # what `tracegym.analysis.runs.build_runs` reads of a span
+
+
+def run_spans(trace_ids: list[str]) -> Query:
+    """The runs' spans, with what the waterfall and the detectors read (first spans only)."""
+    columns = ", ".join(STEP_COLUMNS)
+    return Query(
+        "spans",
+        f"""
+        SELECT {columns}, status_message, model, run_id, CAST(events AS VARCHAR) AS events
+        FROM spans WHERE list_contains($ids, trace_id)
+        ORDER BY trace_id, start_ns, span_id LIMIT {MAX_RUN_SPANS * len(trace_ids) + 1}
+        """,
+        {"ids": trace_ids},
+    )
+
+
+def run_outcomes(targets: list[str]) -> Query:
+    """The latest outcome recorded for each target (run ids and trace ids), read from the
+    outcome records directly: the `outcomes` view maps every run id of the store first, a
+    pass over all spans a single run does not need. Same fields and rule (latest wins)."""
+
+    def attr(key: str) -> str:
+        return f"json_extract_string(attributes, '$.\"{key}\"')"
+
+    return Query(
+        "outcomes",
+        f"""
+        SELECT {attr(sc.OUTCOME_TARGET)} AS target,
+               TRY_CAST({attr(sc.OUTCOME_SUCCESS)} AS BOOLEAN) AS success,
+               TRY_CAST({attr(sc.OUTCOME_REWARD)} AS DOUBLE) AS reward,
+               {attr(sc.OUTCOME_SOURCE)} AS source, {attr(sc.OUTCOME_LABELS)} AS labels,
+               start_time AS recorded_at, start_ns
+        FROM _outcome_spans WHERE list_contains($targets, {attr(sc.OUTCOME_TARGET)})
+        ORDER BY start_ns
+        """,
+        {"targets": targets},
+    )
+
+
+def run_provenance(trace_ids: list[str]) -> Query:
+    """For each memory read of these runs, the write that stored each record it returned: the
+    latest earlier update_memory of the same store with the same content hash, in any run
+    (the `memory_ops` view's rule, evaluated for these runs' reads only)."""
+    return Query(
+        "provenance",
+        f"""
+        WITH returned AS (
+            SELECT span_id, memory_store AS store, start_ns,
+                   unnest(memory_result_hashes) AS hash,
+                   generate_subscripts(memory_result_hashes, 1) AS position
+            FROM spans
+            WHERE list_contains($ids, trace_id) AND operation = '{sc.OP_MEMORY_SEARCH}'
+        ),
+        writes AS (
+            SELECT memory_store AS store, memory_content_hash AS content_hash, end_ns,
+                   trace_id AS w_trace, span_id AS w_span
+            FROM spans
+            WHERE operation = '{sc.OP_MEMORY_UPDATE}' AND memory_content_hash IS NOT NULL
+              AND memory_content_hash IN (SELECT hash FROM returned)
+        )
+        SELECT r.span_id,
+               list(w.w_span ORDER BY r.position) AS source_write_span_ids,
+               list(w.w_trace ORDER BY r.position) AS source_write_trace_ids
+        FROM returned r
+        ASOF LEFT JOIN writes w
+            ON r.store = w.store AND r.hash = w.content_hash AND r.start_ns >= w.end_ns
+        GROUP BY r.span_id
+        """,
+        {"ids": trace_ids},
+    )
+
+
 def run(trace_id: str) -> list[Query]:
-    """The run's spans (capped), its outcome and its memory operations with provenance."""
-    p = {"t": trace_id}
-    return [
-        Query(
-            "spans",
-            f"""
-            SELECT span_id, parent_span_id, name, operation, agent, tool, model, step_index,
-                   start_ns, end_ns, duration_ms, status, status_message, error_type,
-                   left(input, {VALUE_CHARS}) AS input, left(output, {VALUE_CHARS}) AS output,
-                   length(input) AS input_chars, length(output) AS output_chars,
-                   input_tokens, output_tokens, memory_store, memory_record,
-                   left(CAST(attributes AS VARCHAR), {VALUE_CHARS}) AS attributes,
-                   left(CAST(events AS VARCHAR), {VALUE_CHARS}) AS events, run_id
-            FROM spans WHERE trace_id = $t ORDER BY start_ns, span_id LIMIT {MAX_RUN_SPANS + 1}
-            """,
-            p,
-        ),
-        Query(
-            "outcome",
-            "SELECT success, reward, source, labels, recorded_at FROM outcomes WHERE trace_id = $t",
-            p,
-        ),
-        Query(
-            "memory",
-            "SELECT span_id, operation, store, record_id, content_hash, result_record_ids, "
-            "source_write_span_ids, source_write_trace_ids FROM memory_ops WHERE trace_id = $t",
-            p,
-        ),
-    ]
+    """One run's statements (the outcome's targets come from its spans: see `run_targets`)."""
+    return [run_spans([trace_id]), run_provenance([trace_id])]
+
+
+def run_targets(trace_id: str, spans: list[dict[str, Any]]) -> list[str]:
+    """What an outcome of this run may name: its trace id or a run id on its spans."""
+    return sorted({trace_id} | {s["run_id"] for s in spans if s.get("run_id")})
 
 
 def all_queries(trace_id: str = "", filters: RunFilters | None = None) -> dict[str, list[Query]]:
@@ -189,5 +275,5 @@ def all_queries(trace_id: str = "", filters: RunFilters | None = None) -> dict[s
     return {
         "overview": overview(),
         "runs": [runs(filters or RunFilters(), None), *run_options()],
-        "run": [resolve_run(trace_id), *run(trace_id)],
+        "run": [resolve_run(trace_id), *run(trace_id), run_outcomes([trace_id])],
     }
