@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tracegym.training.model import Policy
-from tracegym.training.rollout import rollout
+from tracegym.training.rollout import rollout, rollout_batched
+from tracegym.training.router import COMBINED
 
 ALPHA = 0.05
 Z95 = 1.959963984540054
@@ -65,8 +66,19 @@ def decide(base: dict[str, Any], adapted: dict[str, Any], alpha: float = ALPHA) 
     return False, f"held-out gain {gain:+.2f} is not significant (p={p:.3g} >= {alpha})"
 
 
-def _run(policy: Policy, env: Any, seeds: Sequence[int], adapter: str | None, **kw: Any) -> int:
-    return sum(rollout(policy, env, s, adapter=adapter, **kw).passed for s in seeds)
+def _run(
+    policy: Policy,
+    env: Any,
+    seeds: Sequence[int],
+    adapter: str | None,
+    batch_size: int = 8,
+    **kw: Any,
+) -> int:
+    """Greedy passes over `seeds`, generating for `batch_size` episodes at a time."""
+    if batch_size <= 1:
+        return sum(rollout(policy, env, s, adapter=adapter, **kw).passed for s in seeds)
+    results = rollout_batched(policy, env, seeds, batch_size=batch_size, adapter=adapter, **kw)
+    return sum(r.passed for r in results)
 
 
 def evaluate_capability(
@@ -106,10 +118,19 @@ def evaluate_capability(
         "router": None,
     }
     if route is not None:
+        # route every task, then run the tasks that got the same adapters together
+        # (a weighted combination is built for its task alone, so those tasks run one by one)
+        groups: dict[str | None, list[int]] = {}
         passed = 0
         for s in seeds:
             use = route(env, s)  # applies the routed adapters (router.apply_weights)
-            passed += rollout(policy, env, s, adapter=use, **rollout_kwargs).passed
+            if use == COMBINED:
+                passed += _run(policy, env, [s], use, **rollout_kwargs)
+            else:
+                groups.setdefault(use, []).append(s)
+        for use, group in groups.items():
+            route(env, group[0])  # the same adapter again
+            passed += _run(policy, env, group, use, **rollout_kwargs)
         row["router"] = rate(passed, len(seeds))
     return row
 

@@ -147,6 +147,11 @@ def tiny_model(
 
 
 # Folders ---------------------------------------------------------------------------------------
+def save_policy(policy: Policy, target: Path) -> None:
+    """Save a policy as a model folder (staged, then renamed into place)."""
+    _save_atomic(policy, Path(target))
+
+
 def _save_atomic(policy: Policy, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))

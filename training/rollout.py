@@ -242,6 +242,26 @@ class Session:
         return out, False
 
 
+class LaneSession:
+    """`Session`'s interface over a `batching.Lane`: the wave holds the KV cache."""
+
+    def __init__(self, lane: Any) -> None:
+        self.lane = lane
+        self.ids: list[int] = []
+        self.max_length = lane.max_length
+
+    def feed(self, ids: Iterable[int]) -> None:
+        self.ids.extend(ids)
+
+    def generate(
+        self, max_new_tokens: int, stop_id: int, temperature: float = 0.0, generator: Any = None
+    ) -> tuple[list[int], bool]:
+        """The wave samples with its own temperature and generators (set when it is made)."""
+        new, full = self.lane.generate(self.ids, max_new_tokens, stop_id)
+        self.ids.extend(new)
+        return new, full
+
+
 # Rollouts --------------------------------------------------------------------------------------
 @dataclass
 class RolloutResult:
@@ -277,8 +297,10 @@ def rollout(
     use_cache: bool = True,
     adapter: str | None = None,
     trace: bool = True,
+    lm: Any = None,
 ) -> RolloutResult:
-    """One episode of `policy` in `env` on `seed` (see the module docstring)."""
+    """One episode of `policy` in `env` on `seed` (see the module docstring). With `lm`, a
+    `batching.Lane`, generation is batched with the lane's other episodes."""
     import tracegym as tg
 
     started = time.perf_counter()
@@ -289,7 +311,7 @@ def rollout(
         {"role": "system", "content": system},
         {"role": "user", "content": str(observation.get("content", ""))},
     ]
-    session = Session(policy, use_cache=use_cache)
+    session: Any = LaneSession(lm) if lm is not None else Session(policy, use_cache=use_cache)
     for m in messages:
         session.feed(encoder.message(m["role"], m["content"])[0])
     budget = min(max_steps or info.get("max_steps", 10), info.get("max_steps", 10))
@@ -383,14 +405,42 @@ def success_rate(
     return sum(r.passed for r in results), len(results), results
 
 
+def rollout_batched(
+    policy: Policy,
+    env: Any,
+    seeds: Iterable[int],
+    *,
+    batch_size: int = 8,
+    temperature: float = 0.0,
+    seed: int = 0,
+    on_done: Any = None,
+    **kwargs: Any,
+) -> list[RolloutResult]:
+    """`[rollout(policy, env, s, **kwargs) for s in seeds]` with generation batched
+    `batch_size` episodes at a time (each episode gets its own copy of `env`)."""
+    import copy
+
+    from tracegym.training.batching import map_batched
+
+    def one(lane: Any, s: int) -> RolloutResult:
+        return rollout(policy, copy.deepcopy(env), s, lm=lane, **kwargs)
+
+    return map_batched(
+        policy, one, list(seeds), batch_size=batch_size, temperature=temperature, seed=seed,
+        on_done=on_done,
+    )  # fmt: skip
+
+
 __all__ = [
     "ChatEncoder",
+    "LaneSession",
     "RolloutResult",
     "Session",
     "describe_tools",
     "format_call",
     "parse_action",
     "rollout",
+    "rollout_batched",
     "success_rate",
     "system_message",
     "to_chat",
