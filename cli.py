@@ -5,6 +5,7 @@
     tracegym [--home DIR] analyze | attribute                           (analysis/commands.py)
     tracegym [--home DIR] synthesize | envs ...                         (synthesis/commands.py)
     tracegym [--home DIR] nightly | train | evaluate | adapters ...     (training/commands.py)
+    tracegym [--home DIR] dashboard                                     (dashboards/commands.py)
 
 Every command works on one data directory: `--home` (before or after the command name), else
 $TRACEGYM_HOME, else ./.tracegym. Bad input ends with a one-line message and exit code 2.
@@ -20,9 +21,11 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from tracegym.analysis.commands import register as register_analysis_commands
 from tracegym.cli_options import HomeOption
+from tracegym.dashboards.commands import register as register_dashboard_commands
 from tracegym.store.commands import register as register_store_commands
 from tracegym.synthesis.commands import register as register_synthesis_commands
 from tracegym.tracer.config import resolve_home
@@ -226,15 +229,74 @@ def _read_summary(home: Path) -> tuple[dict[str, Any], dict[str, int]]:
 @app.command()
 def demo(
     ctx: typer.Context,
-    tasks: Annotated[int, typer.Option("--tasks", min=1, help="Support tickets to run.")] = 40,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the task set and policy.")] = 0,
+    quick: Annotated[bool, typer.Option("--quick", help="A small size, for a first look.")] = False,
+    model: Annotated[
+        str, typer.Option("--model", help="Policy: smollm2 (default), tiny[-SEED] or a folder.")
+    ] = "smollm2",
+    tasks: Annotated[
+        int | None,
+        typer.Option("--tasks", min=1, help="Tasks per split (tickets with --scripted)."),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the task sets.")] = 0,
+    embedder: Annotated[
+        str, typer.Option("--embedder", help="Router embeddings: minilm or hash (no model).")
+    ] = "minilm",
+    scripted: Annotated[
+        bool,
+        typer.Option("--scripted", help="Only run the scripted agent (no model), and summarise."),
+    ] = False,
     home: HomeOption = None,
 ) -> None:
-    """Run the example support agent, traced into the embedded store, and summarise it."""
+    """The main job: the LM support agent's runs -> gaps -> environments -> adapters -> held-out
+    success before and after (see docs/demo.md). `--scripted` runs the scripted agent only."""
+    target = _writable_home(_home(ctx, home))
+    if scripted:
+        _scripted_demo(target, tasks or 40, seed)
+        return
+    from tracegym.examples.demo import DemoConfig
+    from tracegym.examples.demo import run as run_demo
+
+    sizes: dict[str, Any] = {"model": model, "seed": seed, "embedder": embedder}
+    if tasks:
+        sizes.update(dev_tasks=tasks, heldout_tasks=tasks)
+    config = DemoConfig.quick(**sizes) if quick else DemoConfig(**sizes)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    bar = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=console,
+    )  # fmt: skip
+    bars: dict[str, Any] = {}
+
+    def progress(what: str, done: int, total: int) -> None:
+        if not total:  # a message (the nightly's stages)
+            console.print(f"  {escape(what)}", highlight=False)
+            return
+        if what not in bars:
+            bars[what] = bar.add_task(escape(what), total=total)
+        bar.update(bars[what], completed=done, total=total)
+
+    def stage(name: str) -> None:
+        console.print(f"[bold]{name}[/]")
+
+    from tracegym.training.model import ModelError
+
+    try:
+        with bar:
+            report = run_demo(target, config, progress=progress, stage=stage)
+    except ModelError as exc:
+        _fail(str(exc))
+    from tracegym.examples.demo import render_markdown
+
+    typer.echo(render_markdown(report))
+    typer.echo(f"report: {target / 'demo' / 'report.md'}")
+
+
+def _scripted_demo(target: Path, tasks: int, seed: int) -> None:
     import tracegym as tg
     from tracegym.examples.support_agent import run_demo
 
-    target = _writable_home(_home(ctx, home))
     spooled = tg.init(service="tracegym-demo", home=target, capture_messages=True)
     console = Console()
     if spooled is None:
@@ -332,6 +394,7 @@ register_store_commands(app, _home, _fail)
 register_analysis_commands(app, _home, _fail)
 register_synthesis_commands(app, _home, _fail)
 register_training_commands(app, _home, _fail)
+register_dashboard_commands(app, _home, _fail)
 
 if __name__ == "__main__":
     app(prog_name="tracegym")

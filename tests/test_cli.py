@@ -222,7 +222,9 @@ def test_poisoned_note_is_read_back_by_a_later_run():
 # The command --------------------------------------------------------------------------------------
 def test_demo_then_summary_counts_match(tmp_path: Path):
     home = tmp_path / "home"
-    done = _cli("--home", str(home), "demo", "--tasks", "6", "--seed", "3", cwd=tmp_path)
+    done = _cli(
+        "--home", str(home), "demo", "--scripted", "--tasks", "6", "--seed", "3", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert "6 support tickets" in done.stdout
     assert "Traceback" not in done.stderr
@@ -257,7 +259,10 @@ def test_demo_then_summary_counts_match(tmp_path: Path):
 
 def test_outcome_recorded_by_another_process_shows_up(tmp_path: Path):
     home = tmp_path / "home"
-    assert _cli("--home", str(home), "demo", "--tasks", "6", cwd=tmp_path).returncode == 0
+    assert (
+        _cli("--home", str(home), "demo", "--scripted", "--tasks", "6", cwd=tmp_path).returncode
+        == 0
+    )
     before = _summary_json(home)
     run_id = _a_successful_run(home)
     done = _cli(
@@ -311,7 +316,7 @@ def _a_successful_run(home: Path) -> str:
         ["summary", "--home", "{missing}"],
         ["--home", "{missing}", "outcome", "run-1", "--success"],
         ["--home", "{file}", "summary"],
-        ["--home", "{file}", "demo", "--tasks", "1"],
+        ["--home", "{file}", "demo", "--scripted", "--tasks", "1"],
     ],
 )
 def test_bad_home_exits_2_with_a_message(tmp_path: Path, args: list[str]):
@@ -352,7 +357,12 @@ def test_outcome_rejects_bad_input(tmp_path: Path, args: list[str], message: str
 
 
 def test_usage_errors_exit_2(tmp_path: Path):
-    assert runner.invoke(app, ["--home", str(tmp_path), "demo", "--tasks", "0"]).exit_code == 2
+    assert (
+        runner.invoke(
+            app, ["--home", str(tmp_path), "demo", "--scripted", "--tasks", "0"]
+        ).exit_code
+        == 2
+    )
     assert runner.invoke(app, ["outcome", "r", "--reward", "high"]).exit_code == 2
     assert runner.invoke(app, ["no-such-command"]).exit_code == 2
 

@@ -1,0 +1,419 @@
+"""`tracegym demo`: the main job end to end on the bundled LM support agent.
+
+    prepare   the policy: SmolLM2 (or any model) plus a short base fine-tune on demonstrations
+              whose task mix is uneven (`BASE_MIX`: some requests common, others rare), cached
+              under <home>/models/ after the first time
+    dev       the base agent on the development tasks, traced into <home> like any user's agent
+    nightly   tracegym's nightly job: compaction, analysis (gaps), synthesis (environments),
+              training (one adapter per gap), evaluation (promotion)
+    heldout   the base agent and the routed agent (promoted adapters, chosen per task by the
+              router) on the held-out tasks, also traced
+    report    <home>/demo/report.md and report.json: gaps (coverage, delta, an example failed
+              run and its attributed step), environments, adapters, held-out success before and
+              after with 95% Wilson intervals, and where to look next
+
+Nothing in analysis, synthesis or training is told which requests are weak: `BASE_MIX` shapes
+the base model only, and the nightly job reads nothing but the traces. Each stage's result is
+written under <home>/demo/stages/, so a rerun reuses the model, and the dev runs when the
+settings are the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracegym.examples.shop import (
+    DEMO_SEEDS,
+    DEV_SEEDS,
+    HELDOUT_SEEDS,
+    KINDS,
+    RULES,
+    TOOL_SCHEMAS,
+    demonstration,
+    make_task,
+)
+
+# The base fine-tune's task mix: status and cancel requests are common, refunds and address
+# changes rare (the agent's uneven competence; nothing downstream is told).
+BASE_MIX = {"status": 0.46, "cancel": 0.46, "refund": 0.04, "address": 0.04}
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+@dataclass
+class DemoConfig:
+    """Sizes and models of one demo (`quick()` for a first look)."""
+
+    model: str = "smollm2"
+    seed: int = 0
+    dev_tasks: int = 64
+    heldout_tasks: int = 64
+    base_demos: int = 96
+    base_steps: int = 60
+    adapter_steps: int = 40
+    adapter_train_seeds: int = 32
+    eval_seeds: int = 16
+    batch_size: int = 8
+    max_new_tokens: int = 48
+    embedder: str = "minilm"  # or "hash" (no model)
+    base_train: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides
+    adapter_train: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> DemoConfig:
+        sizes = dict(
+            dev_tasks=24, heldout_tasks=24, adapter_steps=12, adapter_train_seeds=12,
+            eval_seeds=6,
+        )  # fmt: skip
+        return cls(**{**sizes, **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _hash(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _tasks(seeds: tuple[int, int], n: int, seed: int, weights: Any = None) -> list[Any]:
+    start = seeds[0] + seed * 10_000
+    return [make_task(s, KINDS, weights) for s in range(start, start + n)]
+
+
+# Stages ------------------------------------------------------------------------------------------
+def prepare_model(home: Path, config: DemoConfig, progress: Progress | None = None) -> Path:
+    """The base agent's model: `config.model` fine-tuned briefly on `BASE_MIX` demonstrations,
+    merged and saved once under <home>/models/shop-base-<key>/."""
+    from tracegym.training.model import ensure_model, load_policy, save_policy, weights_hash
+    from tracegym.training.rollout import to_chat
+    from tracegym.training.sft import TrainStep, default_config, train_adapter
+
+    source = ensure_model(home, config.model)
+    demo_tasks = _tasks(DEMO_SEEDS, config.base_demos, config.seed, list(BASE_MIX.values()))
+    train = {"steps": config.base_steps, "batch_size": 4, "max_length": 1024}
+    train.update(config.base_train)
+    key = _hash({"base": weights_hash(source), "mix": BASE_MIX, "train": train,
+                 "demos": [t.seed for t in demo_tasks]})  # fmt: skip
+    target = home / "models" / f"shop-base-{key}"
+    if (target / "tracegym_model.json").exists():
+        return target
+    policy = load_policy(source)
+    conversations = [to_chat(demonstration(t), TOOL_SCHEMAS, RULES) for t in demo_tasks]
+    settings = default_config(policy.name, **train)
+
+    def on_step(step: TrainStep) -> None:
+        if progress is not None:
+            progress("base fine-tune", step.done, step.total)
+
+    model, _ = train_adapter(policy, conversations, settings, "shop-base", on_step=on_step)
+    merged = model.merge_and_unload()
+    policy.model = merged
+    policy.name = f"{policy.name}-shop"
+    save_policy(policy, target)
+    return target
+
+
+def run_agent(
+    home: Path,
+    policy: Any,
+    tasks: list[Any],
+    config: DemoConfig,
+    split: str,
+    *,
+    adapter: str | None = None,
+    progress: Progress | None = None,
+    label: str = "",
+) -> list[dict[str, Any]]:
+    """The agent on `tasks`, batched, every run traced into `home`'s spool."""
+    from tracegym.examples.lm_agent import ShopAgent
+
+    agent = ShopAgent(policy, max_new_tokens=config.max_new_tokens, split=split)
+    done = [0]
+
+    def tick(_: Any) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(label or split, done[0], len(tasks))
+
+    results = agent.run_many(tasks, batch_size=config.batch_size, adapter=adapter, on_done=tick)
+    return [r.to_dict() for r in results]
+
+
+def run_routed(
+    home: Path, folder: Path, tasks: list[Any], config: DemoConfig, embedder: Any,
+    progress: Progress | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
+    """The routed agent: promoted adapters chosen per task by the router (none when nothing
+    matches). Tasks routed alike run together; a weighted combination runs alone."""
+    from tracegym.training import adapters
+    from tracegym.training.model import load_policy
+    from tracegym.training.router import COMBINED, Router, apply_weights
+
+    policy = load_policy(folder)
+    promoted = [a["adapter_id"] for a in adapters.list_adapters(home) if a.get("promoted")]
+    routes: dict[str, dict[str, float]] = {}
+    if not promoted:
+        results = run_agent(home, policy, tasks, config, "heldout-routed", progress=progress,
+                            label="held-out, routed")  # fmt: skip
+        return results, {"promoted": [], "routes": {t.task_id: {} for t in tasks}}
+    model = adapters.load_adapters(policy.model, home, promoted)
+    policy.model = model
+    router = Router.from_registry(home, embedder, promoted_only=True)
+    groups: dict[str, list[Any]] = {}
+    for task in tasks:
+        weights = router.weights(task.request)
+        routes[task.task_id] = weights
+        name = "" if not weights else next(iter(weights)) if len(weights) == 1 else COMBINED
+        groups.setdefault(name if name != COMBINED else f"{COMBINED}:{task.task_id}", []).append(
+            task
+        )
+    by_id: dict[str, dict[str, Any]] = {}
+    done = 0
+    for group in groups.values():
+        use = apply_weights(model, routes[group[0].task_id])
+
+        def tick(what: str, n: int, total: int, base: int = done) -> None:
+            if progress is not None:
+                progress("held-out, routed", base + n, len(tasks))
+
+        for r in run_agent(home, policy, group, config, "heldout-routed", adapter=use,
+                           progress=tick):  # fmt: skip
+            by_id[r["task_id"]] = r
+        done += len(group)
+    return [by_id[t.task_id] for t in tasks], {"promoted": promoted, "routes": routes}
+
+
+# The whole job ---------------------------------------------------------------------------------
+def rate_row(results: list[dict[str, Any]]) -> dict[str, Any]:
+    from tracegym.training.evaluate import rate
+
+    return rate(sum(1 for r in results if r["passed"]), len(results))
+
+
+def by_kind(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {k: rate_row([r for r in results if r["kind"] == k]) for k in KINDS}
+
+
+def run(
+    home: str | Path,
+    config: DemoConfig | None = None,
+    *,
+    progress: Progress | None = None,
+    stage: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the demo under `home` (see the module docstring); returns the report's data."""
+    import tracegym as tg
+    from tracegym.training.model import load_policy
+    from tracegym.training.nightly import NightlyConfig, nightly
+
+    home = Path(home)
+    config = config or DemoConfig()
+    out = home / "demo"
+    minutes: dict[str, float] = {}
+
+    def timed(name: str, fn: Callable[[], Any]) -> Any:
+        if stage is not None:
+            stage(name)
+        started = time.perf_counter()
+        value = fn()
+        minutes[name] = round((time.perf_counter() - started) / 60, 2)
+        return value
+
+    folder = timed("prepare", lambda: prepare_model(home, config, progress))
+    def trace() -> None:
+        # (again after the dev runs: a new init closes this process's spool file, so the
+        # nightly's compaction can take it whole)
+        tg.init(service="tracegym-demo", home=home, capture_messages=True)
+
+    trace()
+    dev_key = _hash({"model": folder.name, "config": config.to_dict()})
+    dev_file = out / "stages" / "dev.json"
+    cached = json.loads(dev_file.read_text()) if dev_file.exists() else {}
+
+    def dev() -> list[dict[str, Any]]:
+        if cached.get("key") == dev_key:
+            return cached["results"]
+        policy = load_policy(folder)
+        results = run_agent(home, policy, _tasks(DEV_SEEDS, config.dev_tasks, config.seed),
+                            config, "dev", progress=progress)  # fmt: skip
+        tg.flush()
+        _write_json(dev_file, {"key": dev_key, "results": results})
+        return results
+
+    dev_results = timed("dev", dev)
+    tg.flush()
+    trace()
+    train = {"steps": config.adapter_steps, "train_seeds": config.adapter_train_seeds,
+             "batch_size": 4, "max_length": 1024, **config.adapter_train}  # fmt: skip
+    night_config = NightlyConfig(
+        model=str(folder), train=train, eval_seeds=config.eval_seeds,
+        max_new_tokens=config.max_new_tokens,
+    )  # fmt: skip
+    embedder = _embedder(config.embedder, home)
+
+    def night_progress(name: str, message: str) -> None:
+        if progress is not None:
+            progress(f"nightly {name}: {message}", 0, 0)
+
+    night = timed("nightly", lambda: nightly(home, night_config, progress=night_progress,
+                                              embedder=embedder))  # fmt: skip
+    heldout = _tasks(HELDOUT_SEEDS, config.heldout_tasks, config.seed)
+
+    def base_heldout() -> list[dict[str, Any]]:
+        return run_agent(home, load_policy(folder), heldout, config, "heldout-base",
+                         progress=progress, label="held-out, base")  # fmt: skip
+
+    base = timed("heldout-base", base_heldout)
+    routed, routing = timed(
+        "heldout-routed", lambda: run_routed(home, folder, heldout, config, embedder, progress)
+    )
+    tg.flush()
+    report = build_report(home, config, folder, dev_results, night, base, routed, routing, minutes)
+    _write_json(out / "report.json", report)
+    tmp = out / ".report.md.tmp"
+    tmp.write_text(render_markdown(report))
+    os.replace(tmp, out / "report.md")
+    return report
+
+
+def _embedder(name: str, home: Path) -> Any:
+    if name == "hash":
+        from tracegym.training.router import HashEmbedder
+
+        return HashEmbedder()
+    from tracegym.analysis.embeddings import Embedder
+
+    return Embedder(home / "cache")
+
+
+def build_report(
+    home: Path, config: DemoConfig, folder: Path, dev: list[dict[str, Any]], night: dict[str, Any],
+    base: list[dict[str, Any]], routed: list[dict[str, Any]], routing: dict[str, Any],
+    minutes: dict[str, float],
+) -> dict[str, Any]:  # fmt: skip
+    """Everything the report says, as data (report.json; the dashboards read it too)."""
+    from tracegym.synthesis import registry
+    from tracegym.training import adapters
+    from tracegym.training.evaluate import gain_p_value
+
+    gaps_file = home / "gaps.json"
+    gaps = json.loads(gaps_file.read_text()).get("gaps", []) if gaps_file.exists() else []
+    before, after = rate_row(base), rate_row(routed)
+    disjoint = after["ci95"][0] > before["ci95"][1] if after.get("ci95") else False
+    return {
+        "config": config.to_dict(),
+        "model": str(folder),
+        "minutes": minutes,
+        "dev": {"success": rate_row(dev), "by_kind": by_kind(dev)},
+        "gaps": [
+            {
+                k: g.get(k)
+                for k in ("id", "name", "detector", "coverage", "delta", "stability", "description")
+            }
+            | {"example": (g.get("examples") or [None])[0]}
+            for g in gaps
+        ],
+        "environments": [
+            {k: e.get(k) for k in ("env_id", "family", "gap_id", "gap_name")}
+            for e in registry.list_envs(home)
+        ],
+        "adapters": [
+            {
+                "adapter_id": a["adapter_id"],
+                "capability": a["capability"]["name"],
+                "promoted": a.get("promoted"),
+                "promotion": a.get("promotion"),
+                "eval": a["metrics"].get("eval"),
+            }
+            for a in adapters.list_adapters(home)
+        ],
+        "nightly": {"date": night["date"], "dir": night["dir"]},
+        "heldout": {
+            "base": before,
+            "routed": after,
+            "gain": round(after["rate"] - before["rate"], 4),
+            "p_value": round(
+                gain_p_value(before["passed"], before["n"], after["passed"], after["n"]), 6
+            ),
+            "intervals_disjoint": disjoint,
+            "by_kind": {"base": by_kind(base), "routed": by_kind(routed)},
+            "routing": routing,
+        },
+        "examples": {"base_failed": [r for r in base if not r["passed"]][:3]},
+    }
+
+
+def _pct(row: dict[str, Any]) -> str:
+    if not row.get("n"):
+        return "n/a"
+    lo, hi = row["ci95"]
+    return f"{row['rate']:.0%} ({row['passed']}/{row['n']}, 95% CI {lo:.0%}-{hi:.0%})"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The report a person reads (report.md)."""
+    h = report["heldout"]
+    lines = ["# tracegym demo", ""]
+    lines += [
+        f"Held-out success: base {_pct(h['base'])} -> routed {_pct(h['routed'])}: "
+        f"{h['gain'] * 100:+.1f} points (p={h['p_value']:.3g}; intervals "
+        f"{'do not overlap' if h['intervals_disjoint'] else 'overlap'}).",
+        "",
+        "| request | base | routed |",
+        "|---|---|---|",
+    ]
+    for kind in KINDS:
+        base, routed = h["by_kind"]["base"][kind], h["by_kind"]["routed"][kind]
+        lines.append(f"| {kind} | {_pct(base)} | {_pct(routed)} |")
+    lines += ["", f"## Gaps found in {report['dev']['success']['n']} development runs", ""]
+    if not report["gaps"]:
+        lines.append("No gap passed the thresholds.")
+    for g in report["gaps"]:
+        lines.append(
+            f"- **{g['name']}** ({g['detector']}): coverage {g['coverage']}, delta {g['delta']}, "
+            f"stability {g['stability']}. {g.get('description') or ''}"
+        )
+        ex = g.get("example")
+        if ex:
+            lines.append(
+                f"  - e.g. run `{ex['trace_id']}`, step {ex['step']} ({ex.get('agent')}): "
+                f"{ex['evidence']} -> `tracegym show {ex['trace_id']}`"
+            )
+    lines += ["", "## Environments", ""]
+    lines += [
+        f"- `{e['env_id']}` ({e['family']}) for {e.get('gap_name')}" for e in report["environments"]
+    ]
+    lines += ["", "## Adapters", ""]
+    for a in report["adapters"]:
+        state = "promoted" if a["promoted"] else "not promoted"
+        lines.append(f"- `{a['adapter_id']}` ({a['capability']}): {state}: {a['promotion']}")
+    lines += ["", "## Minutes per stage", ""]
+    lines += [f"- {k}: {v}" for k, v in report["minutes"].items()]
+    lines += [
+        "",
+        "## Where to look next",
+        "",
+        '- `tracegym sql "SELECT agent, count(*), avg(success::int) FROM traces GROUP BY 1"`',
+        "- `tracegym show <trace_id>` for any run above",
+        f"- the nightly report: `{report['nightly']['dir']}/report.md`",
+        "- `tracegym dashboard` to see it all in the browser",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+__all__ = ["BASE_MIX", "DemoConfig", "build_report", "prepare_model", "render_markdown", "run"]

@@ -1,0 +1,158 @@
+"""The shop's support agent: a small LM that reads the request, calls tools as JSON and answers.
+
+Written the way a user writes an agent: the episode is a `@tg.agent` function, each model call a
+`tg.llm` span with token usage, each tool a `@tg.tool` method (`examples/shop.py`), and the
+verifier's verdict is recorded with `tg.record_outcome`, so its runs land in the store exactly as
+a production agent's would. The chat format (system prompt with the tool list, `<tool_call>{...}
+</tool_call>` calls) is the one `tracegym.training.rollout` uses, so adapters trained on
+synthesized environments speak the same language.
+
+    agent = ShopAgent(load_policy(folder))
+    result = agent.run(make_task(7))            # one task, alone
+    results = agent.run_many(tasks, batch_size=8)   # batched generation across tasks
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import tracegym as tg
+from tracegym.examples.shop import RULES, TOOL_SCHEMAS, ShopTask, ShopTools, verify
+from tracegym.training.model import Policy
+from tracegym.training.rollout import (
+    ChatEncoder,
+    LaneSession,
+    Session,
+    parse_action,
+    system_message,
+)
+
+AGENT_NAME = "shop-agent"
+
+
+@dataclass
+class TaskResult:
+    """One task's outcome, for reports."""
+
+    task_id: str
+    seed: int
+    kind: str
+    passed: bool
+    reward: float
+    reasons: list[str]
+    answer: str
+    calls: list[str] = field(default_factory=list)
+    run_id: str = ""
+    adapter: str | None = None
+    generated_tokens: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Episode:
+    """One task's conversation: the model's session, the tools, the tokens spent."""
+
+    def __init__(self, agent: ShopAgent, task: ShopTask, session: Any) -> None:
+        self.agent = agent
+        self.task = task
+        self.tools = ShopTools(task)
+        self.session = session
+        self.generated = 0
+
+    def think(self) -> str:
+        """One model reply (a `chat` span with the token usage)."""
+        agent, session = self.agent, self.session
+        session.feed(agent.encoder.header("assistant"))
+        before = len(session.ids)
+        with tg.llm("generate", model=agent.policy.name) as call:
+            new, _full = session.generate(agent.max_new_tokens, agent.encoder.end_id)
+            call.set_usage(before, len(new))
+        self.generated += len(new)
+        end = agent.encoder.end_id
+        if not new or new[-1] != end:
+            session.feed([end])
+        session.feed(agent.encoder.text("\n"))
+        return agent.policy.tokenizer.decode([t for t in new if t != end])
+
+    @tg.agent(AGENT_NAME, run_id=lambda **call: call.get("run_id"))
+    def solve(self, request: str, run_id: str) -> str:
+        """Think, call a tool, read its result, until the model answers or runs out of turns."""
+        encoder = self.agent.encoder
+        for m in (("system", self.agent.system), ("user", request)):
+            self.session.feed(encoder.message(*m)[0])
+        for _ in range(self.agent.max_turns):
+            action = parse_action(self.think())
+            if "answer" in action:
+                return str(action["answer"])
+            result = self.tools.call(action.get("name"), action.get("arguments"))
+            self.session.feed(encoder.message("tool", result)[0])
+        return ""
+
+
+class ShopAgent:
+    """The LM policy as an agent over the shop (see the module docstring)."""
+
+    def __init__(
+        self, policy: Policy, *, max_turns: int = 6, max_new_tokens: int = 48, split: str = ""
+    ) -> None:
+        self.policy = policy
+        self.encoder = ChatEncoder(policy.tokenizer)
+        self.system = system_message(RULES, TOOL_SCHEMAS)
+        self.max_turns = max_turns
+        self.max_new_tokens = max_new_tokens
+        self.split = split
+
+    def run(self, task: ShopTask, *, lane: Any = None, adapter: str | None = None) -> TaskResult:
+        """Solve one task (batched with `lane`'s wave when given) and record its outcome."""
+        started = time.perf_counter()
+        session = LaneSession(lane) if lane is not None else Session(self.policy)
+        episode = _Episode(self, task, session)
+        run_id = uuid.uuid4().hex
+        answer = episode.solve(task.request, run_id=run_id)
+        verdict = verify(task, episode.tools, answer)
+        labels = {"task_id": task.task_id, "split": self.split, "adapter": adapter or "none"}
+        tg.record_outcome(
+            run_id, success=verdict.passed, reward=verdict.reward, source="verifier", labels=labels
+        )
+        return TaskResult(
+            task_id=task.task_id,
+            seed=task.seed,
+            kind=task.kind,
+            passed=verdict.passed,
+            reward=verdict.reward,
+            reasons=verdict.reasons,
+            answer=answer,
+            calls=[
+                f"{name}({', '.join(map(str, args.values()))})"
+                for name, args, _ in episode.tools.calls
+            ],
+            run_id=run_id,
+            adapter=adapter,
+            generated_tokens=episode.generated,
+            seconds=round(time.perf_counter() - started, 3),
+        )
+
+    def run_many(
+        self,
+        tasks: Sequence[ShopTask],
+        *,
+        batch_size: int = 8,
+        adapter: str | None = None,
+        on_done: Callable[[TaskResult], None] | None = None,
+    ) -> list[TaskResult]:
+        """`[run(t) for t in tasks]`, generating for `batch_size` tasks at a time."""
+        from tracegym.training.batching import map_batched
+
+        def one(lane: Any, task: ShopTask) -> TaskResult:
+            return self.run(task, lane=lane, adapter=adapter)
+
+        return map_batched(self.policy, one, tasks, batch_size=batch_size, on_done=on_done)
+
+
+__all__ = ["AGENT_NAME", "ShopAgent", "TaskResult"]

@@ -1,0 +1,180 @@
+"""The main job end to end, reduced: the shop, the LM agent, and `tracegym demo` on a tiny model.
+
+The full demo (SmolLM2, minutes per stage) is `benchmarks/demo_end_to_end.py`. Here the tiny
+random model cannot solve anything on its own, so the dev runs get a competence the pipeline
+can contrast: `think` is replaced by a scripted model that answers like the oracle except that it
+refunds before looking the order up. Everything after the dev runs (compaction, analysis,
+synthesis, training the tiny model's adapters, evaluation, the held-out runs, the report) is real.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+pytest.importorskip("duckdb")
+
+from tracegym.examples import lm_agent  # noqa: E402
+from tracegym.examples.demo import DemoConfig, run  # noqa: E402
+from tracegym.examples.shop import (  # noqa: E402
+    KINDS,
+    Shop,
+    demonstration,
+    make_task,
+    oracle_actions,
+    oracle_answer,
+    verify,
+)
+from tracegym.synthesis import registry  # noqa: E402
+from tracegym.training import adapters  # noqa: E402
+from tracegym.training.rollout import format_call  # noqa: E402
+
+
+# The shop ----------------------------------------------------------------------------------------
+def test_tasks_are_seeded_and_every_kind_occurs():
+    assert make_task(5) == make_task(5)
+    assert make_task(5) != make_task(6)
+    assert {make_task(s).kind for s in range(40)} == set(KINDS)
+    skewed = [make_task(s, KINDS, [1, 0, 0, 0]).kind for s in range(20)]
+    assert set(skewed) == {"status"}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_oracle_passes_and_shortcuts_fail(seed):
+    task = make_task(seed)
+    shop = Shop(task)
+    for name, arguments in oracle_actions(task):
+        assert not shop.call(name, arguments).startswith("Error")
+    assert verify(task, shop, oracle_answer(task)).passed
+    lazy = Shop(task)  # answers without doing anything
+    verdict = verify(task, lazy, "done")
+    assert not verdict.passed and verdict.reasons
+
+
+def test_tools_enforce_the_rules_and_never_raise():
+    task = next(make_task(s) for s in range(100) if make_task(s).kind == "refund")
+    shop = Shop(task)
+    assert "find_user first" in shop.call("get_order", {"order_id": task.order_id})
+    shop.call("find_user", {"email": task.email})
+    assert "get_order first" in shop.call("refund_order", {"order_id": task.order_id})
+    assert shop.call("nope", {}).startswith("Error: unknown tool")
+    assert shop.call("get_order", "not json").startswith("Error")
+    assert shop.call("get_order", {"wrong": "x"}).startswith("Error: bad arguments")
+    assert shop.db == task.database()  # nothing changed
+
+
+def test_a_demonstration_replays_the_oracle():
+    task = make_task(11)
+    messages = demonstration(task)
+    calls = [m["tool_calls"][0]["function"]["name"] for m in messages if m.get("tool_calls")]
+    assert calls == [name for name, _ in oracle_actions(task)]
+    assert messages[-1]["content"] == oracle_answer(task)
+
+
+# The pipeline --------------------------------------------------------------------------------------
+def _scripted_think(self):
+    """Oracle replies, except a refund skips get_order (a capability gap to discover)."""
+    task = self.task
+    calls = oracle_actions(task)
+    if task.kind == "refund":
+        calls = [calls[0], ("refund_order", {"order_id": task.order_id})]
+    done = len(self.tools.calls)
+    encoder = self.agent.encoder
+    reply = format_call(*calls[done]) if done < len(calls) else oracle_answer(task)
+    self.session.feed(encoder.header("assistant") + encoder.text(reply) + [encoder.end_id])
+    self.session.feed(encoder.text("\n"))
+    return reply
+
+
+@pytest.fixture(scope="module")
+def demo_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("demo")
+    config = DemoConfig.quick(
+        model="tiny", embedder="hash", dev_tasks=32, heldout_tasks=8, base_demos=8, base_steps=4,
+        adapter_steps=6, adapter_train_seeds=6, eval_seeds=4, batch_size=4, max_new_tokens=16,
+    )  # fmt: skip
+    stages: list[str] = []
+    patch = pytest.MonkeyPatch()
+    original = lm_agent._Episode.think
+    patch.setattr(lm_agent._Episode, "think", _scripted_think)
+    try:
+        # the dev runs are scripted; switch back to the model before the held-out runs
+        def stage(name):
+            stages.append(name)
+            if name == "nightly":
+                patch.setattr(lm_agent._Episode, "think", original)
+
+        report = run(home, config, stage=stage)
+    finally:
+        patch.undo()
+    return home, config, report, stages
+
+
+def test_every_stage_ran_and_left_valid_artifacts(demo_home):
+    home, config, report, stages = demo_home
+    assert stages == ["prepare", "dev", "nightly", "heldout-base", "heldout-routed"]
+    assert set(report["minutes"]) == set(stages)
+    # the base model was prepared and cached
+    assert (home / report["model"] / "tracegym_model.json").exists()
+    # dev runs: traced into the store, with the scripted competence
+    dev = report["dev"]
+    assert dev["success"]["n"] == 32
+    assert dev["by_kind"]["refund"]["rate"] == 0.0
+    assert dev["by_kind"]["status"]["rate"] == 1.0
+    # analysis found the refund-before-lookup gap without being told
+    names = [g["name"] for g in report["gaps"]]
+    assert any("refund_order" in n for n in names), names
+    gap = next(g for g in report["gaps"] if "refund_order" in g["name"])
+    assert gap["coverage"] > 0 and gap["delta"] > 0
+    assert gap["example"]["trace_id"]
+    # synthesis: environments that pass their checks
+    envs = registry.list_envs(home)
+    assert envs and report["environments"]
+    for item in envs:
+        assert registry.load(home, item["env_id"]).env_id == item["env_id"]
+    # training + evaluation: an adapter per environment, each with an evaluation row
+    metas = adapters.list_adapters(home)
+    assert {m["capability"]["env_id"] for m in metas} == {e["env_id"] for e in envs}
+    for meta in metas:
+        row = meta["metrics"]["eval"]
+        assert row["base"]["n"] == config.eval_seeds and row["adapter"]["n"] == config.eval_seeds
+        assert isinstance(meta["promoted"], bool) and meta["promotion"]
+    # held-out: base and routed on the same tasks, with intervals
+    heldout = report["heldout"]
+    for side in ("base", "routed"):
+        assert heldout[side]["n"] == 8
+        low, high = heldout[side]["ci95"]
+        assert 0 <= low <= heldout[side]["rate"] <= high <= 1
+    assert set(heldout["routing"]["routes"]) == {f"shop:{s}" for s in range(1_000_000, 1_000_008)}
+
+
+def test_the_report_is_written_and_the_runs_are_queryable(demo_home):
+    from tracegym.store.store import Store
+
+    home, _, report, _ = demo_home
+    text = (home / "demo" / "report.md").read_text()
+    assert "Held-out success" in text and "## Gaps found" in text
+    assert json.loads((home / "demo" / "report.json").read_text())["heldout"] == report["heldout"]
+    with Store(home) as store:
+        rows = store.sql(
+            "SELECT json_extract_string(outcome_labels, '$.split') AS split, count(*) FROM traces "
+            "WHERE agent = 'shop-agent' GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+        tools = {r[0] for r in store.sql("SELECT DISTINCT tool FROM tool_calls").fetchall()}
+    assert dict(rows) == {"dev": 32, "heldout-base": 8, "heldout-routed": 8}
+    assert {"find_user", "get_order"} <= tools
+
+
+def test_a_second_run_reuses_the_model_and_the_dev_runs(demo_home, monkeypatch):
+    home, config, report, _ = demo_home
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the base model should be cached")
+
+    monkeypatch.setattr("tracegym.training.sft.train_adapter", no_training)
+    again = run(home, config)
+    assert again["model"] == report["model"]
+    assert again["dev"] == report["dev"]
