@@ -10,8 +10,16 @@ episodes the verifier passes are kept. Everything is in the policy's chat format
 the loss is on the assistant tokens only.
 
 The trainer is a small torch loop (AdamW, padded batches, masked labels): it is what
-benchmarks/training_throughput.py compares against a hand-written peft loop. TRL is not a
-dependency; nothing here needs it.
+benchmarks/training_throughput.py compares against a hand-written peft loop.
+
+GRPO (`train_grpo`) samples groups of episodes per task, scores them with the verifier's graded
+reward and takes clipped policy-gradient steps on the exact sampled tokens (see its docstring).
+TRL is not a dependency: its GRPOTrainer generates one completion per prompt and scores it with
+reward functions over text, while an episode here is a multi-turn conversation with tool results
+in between, scored by the environment at its end (docs/training.md).
+
+Every trainer takes `on_step`, called with a `TrainStep` after each step (or sampled rollout), so
+a command or the nightly can show progress within a long training.
 """
 
 from __future__ import annotations
@@ -25,7 +33,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tracegym.training.model import Policy
-from tracegym.training.rollout import ChatEncoder, rollout, to_chat
+from tracegym.training.rollout import (
+    ChatEncoder,
+    Session,
+    parse_action,
+    rollout,
+    system_message,
+    to_chat,
+)
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -51,6 +66,13 @@ class TrainConfig:
     grpo_tasks: int = 2  # tasks per GRPO step
     temperature: float = 1.0
     max_new_tokens: int = 48
+    warm_start_steps: int | None = None  # SFT steps before GRPO (None: `steps`)
+    grpo_lr: float | None = None  # GRPO learning rate (None: `lr`)
+    grpo_epochs: int = 2  # optimisation passes over each sampled batch (PPO-style reuse)
+    clip: float = 0.2  # the ratio's clip range (1 - clip, 1 + clip)
+    # LoRA on these layer indices only (None: all). The upper layers alone train much faster:
+    # the backward pass stops at the lowest adapted layer.
+    layers: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,11 +88,36 @@ def default_config(model_name: str, **overrides: Any) -> TrainConfig:
     high learning rate; SmolLM2 gets the usual r=8 on q/k/v/o at 2e-4."""
     if model_name.startswith("tiny"):
         base = TrainConfig(
-            rank=16, alpha=32, targets=list(ALL_LINEAR), steps=100, lr=1e-2, batch_size=8
+            rank=16,
+            alpha=32,
+            targets=list(ALL_LINEAR),
+            steps=100,
+            lr=1e-2,
+            batch_size=8,
+            grpo_lr=1e-3,  # 3e-3 and up often collapses a tiny policy to one answer
         )
     else:
         base = TrainConfig()
     return TrainConfig.from_dict({**base.to_dict(), **overrides})
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    """What a trainer reports after each step, for progress bars and logs.
+
+    phase: "sample" (rejection-sampling rollouts; `done`/`total` count rollouts, `reward` is the
+    share kept so far), "sft" or "grpo" (`done`/`total` count optimiser steps; `loss` is this
+    step's, `reward` GRPO's mean sampled reward this step)."""
+
+    phase: str
+    done: int
+    total: int
+    loss: float | None = None
+    reward: float | None = None
+    name: str = ""  # the adapter (or environment) being trained
+
+
+StepCallback = Callable[[TrainStep], None]
 
 
 # Data ------------------------------------------------------------------------------------------
@@ -101,8 +148,10 @@ def capability_data(
     samples: int = 0,
     temperature: float = 1.0,
     seed: int = 0,
+    on_step: StepCallback | None = None,
 ) -> CapabilityData:
-    """Oracle demonstrations for `seeds`, plus verifier-passing sampled rollouts of `policy`."""
+    """Oracle demonstrations for `seeds`, plus verifier-passing sampled rollouts of `policy`
+    (`on_step` gets a "sample" TrainStep after each rollout)."""
     import torch
     from tracegym.synthesis.registry import demonstration
 
@@ -119,6 +168,7 @@ def capability_data(
     kept = attempted = 0
     if policy is not None and samples > 0:
         generator = torch.Generator().manual_seed(seed)
+        total = len(seeds) * samples
         for s in seeds:
             for _ in range(samples):
                 attempted += 1
@@ -126,6 +176,10 @@ def capability_data(
                 if result.passed:
                     kept += 1
                     conversations.append(result.messages)
+                if on_step is not None:
+                    on_step(
+                        TrainStep("sample", attempted, total, None, kept / attempted, env.env_id)
+                    )
     instructions = [i for i in instructions if i]
     return CapabilityData(env.env_id, conversations, n_demos, kept, attempted, instructions)
 
@@ -174,6 +228,7 @@ def attach_lora(model: Any, config: TrainConfig, adapter_name: str) -> Any:
         lora_alpha=config.alpha,
         lora_dropout=config.dropout,
         target_modules=list(config.targets),
+        layers_to_transform=list(config.layers) if config.layers else None,
         task_type="CAUSAL_LM",
     )
     if isinstance(model, PeftModel):
@@ -208,9 +263,14 @@ def train_adapter(
     adapter_name: str,
     *,
     progress: Callable[[int, float], None] | None = None,
+    steps: int | None = None,
+    on_step: StepCallback | None = None,
 ) -> tuple[Any, TrainMetrics]:
     """Train a LoRA adapter on `conversations` (SFT, loss on assistant tokens). Returns the
-    PeftModel (wrapping `policy.model`, adapter active) and the metrics."""
+    PeftModel (wrapping `policy.model`, adapter active) and the metrics.
+
+    `steps` overrides `config.steps` (GRPO's warm start); `on_step` gets an "sft" TrainStep
+    after each step; `progress(step_index, loss)` is the older, narrower form of it."""
     import torch
 
     examples = encode_examples(policy.tokenizer, conversations, config.max_length)
@@ -225,9 +285,10 @@ def train_adapter(
     pad = policy.tokenizer.pad_token_id or 0
     losses: list[float] = []
     tokens = trained = 0
+    total = config.steps if steps is None else steps
     model.train()
     started = time.perf_counter()
-    for step in range(config.steps):
+    for step in range(total):
         batch_idx = []
         while len(batch_idx) < min(config.batch_size, len(examples)):
             if not order:
@@ -245,11 +306,15 @@ def train_adapter(
         trained += sum(sum(mask) for _, mask in batch)
         if progress is not None:
             progress(step, losses[-1])
+        if on_step is not None:
+            on_step(TrainStep("sft", step + 1, total, losses[-1], None, adapter_name))
     seconds = time.perf_counter() - started
     model.eval()
     k = max(1, min(10, len(losses) // 5))
+    if not losses:
+        losses = [0.0]
     return model, TrainMetrics(
-        steps=config.steps,
+        steps=total,
         examples=len(examples),
         tokens=tokens,
         trained_tokens=trained,
@@ -260,25 +325,115 @@ def train_adapter(
     )
 
 
+@dataclass
+class SampledEpisode:
+    """One sampled episode as the exact token ids the policy saw and produced."""
+
+    ids: list[int]
+    mask: list[int]  # 1 on the tokens the policy sampled
+    reward: float
+    passed: bool
+
+
+def sample_episode(
+    policy: Policy,
+    env: Any,
+    seed: int,
+    *,
+    temperature: float = 1.0,
+    generator: Any = None,
+    max_new_tokens: int = 48,
+) -> SampledEpisode:
+    """One untraced episode, kept as token ids. The policy gradient must be taken on the tokens
+    that were sampled: decoding them and encoding the text again (what `rollout` returns) gives
+    other ids for most of a tiny model's samples (byte-level pieces, non-canonical merges), so
+    GRPO would raise the likelihood of sequences the policy never produced. The turn logic is
+    `rollout`'s (same prompt, parsing and step budget)."""
+    encoder = ChatEncoder(policy.tokenizer)
+    observation, info = env.reset(seed=seed)
+    system = system_message(info.get("system_prompt", ""), info.get("tools", []))
+    session = Session(policy)
+    mask: list[int] = []
+
+    def feed(ids: list[int]) -> None:
+        session.feed(ids)
+        mask.extend([0] * len(ids))
+
+    feed(encoder.message("system", system)[0])
+    feed(encoder.message("user", str(observation.get("content", "")))[0])
+    budget = int(info.get("max_steps", 10))
+    verdict: dict[str, Any] = {"reward": 0.0, "passed": False}
+    for turn in range(budget + 1):
+        feed(encoder.header("assistant"))
+        new, full = session.generate(max_new_tokens, encoder.end_id, temperature, generator)
+        mask.extend([1] * len(new))
+        text = policy.tokenizer.decode(
+            [t for t in new if t != encoder.end_id], skip_special_tokens=False
+        )
+        # a reply cut at max_new_tokens is closed here: that end token was not sampled
+        feed(encoder.text("\n") if new and new[-1] == encoder.end_id else
+             [encoder.end_id, *encoder.text("\n")])  # fmt: skip
+        action = parse_action(text)
+        if (turn >= budget and "answer" not in action) or full:
+            action = {"answer": text.strip() if full else ""}
+        _obs, _reward, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            verdict = info.get("verdict", verdict)
+            break
+        feed(encoder.message("tool", str(_obs.get("content", "")))[0])
+    return SampledEpisode(
+        list(session.ids), mask, float(verdict.get("reward", 0.0)), bool(verdict.get("passed"))
+    )
+
+
+def _token_logps(model: Any, inputs: dict, temperature: float) -> Any:
+    """Log-probability of each next token (B x T-1) under `model`, logits / `temperature` (the
+    distribution the tokens were sampled from)."""
+    import torch
+
+    logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+    logits = logits[:, :-1].float()
+    if temperature and temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    labels = inputs["labels"][:, 1:].clamp(min=0).unsqueeze(-1)
+    return torch.log_softmax(logits, dim=-1).gather(-1, labels).squeeze(-1)
+
+
 def grpo_loss(
     model: Any,
     batch: Sequence[tuple[list[int], list[int]]],
     advantages: Sequence[float],
     pad_id: int,
     device: Any,
+    *,
+    old_logps: Any = None,
+    clip: float = 0.2,
+    temperature: float = 1.0,
 ) -> tuple[Any, Any]:
-    """-mean(advantage x mean log-likelihood of each episode's assistant tokens), and the mask."""
+    """The GRPO policy loss over a batch of episodes, and the mask of trained tokens.
+
+    Token-level: every sampled token weighs the same (the sum over the batch's tokens over their
+    number, as DAPO and TRL's default). Dividing each episode by its own length instead, as the
+    first version did, breaks the cancellation of the tokens that good and bad episodes share
+    (the call's `<tool_call>{"name": ...` prefix) and pays short episodes more per token: on the
+    toy task the policy collapsed to answering `done` without pressing anything.
+
+    With `old_logps` (the sampling policy's log-probabilities, B x T-1) it is PPO's clipped
+    surrogate, -min(ratio x A, clip(ratio) x A), which lets one sampled batch be used for several
+    optimisation passes without the ratio running away; without, the plain policy gradient
+    -A x log p (the same gradient at ratio 1)."""
     import torch
 
     inputs = collate(batch, pad_id, device)
-    logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
-    labels = inputs["labels"][:, 1:]
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    mask = labels != -100
-    token_logp = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
-    seq_logp = token_logp.sum(-1) / mask.sum(-1).clamp(min=1)
-    adv = torch.tensor(list(advantages), device=seq_logp.device, dtype=seq_logp.dtype)
-    return -(adv * seq_logp).mean(), mask
+    logp = _token_logps(model, inputs, temperature)
+    mask = inputs["labels"][:, 1:] != -100
+    adv = torch.tensor(list(advantages), device=logp.device, dtype=logp.dtype).unsqueeze(-1)
+    if old_logps is None:
+        per_token = -adv * logp
+    else:
+        ratio = torch.exp(logp - old_logps)
+        per_token = -torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
+    return (per_token * mask).sum() / mask.sum().clamp(min=1), mask
 
 
 def train_grpo(
@@ -289,63 +444,88 @@ def train_grpo(
     adapter_name: str,
     *,
     model: Any = None,
+    on_step: StepCallback | None = None,
 ) -> tuple[Any, TrainMetrics]:
-    """GRPO: for each step, sample `group_size` rollouts on each of `grpo_tasks` train seeds,
-    score them with the verifier, and push up the log-likelihood of each episode's assistant
-    tokens by its group-relative advantage (reward minus the group mean, over the group's std).
-    Continues training `model`'s adapter when given (e.g. after SFT), else a fresh one."""
+    """GRPO: each step samples `group_size` episodes on each of `grpo_tasks` train seeds (at
+    `temperature`, adapter on), scores them with the verifier's graded reward, and takes
+    `grpo_epochs` clipped policy-gradient passes (`grpo_loss`) with each episode's group-relative
+    advantage (reward minus the group mean, over the group's std) on its sampled tokens. Groups
+    whose rewards are all equal carry no signal and are skipped. No KL term (the clip bounds each
+    update). Continues training `model`'s adapter when given (e.g. after SFT), else a fresh one."""
     import torch
 
     model = model if model is not None else attach_lora(policy.model, config, adapter_name)
     work = Policy(model, policy.tokenizer, policy.name, policy.folder)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    lr = config.grpo_lr if config.grpo_lr is not None else config.lr
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(config.seed)
     rng = random.Random(config.seed)
     pad = policy.tokenizer.pad_token_id or 0
+    per_step: list[float] = []  # mean sampled reward of each step
     rewards: list[float] = []
     losses: list[float] = []
     tokens = trained = 0
     started = time.perf_counter()
-    for _step in range(config.steps):
+    for step in range(config.steps):
         model.eval()
         batch, advantages = [], []
+        step_rewards: list[float] = []
         for seed in rng.sample(list(seeds), min(config.grpo_tasks, len(seeds))):
-            group = [
-                rollout(
-                    work,
-                    env,
-                    seed,
-                    temperature=config.temperature,
-                    generator=generator,
-                    max_new_tokens=config.max_new_tokens,
-                    trace=False,
-                )
-                for _ in range(config.group_size)
-            ]
-            scores = torch.tensor([r.reward for r in group])
-            rewards.extend(scores.tolist())
+            with torch.no_grad():
+                group = [
+                    sample_episode(
+                        work,
+                        env,
+                        seed,
+                        temperature=config.temperature,
+                        generator=generator,
+                        max_new_tokens=config.max_new_tokens,
+                    )
+                    for _ in range(config.group_size)
+                ]
+            scores = torch.tensor([e.reward for e in group])
+            step_rewards.extend(scores.tolist())
             std = float(scores.std()) if len(group) > 1 else 0.0
             if std < 1e-6:
-                continue  # no signal in this group
-            for r, score in zip(group, scores, strict=False):
-                examples = encode_examples(policy.tokenizer, [r.messages], config.max_length)
-                if examples:
-                    batch.append(examples[0])
+                continue  # every episode scored the same: no signal in this group
+            for episode, score in zip(group, scores, strict=True):
+                ids = episode.ids[: config.max_length]
+                mask = episode.mask[: config.max_length]
+                if any(mask):
+                    batch.append((ids, mask))
                     advantages.append(float(score - scores.mean()) / std)
-        if not batch:
-            continue
-        model.train()
-        loss, mask = grpo_loss(model, batch, advantages, pad, policy.device)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
-        tokens += sum(len(ids) for ids, _ in batch)
-        trained += int(mask.sum())
+        rewards.extend(step_rewards)
+        per_step.append(sum(step_rewards) / len(step_rewards))
+        loss_value = None
+        if batch:
+            old = None
+            if config.grpo_epochs > 1:
+                with torch.no_grad():
+                    old = _token_logps(
+                        model, collate(batch, pad, policy.device), config.temperature
+                    )
+            model.train()
+            for _ in range(max(1, config.grpo_epochs)):
+                loss, mask = grpo_loss(
+                    model, batch, advantages, pad, policy.device,
+                    old_logps=old, clip=config.clip, temperature=config.temperature,
+                )  # fmt: skip
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                tokens += sum(len(ids) for ids, _ in batch)
+                trained += int(mask.sum())
+            loss_value = float(loss.detach())
+            losses.append(loss_value)
+        if on_step is not None:
+            on_step(
+                TrainStep("grpo", step + 1, config.steps, loss_value, per_step[-1], adapter_name)
+            )
     model.eval()
     seconds = time.perf_counter() - started
-    k = max(1, len(rewards) // 4)
+    k = max(1, len(per_step) // 4)
     return model, TrainMetrics(
         steps=config.steps,
         examples=len(rewards),
@@ -356,16 +536,19 @@ def train_grpo(
         loss_first=round(losses[0], 4) if losses else 0.0,
         loss_last=round(losses[-1], 4) if losses else 0.0,
         mode="grpo",
-        reward_first=round(sum(rewards[:k]) / k, 4) if rewards else None,
-        reward_last=round(sum(rewards[-k:]) / k, 4) if rewards else None,
+        reward_first=round(sum(per_step[:k]) / k, 4) if per_step else None,
+        reward_last=round(sum(per_step[-k:]) / k, 4) if per_step else None,
     )
 
 
 __all__ = [
     "ALL_LINEAR",
     "CapabilityData",
+    "SampledEpisode",
+    "StepCallback",
     "TrainConfig",
     "TrainMetrics",
+    "TrainStep",
     "attach_lora",
     "capability_data",
     "collate",
@@ -373,7 +556,9 @@ __all__ = [
     "default_config",
     "encode_examples",
     "grpo_loss",
+    "sample_episode",
     "train_adapter",
+    "train_capability",
     "train_grpo",
 ]
 
@@ -387,10 +572,13 @@ def train_capability(
     *,
     eval_seeds: int = 20,
     evaluate: bool = True,
+    on_step: StepCallback | None = None,
 ) -> dict[str, Any]:
     """Data -> LoRA adapter -> registry -> held-out evaluation -> promotion, for one environment.
 
     Loads a fresh base from `model_folder` (see model.ensure_model), so runs are independent.
+    `on_step` gets every TrainStep: "sample" (rejection sampling), "sft", "grpo", then
+    "evaluate" (done 0 of the held-out seeds when it starts, all of them when it ends).
     Returns the adapter's metadata (with `metrics.eval`, `promoted`, `promotion`)."""
     from tracegym.training import adapters
     from tracegym.training.evaluate import evaluate_capability
@@ -408,14 +596,22 @@ def train_capability(
         policy=policy if config.samples else None,
         samples=config.samples,
         seed=config.seed,
+        on_step=on_step,
     )
     adapter_id = adapters.adapter_id_for(env.env_id)
     if config.mode == "grpo":
-        model, sft_metrics = train_adapter(policy, data.conversations, config, adapter_id)
-        model, metrics = train_grpo(policy, env, train_seeds, config, adapter_id, model=model)
+        warm = config.warm_start_steps if config.warm_start_steps is not None else config.steps
+        model, sft_metrics = train_adapter(
+            policy, data.conversations, config, adapter_id, steps=warm, on_step=on_step
+        )
+        model, metrics = train_grpo(
+            policy, env, train_seeds, config, adapter_id, model=model, on_step=on_step
+        )
         metrics_dict = {**metrics.to_dict(), "sft": sft_metrics.to_dict()}
     else:
-        model, metrics = train_adapter(policy, data.conversations, config, adapter_id)
+        model, metrics = train_adapter(
+            policy, data.conversations, config, adapter_id, on_step=on_step
+        )
         metrics_dict = metrics.to_dict()
     metrics_dict.update(
         demonstrations=data.demonstrations, sampled=data.sampled, attempted=data.attempted
@@ -446,7 +642,11 @@ def train_capability(
     if not evaluate:
         return adapters.show(home, adapter_id)
     seeds = list(range(h0, min(h1, h0 + eval_seeds)))
+    if on_step is not None:
+        on_step(TrainStep("evaluate", 0, len(seeds), name=adapter_id))
     row = evaluate_capability(model, policy.tokenizer, env, adapter_id, seeds, name=policy.name)
+    if on_step is not None:
+        on_step(TrainStep("evaluate", len(seeds), len(seeds), name=adapter_id))
     return adapters.update(
         home, adapter_id, eval=row, promoted=row["promoted"], promotion=row["reason"]
     )

@@ -6,6 +6,14 @@ tiny model learns it from the oracle's demonstrations in a few hundred LoRA step
 
     from tracegym.training.toy import press_env
     env = press_env()                     # EnvironmentSpec'd, so it registers like any other
+
+`PickEnv`: "Ticket XXXXXX: which button? The COLOR one." The agent replies with the colour, in one
+short message and no tool call. It is the GRPO test's environment: an episode is a few tokens (so
+a test can sample hundreds of them in seconds) and its graded reward has no trap: naming the right
+colour scores 1.0, a wrong colour, several colours or none score the same 0.87 (an empty reply
+0.6), so the only way up is the right colour. (In PressEnv, answering `done` without pressing
+scores 0.8 and a wrong press 0.7: a policy that is still guessing colours does better by pressing
+nothing, and that is what GRPO learns there from a weak start.)
 """
 
 from __future__ import annotations
@@ -90,4 +98,58 @@ def press_env(env_id: str = "toy-press", **knobs: Any) -> PressEnv:
     return PressEnv(press_spec(env_id), **knobs)
 
 
-__all__ = ["COLORS", "PressEnv", "press_env", "press_spec"]
+PICK_SYSTEM = "Reply with the colour of the button the ticket names, and nothing else."
+
+
+class PickEnv(Environment):
+    family = "toy_pick"
+
+    def default_knobs(self) -> dict[str, Any]:
+        return {"colors": len(COLORS), "max_steps": 1}
+
+    def generate(self, seed: int) -> Task:
+        rng = random.Random(seed)
+        colors = COLORS[: int(self.knobs["colors"])]
+        color = rng.choice(colors)
+        return Task(
+            seed=seed,
+            instruction=f"Ticket {rng.getrandbits(24):06x}: which button? The {color} one.",
+            state={},
+            goal={
+                "answer_includes": [color],
+                "answer_excludes": [c for c in colors if c != color],
+            },
+            oracle=[{"answer": color}],
+            max_steps=int(self.knobs["max_steps"]),
+            system_prompt=PICK_SYSTEM,
+            meta={"color": color},
+        )
+
+    def call_tool(self, state: dict[str, Any], name: str, arguments: Any) -> Any:
+        raise ToolError(f"there are no tools (called {name!r})", invalid=True)
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return []
+
+    def extra_checks(self, episode: Any) -> list[dict[str, Any]]:
+        """Exactly one colour named: without it a reply naming no colour (0.92) would beat a
+        wrong one (0.84), and a policy unsure of the colour would learn to name none."""
+        answer = (episode.answer or "").casefold()
+        named = [c for c in COLORS if c in answer]
+        ok = len(named) == 1
+        detail = "names one colour" if ok else f"names {len(named)} colours"
+        return [{"name": "one_colour", "part": "communication", "ok": ok, "detail": detail}]
+
+
+def pick_env(env_id: str = "toy-pick", **knobs: Any) -> PickEnv:
+    spec = EnvironmentSpec(
+        env_id=env_id,
+        family=PickEnv.family,
+        entry_point="tracegym.training.toy:PickEnv",
+        gap={"id": env_id, "name": "names the wrong button", "description": PICK_SYSTEM},
+        description=PICK_SYSTEM,
+    )
+    return PickEnv(spec, **knobs)
+
+
+__all__ = ["COLORS", "PickEnv", "PressEnv", "pick_env", "press_env", "press_spec"]
