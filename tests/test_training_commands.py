@@ -30,6 +30,9 @@ def test_training_commands(tmp_path):
     result = runner.invoke(app, [*base, "train", "toy-press", *small, "--steps", "5"])
     assert result.exit_code == 0, result.output
     assert "toy-press" in result.output and "held-out" in result.output
+    # per-step progress: each phase's end is reported (the bar itself is drawn on terminals only)
+    assert "sft: 5/5 steps, loss " in result.output
+    assert "evaluate: 3/3 tasks" in result.output
     result = runner.invoke(app, [*base, "adapters", "list", "--json"])
     assert result.exit_code == 0 and json.loads(result.stdout)[0]["adapter_id"] == "toy-press"
     result = runner.invoke(app, [*base, "adapters", "list"])

@@ -47,6 +47,62 @@ def _embedder(name: str, home: Path) -> Any:
     return Embedder(home / "cache")
 
 
+_PHASES = {
+    "sample": ("rejection sampling", "rollouts"),
+    "sft": ("SFT", "steps"),
+    "grpo": ("GRPO", "steps"),
+    "evaluate": ("held-out evaluation", "tasks"),
+}
+
+
+def _step_info(step: Any) -> str:
+    """A TrainStep's numbers as short text: loss, sampled reward, share kept."""
+    parts = []
+    if step.loss is not None:
+        parts.append(f"loss {step.loss:.4f}")
+    if step.reward is not None:
+        parts.append(
+            f"kept {step.reward:.0%}" if step.phase == "sample" else f"reward {step.reward:.3f}"
+        )
+    return ", ".join(parts)
+
+
+def train_progress(quiet: bool = False) -> tuple[Any, Any]:
+    """A Rich progress bar (on stderr, drawn only on a terminal) with one bar per training phase,
+    and the `on_step` callback that drives it (training.sft.TrainStep). When a phase completes,
+    a line says so (also when not a terminal, so logs show it); `quiet` prints nothing."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    console = Console(stderr=True)
+    bar = Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=console, disable=quiet or not console.is_terminal,
+    )  # fmt: skip
+    tasks: dict[str, Any] = {}
+
+    def on_step(step: Any) -> None:
+        label, unit = _PHASES.get(step.phase, (step.phase, "steps"))
+        info = _step_info(step)
+        if step.phase not in tasks:
+            tasks[step.phase] = bar.add_task(label, total=step.total, info=info)
+        bar.update(tasks[step.phase], completed=step.done, total=step.total, info=info)
+        if step.done >= step.total and not quiet:
+            text = f"{step.phase}: {step.done}/{step.total} {unit}" + (f", {info}" if info else "")
+            bar.console.print(escape(text), highlight=False)
+
+    return bar, on_step
+
+
 def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
     """Add `nightly`, `train`, `evaluate` and the `adapters` group to `app`."""
 
@@ -133,6 +189,12 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             int, typer.Option(min=0, help="Rejection-sampling rollouts per train seed.")
         ] = 0,
         train_seeds: Annotated[int | None, typer.Option(min=1)] = None,
+        warm_start_steps: Annotated[
+            int | None, typer.Option(min=0, help="grpo: SFT steps first (default: --steps).")
+        ] = None,
+        grpo_lr: Annotated[
+            float | None, typer.Option(min=0, help="grpo: learning rate (default: --lr).")
+        ] = None,
         eval_seeds: Annotated[int, typer.Option(min=1)] = 20,
         no_eval: Annotated[bool, typer.Option("--no-eval")] = False,
         as_json: JsonOption = False,
@@ -158,15 +220,25 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             ("rank", rank),
             ("alpha", alpha),
             ("train_seeds", train_seeds),
+            ("warm_start_steps", warm_start_steps),
+            ("grpo_lr", grpo_lr),
         ):
             if value is not None:
                 overrides[key] = value
         if targets:
             overrides["targets"] = [t.strip() for t in targets.split(",") if t.strip()]
         config = default_config(model, **overrides)
-        meta = train_capability(
-            target, env, folder, config, eval_seeds=eval_seeds, evaluate=not no_eval
-        )
+        bar, on_step = train_progress(quiet=as_json)
+        with bar:
+            meta = train_capability(
+                target,
+                env,
+                folder,
+                config,
+                eval_seeds=eval_seeds,
+                evaluate=not no_eval,
+                on_step=on_step,
+            )
         if as_json:
             _dump(meta)
             return
@@ -333,4 +405,4 @@ def _print_adapter(meta: dict[str, Any]) -> None:
     console.print(f"  {state}: {escape(str(meta.get('promotion')))}")
 
 
-__all__ = ["register"]
+__all__ = ["register", "train_progress"]
