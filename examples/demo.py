@@ -56,8 +56,8 @@ class DemoConfig:
     dev_tasks: int = 64
     heldout_tasks: int = 64
     base_demos: int = 96
-    base_steps: int = 60
-    adapter_steps: int = 40
+    base_steps: int = 40
+    adapter_steps: int = 20
     adapter_train_seeds: int = 32
     eval_seeds: int = 16
     batch_size: int = 8
@@ -69,7 +69,7 @@ class DemoConfig:
     @classmethod
     def quick(cls, **overrides: Any) -> DemoConfig:
         sizes = dict(
-            dev_tasks=24, heldout_tasks=24, adapter_steps=12, adapter_train_seeds=12,
+            dev_tasks=24, heldout_tasks=24, adapter_steps=10, adapter_train_seeds=12,
             eval_seeds=6,
         )  # fmt: skip
         return cls(**{**sizes, **overrides})
@@ -89,6 +89,14 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def upper_layers(folder: Path) -> list[int] | None:
+    """LoRA on the upper 40% of a deep model's layers: the backward pass stops there, so a step
+    costs about half (SmolLM2: 12 of 30 layers). Shallow models train every layer."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    n = int(config.get("num_hidden_layers") or 0)
+    return list(range(n - n * 2 // 5, n)) if n > 4 else None
+
+
 def _tasks(seeds: tuple[int, int], n: int, seed: int, weights: Any = None) -> list[Any]:
     start = seeds[0] + seed * 10_000
     return [make_task(s, KINDS, weights) for s in range(start, start + n)]
@@ -104,7 +112,10 @@ def prepare_model(home: Path, config: DemoConfig, progress: Progress | None = No
 
     source = ensure_model(home, config.model)
     demo_tasks = _tasks(DEMO_SEEDS, config.base_demos, config.seed, list(BASE_MIX.values()))
-    train = {"steps": config.base_steps, "batch_size": 4, "max_length": 1024}
+    train = {"steps": config.base_steps, "batch_size": 4, "max_length": 1024, "lr": 1e-3,
+             "layers": upper_layers(source)}  # fmt: skip
+    if config.model.startswith("tiny"):
+        train["lr"] = 1e-2
     train.update(config.base_train)
     key = _hash({"base": weights_hash(source), "mix": BASE_MIX, "train": train,
                  "demos": [t.seed for t in demo_tasks]})  # fmt: skip
@@ -234,6 +245,7 @@ def run(
         return value
 
     folder = timed("prepare", lambda: prepare_model(home, config, progress))
+
     def trace() -> None:
         # (again after the dev runs: a new init closes this process's spool file, so the
         # nightly's compaction can take it whole)
@@ -257,8 +269,10 @@ def run(
     dev_results = timed("dev", dev)
     tg.flush()
     trace()
+    lr = 1e-2 if config.model.startswith("tiny") else 1e-3
     train = {"steps": config.adapter_steps, "train_seeds": config.adapter_train_seeds,
-             "batch_size": 4, "max_length": 1024, **config.adapter_train}  # fmt: skip
+             "batch_size": 4, "max_length": 1024, "layers": upper_layers(folder), "lr": lr,
+             **config.adapter_train}  # fmt: skip
     night_config = NightlyConfig(
         model=str(folder), train=train, eval_seeds=config.eval_seeds,
         max_new_tokens=config.max_new_tokens,
@@ -269,8 +283,12 @@ def run(
         if progress is not None:
             progress(f"nightly {name}: {message}", 0, 0)
 
+    def train_step(step: Any) -> None:
+        if progress is not None:
+            progress(f"nightly {step.phase} {step.name}", step.done, step.total)
+
     night = timed("nightly", lambda: nightly(home, night_config, progress=night_progress,
-                                              embedder=embedder))  # fmt: skip
+                                              embedder=embedder, on_step=train_step))  # fmt: skip
     heldout = _tasks(HELDOUT_SEEDS, config.heldout_tasks, config.seed)
 
     def base_heldout() -> list[dict[str, Any]]:

@@ -17,9 +17,9 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 pytest.importorskip("duckdb")
 
-from tracegym.examples import lm_agent  # noqa: E402
-from tracegym.examples.demo import DemoConfig, run  # noqa: E402
-from tracegym.examples.shop import (  # noqa: E402
+from tracegym.examples import lm_agent
+from tracegym.examples.demo import DemoConfig, run
+from tracegym.examples.shop import (
     KINDS,
     Shop,
     demonstration,
@@ -28,9 +28,9 @@ from tracegym.examples.shop import (  # noqa: E402
     oracle_answer,
     verify,
 )
-from tracegym.synthesis import registry  # noqa: E402
-from tracegym.training import adapters  # noqa: E402
-from tracegym.training.rollout import format_call  # noqa: E402
+from tracegym.synthesis import registry
+from tracegym.training import adapters
+from tracegym.training.rollout import format_call
 
 
 # The shop ----------------------------------------------------------------------------------------
@@ -74,7 +74,7 @@ def test_a_demonstration_replays_the_oracle():
     assert messages[-1]["content"] == oracle_answer(task)
 
 
-# The pipeline --------------------------------------------------------------------------------------
+# The pipeline ------------------------------------------------------------------------------------
 def _scripted_think(self):
     """Oracle replies, except a refund skips get_order (a capability gap to discover)."""
     task = self.task
@@ -91,26 +91,41 @@ def _scripted_think(self):
 
 @pytest.fixture(scope="module")
 def demo_home(tmp_path_factory):
+    """One reduced demo for the module. Tracing goes through a private provider (the demo calls
+    `tg.init`), restored afterwards like conftest's `tracer_setup` does."""
+    import tracegym
+    from opentelemetry.sdk.trace import TracerProvider
+    from tracegym.tracer import setup
+
     home = tmp_path_factory.mktemp("demo")
     config = DemoConfig.quick(
         model="tiny", embedder="hash", dev_tasks=32, heldout_tasks=8, base_demos=8, base_steps=4,
         adapter_steps=6, adapter_train_seeds=6, eval_seeds=4, batch_size=4, max_new_tokens=16,
     )  # fmt: skip
     stages: list[str] = []
+    provider = TracerProvider()
     patch = pytest.MonkeyPatch()
+    init = tracegym.init
+    patch.setattr(tracegym, "init", lambda **kw: init(provider=provider, **kw))
     original = lm_agent._Episode.think
     patch.setattr(lm_agent._Episode, "think", _scripted_think)
-    try:
-        # the dev runs are scripted; switch back to the model before the held-out runs
-        def stage(name):
-            stages.append(name)
-            if name == "nightly":
-                patch.setattr(lm_agent._Episode, "think", original)
 
+    # the dev runs are scripted; the model itself runs from the nightly on
+    def stage(name):
+        stages.append(name)
+        if name == "nightly":
+            patch.setattr(lm_agent._Episode, "think", original)
+
+    try:
         report = run(home, config, stage=stage)
+        yield home, config, report, stages
     finally:
         patch.undo()
-    return home, config, report, stages
+        tracegym.shutdown()
+        provider.shutdown()
+        setup._installed.processor = None
+        setup._installed.provider = None
+        setup._installed.batches = []
 
 
 def test_every_stage_ran_and_left_valid_artifacts(demo_home):
@@ -170,6 +185,7 @@ def test_the_report_is_written_and_the_runs_are_queryable(demo_home):
 
 def test_a_second_run_reuses_the_model_and_the_dev_runs(demo_home, monkeypatch):
     home, config, report, _ = demo_home
+    # (tg.init is still the fixture's, on its private provider)
 
     def no_training(*args, **kwargs):
         raise AssertionError("the base model should be cached")

@@ -157,11 +157,13 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 bar.console.print(f"[bold]{stage}[/]: {escape(message)}", highlight=False)
                 bar.advance(night)  # the stage ended (done, skipped, already done ...)
 
+        steps_bar, on_step = train_progress(quiet=as_json)
         try:
-            with bar:
+            with bar, steps_bar:
                 result = run(
-                    target, config, progress=progress, embedder=_embedder(embedder, target)
-                )
+                    target, config, progress=progress, embedder=_embedder(embedder, target),
+                    on_step=on_step,
+                )  # fmt: skip
         except NightlyBusy as exc:
             fail(str(exc), 3)
         except ModelError as exc:

@@ -166,8 +166,10 @@ class _Night:
         fault: str | None,
         progress: Callable[[str, str], None] | None,
         embedder: Any,
+        on_step: Callable[[Any], None] | None = None,
     ) -> None:
         self.home = home
+        self.on_step = on_step
         self.config = config
         self.fault = fault
         self.progress = progress or (lambda stage, message: None)
@@ -290,7 +292,7 @@ class _Night:
                 (trained if existing.get("night") == self.date else kept).append(adapter_id)
                 continue
             self.progress("train", f"training {adapter_id}")
-            train_capability(self.home, env, folder, config, evaluate=False)
+            train_capability(self.home, env, folder, config, evaluate=False, on_step=self.on_step)
             adapters.update(self.home, adapter_id, train_key=key, night=self.date)
             trained.append(adapter_id)
             self.inject("train:after-adapter")
@@ -453,13 +455,15 @@ def nightly(
     fault: str | None = None,
     progress: Callable[[str, str], None] | None = None,
     embedder: Any = None,
+    on_step: Callable[[Any], None] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) tonight's job under `home`; returns the stage results and report path.
-    Raises NightlyBusy when another run holds the lock."""
+    `progress(stage, message)` hears of stages, `on_step` of every training step
+    (training.sft.TrainStep). Raises NightlyBusy when another run holds the lock."""
     home = Path(home)
     config = config or NightlyConfig()
     with lock(home):
-        night = _Night(home, config, fault, progress, embedder)
+        night = _Night(home, config, fault, progress, embedder, on_step)
         night.run()
         results = night.results
         state = {
