@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The tests' models are tiny: one thread per op beats two fighting over two cores (about 10x on a
+# busy machine). Set before anything imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import tracegym
 from tracegym.tracer import internal, setup
 from tracegym.tracer.operations import state

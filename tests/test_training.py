@@ -201,9 +201,10 @@ def test_grpo_runs_and_its_update_favours_higher_reward():
         rollout(work, env, 5, temperature=1.0, generator=generator, trace=False) for _ in range(8)
     ]
     rewards = torch.tensor([r.reward for r in group])
-    if float(rewards.std()) < 1e-6:
-        pytest.skip("the sampled group has no reward variance")
-    advantages = ((rewards - rewards.mean()) / rewards.std()).tolist()
+    if float(rewards.std()) > 1e-6:
+        advantages = ((rewards - rewards.mean()) / rewards.std()).tolist()
+    else:  # every sample scored the same: any advantages test the direction of the update
+        advantages = [1.0 if i % 2 else -1.0 for i in range(len(group))]
     batch = [encode_examples(policy.tokenizer, [r.messages], 1024)[0] for r in group]
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=1e-2)
