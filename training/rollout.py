@@ -280,9 +280,13 @@ class RolloutResult:
     seconds: float = 0.0
     run_id: str = ""
     adapter: str | None = None
+    # the exact token ids of the episode and 1 on those the policy sampled (a policy gradient
+    # must use these: decoding and re-encoding the text can give other ids)
+    token_ids: list[int] = field(default_factory=list, repr=False)
+    sampled_mask: list[int] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k not in ("token_ids", "sampled_mask")}
 
 
 def rollout(
@@ -312,8 +316,14 @@ def rollout(
         {"role": "user", "content": str(observation.get("content", ""))},
     ]
     session: Any = LaneSession(lm) if lm is not None else Session(policy, use_cache=use_cache)
+    mask: list[int] = []
+
+    def feed(ids: list[int]) -> None:
+        session.feed(ids)
+        mask.extend([0] * len(ids))
+
     for m in messages:
-        session.feed(encoder.message(m["role"], m["content"])[0])
+        feed(encoder.message(m["role"], m["content"])[0])
     budget = min(max_steps or info.get("max_steps", 10), info.get("max_steps", 10))
     run_id = uuid.uuid4().hex
     actions: list[dict[str, Any]] = []
@@ -324,7 +334,7 @@ def rollout(
     handle = agent.__enter__() if agent is not None else None
     try:
         for turn in range(budget + 1):
-            session.feed(encoder.header("assistant"))
+            feed(encoder.header("assistant"))
             before = len(session.ids)
             if trace:
                 with tg.llm("generate", model=policy.name) as call:
@@ -334,15 +344,16 @@ def rollout(
                     call.set_usage(before, len(new))
             else:
                 new, full = session.generate(max_new_tokens, encoder.end_id, temperature, generator)
+            mask.extend([1] * len(new))
             prompt += before
             generated += len(new)
             text = policy.tokenizer.decode(
                 [t for t in new if t != encoder.end_id], skip_special_tokens=False
             )
             if new and new[-1] == encoder.end_id:
-                session.feed(encoder.text("\n"))
+                feed(encoder.text("\n"))
             else:
-                session.feed([encoder.end_id, *encoder.text("\n")])
+                feed([encoder.end_id, *encoder.text("\n")])  # that end token was not sampled
             messages.append({"role": "assistant", "content": text})
             action = parse_action(text)
             if turn >= budget and "answer" not in action:
@@ -361,7 +372,7 @@ def rollout(
                 break
             content = str(obs.get("content", ""))
             messages.append({"role": "tool", "content": content})
-            session.feed(encoder.message("tool", content)[0])
+            feed(encoder.message("tool", content)[0])
         else:  # pragma: no cover - the environment always ends within its budget
             verdict = {"reward": 0.0, "passed": False, "reasons": ["no verdict"]}
         if handle is not None:
@@ -394,6 +405,8 @@ def rollout(
         seconds=time.perf_counter() - started,
         run_id=run_id,
         adapter=adapter,
+        token_ids=list(session.ids),
+        sampled_mask=mask,
     )
 
 

@@ -35,10 +35,7 @@ from typing import Any
 from tracegym.training.model import Policy
 from tracegym.training.rollout import (
     ChatEncoder,
-    Session,
-    parse_action,
     rollout,
-    system_message,
     to_chat,
 )
 
@@ -345,45 +342,14 @@ def sample_episode(
     max_new_tokens: int = 48,
 ) -> SampledEpisode:
     """One untraced episode, kept as token ids. The policy gradient must be taken on the tokens
-    that were sampled: decoding them and encoding the text again (what `rollout` returns) gives
+    that were sampled: decoding them and encoding the text again (`rollout`'s messages) gives
     other ids for most of a tiny model's samples (byte-level pieces, non-canonical merges), so
-    GRPO would raise the likelihood of sequences the policy never produced. The turn logic is
-    `rollout`'s (same prompt, parsing and step budget)."""
-    encoder = ChatEncoder(policy.tokenizer)
-    observation, info = env.reset(seed=seed)
-    system = system_message(info.get("system_prompt", ""), info.get("tools", []))
-    session = Session(policy)
-    mask: list[int] = []
-
-    def feed(ids: list[int]) -> None:
-        session.feed(ids)
-        mask.extend([0] * len(ids))
-
-    feed(encoder.message("system", system)[0])
-    feed(encoder.message("user", str(observation.get("content", "")))[0])
-    budget = int(info.get("max_steps", 10))
-    verdict: dict[str, Any] = {"reward": 0.0, "passed": False}
-    for turn in range(budget + 1):
-        feed(encoder.header("assistant"))
-        new, full = session.generate(max_new_tokens, encoder.end_id, temperature, generator)
-        mask.extend([1] * len(new))
-        text = policy.tokenizer.decode(
-            [t for t in new if t != encoder.end_id], skip_special_tokens=False
-        )
-        # a reply cut at max_new_tokens is closed here: that end token was not sampled
-        feed(encoder.text("\n") if new and new[-1] == encoder.end_id else
-             [encoder.end_id, *encoder.text("\n")])  # fmt: skip
-        action = parse_action(text)
-        if (turn >= budget and "answer" not in action) or full:
-            action = {"answer": text.strip() if full else ""}
-        _obs, _reward, terminated, truncated, info = env.step(action)
-        if terminated or truncated:
-            verdict = info.get("verdict", verdict)
-            break
-        feed(encoder.message("tool", str(_obs.get("content", "")))[0])
-    return SampledEpisode(
-        list(session.ids), mask, float(verdict.get("reward", 0.0)), bool(verdict.get("passed"))
-    )
+    GRPO would raise the likelihood of sequences the policy never produced."""
+    result = rollout(
+        policy, env, seed, temperature=temperature, generator=generator,
+        max_new_tokens=max_new_tokens, trace=False,
+    )  # fmt: skip
+    return SampledEpisode(result.token_ids, result.sampled_mask, result.reward, result.passed)
 
 
 def _token_logps(model: Any, inputs: dict, temperature: float) -> Any:
