@@ -89,3 +89,14 @@ def test_weighted_combination_is_applied():
     apply_weights(model, {"press": 0.3, "refund": 0.7})  # again: replaces the combination
     assert apply_weights(model, {"press": 1.0}) == "press"
     assert torch.allclose(out(), a, atol=1e-5)
+
+
+def test_rounded_weights_group_nearly_equal_mixtures():
+    from tracegym.training.router import rounded
+
+    a = rounded({"x": 0.62, "y": 0.38})
+    b = rounded({"y": 0.41, "x": 0.59})
+    assert a == b == {"x": 0.6, "y": 0.4}
+    assert rounded({"x": 0.97, "y": 0.03}) == {"x": 1.0}  # a negligible share is dropped
+    assert rounded({}) == {}
+    assert abs(sum(rounded({"x": 0.33, "y": 0.33, "z": 0.34}).values()) - 1) < 1e-5

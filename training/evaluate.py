@@ -119,12 +119,11 @@ def evaluate_capability(
     }
     if route is not None:
         # route every task, then run the tasks that got the same adapters together
-        # (a weighted combination is built for its task alone, so those tasks run one by one)
         groups: dict[str | None, list[int]] = {}
         passed = 0
         for s in seeds:
             use = route(env, s)  # applies the routed adapters (router.apply_weights)
-            if use == COMBINED:
+            if use == COMBINED:  # a combination is built for its task: it runs alone
                 passed += _run(policy, env, [s], use, **rollout_kwargs)
             else:
                 groups.setdefault(use, []).append(s)

@@ -127,6 +127,15 @@ class Router:
         return max(weights, key=weights.get) if weights else None
 
 
+def rounded(weights: Mapping[str, float], step: float = 0.1) -> dict[str, float]:
+    """`weights` rounded to multiples of `step` (adapters that round to 0 dropped, the rest
+    renormalised): tasks with nearly the same mixture share one combined adapter, so they can
+    run as a batch instead of one by one."""
+    kept = {a: round(w / step) * step for a, w in weights.items() if round(w / step) > 0}
+    total = sum(kept.values())
+    return {a: round(w / total, 6) for a, w in sorted(kept.items())} if total else {}
+
+
 def apply_weights(model: Any, weights: Mapping[str, float], name: str = COMBINED) -> str | None:
     """Make `model` (a PeftModel holding the adapters) use `weights`: adapters off for {}, one
     adapter with `set_adapter`, or a linear combination with `add_weighted_adapter` (`cat` when
@@ -189,4 +198,11 @@ def routing_accuracy(router: Router, tasks: Sequence[tuple[str, str | None]]) ->
     }
 
 
-__all__ = ["HashEmbedder", "Router", "apply_weights", "heldout_tasks", "routing_accuracy"]
+__all__ = [
+    "HashEmbedder",
+    "Router",
+    "apply_weights",
+    "heldout_tasks",
+    "rounded",
+    "routing_accuracy",
+]
