@@ -63,6 +63,7 @@ class DemoConfig:
     batch_size: int = 8
     max_new_tokens: int = 48
     embedder: str = "minilm"  # or "hash" (no model)
+    replay: bool = True  # mix the agent's passing dev runs into adapter training
     base_train: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides
     adapter_train: dict[str, Any] = field(default_factory=dict)
 
@@ -271,9 +272,15 @@ def run(
     train = {"steps": config.adapter_steps, "train_seeds": config.adapter_train_seeds,
              "batch_size": 4, "max_length": 1024, "layers": upper_layers(folder), "lr": lr,
              **config.adapter_train}  # fmt: skip
+    # rehearsal: the agent's own verifier-passing dev conversations go into every adapter's
+    # data, so adapters learn the environments' capability without forgetting the agent's
+    # conventions (its prompt, finding the customer first)
+    replay = out / "stages" / "replay.jsonl"
+    replay.write_text("".join(json.dumps(r["messages"]) + "\n" for r in dev_results
+                              if r["passed"] and r.get("messages")))  # fmt: skip
     night_config = NightlyConfig(
         model=str(folder), train=train, eval_seeds=config.eval_seeds,
-        max_new_tokens=config.max_new_tokens,
+        max_new_tokens=config.max_new_tokens, replay=str(replay) if config.replay else None,
     )  # fmt: skip
     embedder = _embedder(config.embedder, home)
 

@@ -50,6 +50,7 @@ class TaskResult:
     adapter: str | None = None
     generated_tokens: int = 0
     seconds: float = 0.0
+    messages: list[dict[str, str]] = field(default_factory=list)  # the chat the model saw
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,6 +65,11 @@ class _Episode:
         self.tools = ShopTools(task)
         self.session = session
         self.generated = 0
+        self.messages: list[dict[str, str]] = []
+
+    def add(self, role: str, content: str) -> None:
+        self.messages.append({"role": role, "content": content})
+        self.session.feed(self.agent.encoder.message(role, content)[0])
 
     def think(self) -> str:
         """One model reply (a `chat` span with the token usage)."""
@@ -78,20 +84,20 @@ class _Episode:
         if not new or new[-1] != end:
             session.feed([end])
         session.feed(agent.encoder.text("\n"))
-        return agent.policy.tokenizer.decode([t for t in new if t != end])
+        text = agent.policy.tokenizer.decode([t for t in new if t != end])
+        self.messages.append({"role": "assistant", "content": text})
+        return text
 
     @tg.agent(AGENT_NAME, run_id=lambda **call: call.get("run_id"))
     def solve(self, request: str, run_id: str) -> str:
         """Think, call a tool, read its result, until the model answers or runs out of turns."""
-        encoder = self.agent.encoder
-        for m in (("system", self.agent.system), ("user", request)):
-            self.session.feed(encoder.message(*m)[0])
+        self.add("system", self.agent.system)
+        self.add("user", request)
         for _ in range(self.agent.max_turns):
             action = parse_action(self.think())
             if "answer" in action:
                 return str(action["answer"])
-            result = self.tools.call(action.get("name"), action.get("arguments"))
-            self.session.feed(encoder.message("tool", result)[0])
+            self.add("tool", self.tools.call(action.get("name"), action.get("arguments")))
         return ""
 
 
@@ -136,6 +142,7 @@ class ShopAgent:
             adapter=adapter,
             generated_tokens=episode.generated,
             seconds=round(time.perf_counter() - started, 3),
+            messages=episode.messages,
         )
 
     def run_many(

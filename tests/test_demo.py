@@ -86,6 +86,7 @@ def _scripted_think(self):
     reply = format_call(*calls[done]) if done < len(calls) else oracle_answer(task)
     self.session.feed(encoder.header("assistant") + encoder.text(reply) + [encoder.end_id])
     self.session.feed(encoder.text("\n"))
+    self.messages.append({"role": "assistant", "content": reply})
     return reply
 
 
@@ -139,6 +140,11 @@ def test_every_stage_ran_and_left_valid_artifacts(demo_home):
     assert dev["success"]["n"] == 32
     assert dev["by_kind"]["refund"]["rate"] == 0.0
     assert dev["by_kind"]["status"]["rate"] == 1.0
+    # rehearsal data: the agent's own passing dev conversations, as the model saw them
+    replay = [json.loads(line) for line in (home / "demo" / "stages" / "replay.jsonl").open()]
+    assert len(replay) == dev["success"]["passed"]
+    assert all(c[0]["role"] == "system" and c[1]["role"] == "user" for c in replay)
+    assert all(c[-1]["role"] == "assistant" for c in replay)
     # analysis found the refund-before-lookup gap without being told
     names = [g["name"] for g in report["gaps"]]
     assert any("refund_order" in n for n in names), names

@@ -56,6 +56,7 @@ class NightlyConfig:
     eval_seeds: int = 20
     max_new_tokens: int = 96  # per assistant turn in evaluation rollouts
     route: bool = True  # evaluate base + router too (needs an embedder)
+    replay: str | None = None  # JSONL of the agent's passing conversations, mixed into training
     date: str | None = None  # YYYY-MM-DD (default: today, UTC)
 
     def to_dict(self) -> dict[str, Any]:
@@ -263,7 +264,16 @@ class _Night:
 
     def _train_key(self, env: Any, base_hash: str, config: Any) -> str:
         spec = env.spec.to_dict() if env.spec is not None else {"env_id": env.env_id}
-        return _hash_json({"spec": spec, "base": base_hash, "config": config.to_dict()})
+        key = {"spec": spec, "base": base_hash, "config": config.to_dict()}
+        if self.config.replay:
+            key["replay"] = _file_hash(Path(self.config.replay))
+        return _hash_json(key)
+
+    def _replay(self) -> list[Any]:
+        if not self.config.replay:
+            return []
+        with Path(self.config.replay).open(encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
 
     def stage_train(self) -> dict[str, Any]:
         from tracegym.synthesis import registry
@@ -292,7 +302,10 @@ class _Night:
                 (trained if existing.get("night") == self.date else kept).append(adapter_id)
                 continue
             self.progress("train", f"training {adapter_id}")
-            train_capability(self.home, env, folder, config, evaluate=False, on_step=self.on_step)
+            train_capability(
+                self.home, env, folder, config, evaluate=False, on_step=self.on_step,
+                replay=self._replay(),
+            )  # fmt: skip
             adapters.update(self.home, adapter_id, train_key=key, night=self.date)
             trained.append(adapter_id)
             self.inject("train:after-adapter")

@@ -539,8 +539,13 @@ def train_capability(
     eval_seeds: int = 20,
     evaluate: bool = True,
     on_step: StepCallback | None = None,
+    replay: Sequence[Sequence[dict[str, str]]] = (),
 ) -> dict[str, Any]:
     """Data -> LoRA adapter -> registry -> held-out evaluation -> promotion, for one environment.
+
+    `replay`: conversations of the agent's own verifier-passing runs, mixed into the data so
+    the adapter keeps the agent's conventions (its prompt, its first steps) while it learns the
+    environment's capability (rehearsal against forgetting).
 
     Loads a fresh base from `model_folder` (see model.ensure_model), so runs are independent.
     `on_step` gets every TrainStep: "sample" (rejection sampling), "sft", "grpo", then
@@ -564,6 +569,8 @@ def train_capability(
         seed=config.seed,
         on_step=on_step,
     )
+    if replay:
+        data.conversations.extend([list(c) for c in replay])
     adapter_id = adapters.adapter_id_for(env.env_id)
     if config.mode == "grpo":
         warm = config.warm_start_steps if config.warm_start_steps is not None else config.steps
