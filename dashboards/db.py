@@ -45,6 +45,7 @@ def _sandboxed(home: Path, memory_limit: str | None) -> duckdb.DuckDBPyConnectio
     con.execute("SET allowed_directories = $dirs", {"dirs": allowed})
     if memory_limit:
         con.execute("SET memory_limit = $limit", {"limit": memory_limit})
+    con.execute("SET parquet_metadata_cache = true")  # re-read when a file changes
     con.execute("SET enable_external_access = false")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")

@@ -152,9 +152,10 @@ def runs(ctx: Context, filters: queries.RunFilters) -> dict[str, Any]:
     options, finding_traces = finding_options(ctx.home)
     chosen = finding_traces.get(filters.finding, []) if filters.finding else None
     result = ctx.run(queries.runs(filters, chosen))
-    agents, tools = (ctx.run(q) for q in queries.run_options())
+    agents, tools = ctx.run(queries.run_options()).rows[0]
     rows = result.dicts()
     total = rows[0]["total"] if rows else 0
+    rows = [row for row in rows if row["trace_id"] is not None]  # a page past the end
     pages = max(1, math.ceil(total / queries.PAGE_SIZE))
     for row in rows:
         row["start"] = _iso(row["start_time"])
@@ -165,8 +166,8 @@ def runs(ctx: Context, filters: queries.RunFilters) -> dict[str, Any]:
         "pages": pages,
         "filters": filters,
         "active": filters.active(),
-        "agents": [r[0] for r in agents.rows],
-        "tools": [r[0] for r in tools.rows],
+        "agents": agents,
+        "tools": tools,
         "findings": options,
     }
 

@@ -95,61 +95,153 @@ def _date(text: str) -> dt.date | None:
         return None
 
 
+def _attr(key: str) -> str:
+    return f"json_extract_string(attributes, '$.\"{key}\"')"
+
+
+# Outcome records as rows: what each names (a run id or a trace id) and its verdict.
+OUTCOME_RECORDS = f"""
+    SELECT {_attr(sc.OUTCOME_TARGET)} AS target,
+           TRY_CAST({_attr(sc.OUTCOME_SUCCESS)} AS BOOLEAN) AS success,
+           TRY_CAST({_attr(sc.OUTCOME_REWARD)} AS DOUBLE) AS reward, start_ns
+    FROM _outcome_spans
+"""
+
+
+def _latest_outcome(targets: str) -> str:
+    """The latest outcome record per trace, as a struct `verdict` (success, reward).
+
+    `targets` is a relation of (trace_id, target): what an outcome of that trace may name (its
+    trace id, a run id on its spans)."""
+    return f"""
+        SELECT t.trace_id,
+               arg_max({{'success': r.success, 'reward': r.reward}}, r.start_ns) AS verdict
+        FROM {targets} t JOIN ({OUTCOME_RECORDS}) r ON r.target = t.target
+        GROUP BY t.trace_id
+    """
+
+
+_OUTCOME_TEST = {"success": "= true", "failure": "= false", "unknown": "IS NULL"}
+
+
 def runs(filters: RunFilters, finding_traces: list[str] | None) -> Query:
-    """One page of runs, newest first, with the total count in the same pass.
+    """One page of runs, newest first, and the number of runs matching, in one statement.
+
+    The `traces` view aggregates every span of every trace; this pages over a cheap key
+    instead: one GROUP BY over the spans gives each trace's start and, for the filters that are
+    on, what they test (the root's agent, whether a span called the tool or contains the text,
+    the run ids an outcome may name), so one pass serves them all. The outcome filter then
+    judges the runs the other filters kept; spans are aggregated and outcomes found for the
+    page's traces only. Same rows and order as `traces` (newest first by start_time, then
+    trace id), each with `total`; a page past the end returns one row with only `total` set.
+    A run's outcome is its latest outcome record naming its trace id or a run id on its spans
+    (the run page's rule; the `outcomes` view's too, for a run id used by one trace).
 
     `finding_traces` are the trace ids whose evidence matches `filters.finding` (resolved from
     gaps.json by the caller); None when that filter is off.
     """
-    where, params = ["true"], {}
-    if filters.agent:
+    keys, where, params = ["min(start_ns) AS start_ns"], ["true"], {}
+    if filters.agent:  # the agent of the trace's first root span, as in `traces`
+        keys.append("arg_min_null(agent, start_ns) FILTER (WHERE parent_span_id IS NULL) AS agent")
         where.append("agent = $agent")
         params["agent"] = filters.agent
-    if filters.outcome == "success":
-        where.append("success = true")
-    elif filters.outcome == "failure":
-        where.append("success = false")
-    elif filters.outcome == "unknown":
-        where.append("success IS NULL")
     if (since := _date(filters.since)) is not None:
-        where.append("start_time >= $since")
+        where.append("make_timestamp(start_ns // 1000) >= $since")
         params["since"] = dt.datetime.combine(since, dt.time())
     if (until := _date(filters.until)) is not None:
-        where.append("start_time < $until")
+        where.append("make_timestamp(start_ns // 1000) < $until")
         params["until"] = dt.datetime.combine(until + dt.timedelta(days=1), dt.time())
     if filters.tool:
-        where.append("trace_id IN (SELECT trace_id FROM spans WHERE tool = $tool)")
+        keys.append("bool_or(tool = $tool) AS has_tool")
+        where.append("has_tool")
         params["tool"] = filters.tool
     if finding_traces is not None:
         where.append("list_contains($finding_traces, trace_id)")
         params["finding_traces"] = finding_traces
     if filters.q:
-        where.append(
-            "trace_id IN (SELECT trace_id FROM spans WHERE contains(lower(name), $q) "
-            "OR contains(lower(input), $q) OR contains(lower(output), $q) "
-            "OR contains(lower(status_message), $q) OR contains(lower(error_type), $q) "
-            "OR trace_id = $q_exact OR run_id = $q_exact)"
+        keys.append(
+            "bool_or(contains(lower(name), $q) OR contains(lower(input), $q) "
+            "OR contains(lower(output), $q) OR contains(lower(status_message), $q) "
+            "OR contains(lower(error_type), $q) OR trace_id = $q_exact OR run_id = $q_exact) "
+            "AS has_text"
         )
+        where.append("has_text")
         params["q"] = filters.q.lower()
         params["q_exact"] = filters.q.strip()
     params["limit"] = PAGE_SIZE
     params["offset"] = (max(filters.page, 1) - 1) * PAGE_SIZE
+    if filters.outcome in _OUTCOME_TEST:  # judged after the other filters, for their runs
+        keys.append("list(DISTINCT run_id) FILTER (WHERE run_id IS NOT NULL) AS run_ids")
+        targets = (
+            "(SELECT trace_id, unnest(list_append(coalesce(run_ids, []), trace_id)) AS target "
+            "FROM candidates)"
+        )
+        judging = f"""
+        candidates AS MATERIALIZED (
+            SELECT trace_id, start_ns, run_ids FROM keys WHERE {" AND ".join(where)}
+        ),
+        judged AS MATERIALIZED ({_latest_outcome(targets)}),
+        matching AS MATERIALIZED (
+            SELECT c.trace_id, c.start_ns FROM candidates c LEFT JOIN judged j USING (trace_id)
+            WHERE j.verdict.success {_OUTCOME_TEST[filters.outcome]}
+        ),"""
+        page_outcomes = "SELECT * FROM judged WHERE trace_id IN (SELECT trace_id FROM page)"
+    else:
+        judging = f"""
+        matching AS MATERIALIZED (
+            SELECT trace_id, start_ns FROM keys WHERE {" AND ".join(where)}
+        ),"""
+        page_outcomes = _latest_outcome(
+            "(SELECT trace_id, trace_id AS target FROM page UNION ALL "
+            "SELECT DISTINCT trace_id, run_id FROM page_spans WHERE run_id IS NOT NULL)"
+        )
     sql = f"""
-        SELECT trace_id, run_id, agent, start_time, round(duration_ms, 1) AS duration_ms,
-               spans, tool_calls, llm_calls, errors, tokens, success, reward,
-               count(*) OVER () AS total
-        FROM traces WHERE {" AND ".join(where)}
-        ORDER BY start_time DESC, trace_id LIMIT $limit OFFSET $offset
+        WITH keys AS MATERIALIZED (
+            SELECT trace_id, {", ".join(keys)} FROM spans GROUP BY trace_id
+        ),
+        {judging}
+        page AS MATERIALIZED (
+            SELECT trace_id FROM matching
+            ORDER BY start_ns // 1000 DESC, trace_id LIMIT $limit OFFSET $offset
+        ),
+        page_spans AS MATERIALIZED (
+            SELECT trace_id, parent_span_id, start_ns, end_ns, operation, status, agent, run_id,
+                   input_tokens, output_tokens
+            FROM spans WHERE trace_id IN (SELECT trace_id FROM page)
+        ),
+        per_trace AS (
+            SELECT trace_id, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
+                   count(*) AS spans,
+                   count(*) FILTER (WHERE operation = '{sc.OP_TOOL}') AS tool_calls,
+                   count(*) FILTER (WHERE operation = '{sc.OP_CHAT}') AS llm_calls,
+                   count(*) FILTER (WHERE status = 'ERROR') AS errors,
+                   coalesce(CAST(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0))
+                       FILTER (WHERE operation = '{sc.OP_CHAT}') AS BIGINT), 0) AS tokens,
+                   arg_min_null(agent, start_ns) FILTER (WHERE parent_span_id IS NULL) AS agent,
+                   arg_min_null(run_id, start_ns) FILTER (WHERE parent_span_id IS NULL)
+                       AS run_id
+            FROM page_spans GROUP BY trace_id
+        ),
+        page_outcomes AS ({page_outcomes})
+        SELECT p.trace_id, p.run_id, p.agent, make_timestamp(p.start_ns // 1000) AS start_time,
+               round((p.end_ns - p.start_ns) / 1e6, 1) AS duration_ms,
+               p.spans, p.tool_calls, p.llm_calls, p.errors, p.tokens,
+               o.verdict.success AS success, o.verdict.reward AS reward, n.total
+        FROM (SELECT count(*) AS total FROM matching) n
+        LEFT JOIN (per_trace p LEFT JOIN page_outcomes o USING (trace_id)) ON true
+        ORDER BY p.start_ns // 1000 DESC, p.trace_id
     """
     return Query("runs", sql, params)
 
 
-def run_options() -> list[Query]:
-    """Values for the filter drop-downs."""
-    return [
-        Query("agents", "SELECT DISTINCT agent FROM spans WHERE agent IS NOT NULL ORDER BY 1"),
-        Query("tools", "SELECT DISTINCT tool FROM spans WHERE tool IS NOT NULL ORDER BY 1"),
-    ]
+def run_options() -> Query:
+    """Values for the filter drop-downs (agents, tools), in one pass over the spans."""
+    return Query(
+        "options",
+        "SELECT coalesce(list(DISTINCT agent ORDER BY agent) FILTER (WHERE agent IS NOT NULL), "
+        "[]) AS agents, coalesce(list(DISTINCT tool ORDER BY tool) FILTER (WHERE tool IS NOT NULL),"
+        " []) AS tools FROM spans",
+    )
 
 
 # One run --------------------------------------------------------------------------------------
@@ -208,19 +300,15 @@ def run_outcomes(targets: list[str]) -> Query:
     """The latest outcome recorded for each target (run ids and trace ids), read from the
     outcome records directly: the `outcomes` view maps every run id of the store first, a
     pass over all spans a single run does not need. Same fields and rule (latest wins)."""
-
-    def attr(key: str) -> str:
-        return f"json_extract_string(attributes, '$.\"{key}\"')"
-
     return Query(
         "outcomes",
         f"""
-        SELECT {attr(sc.OUTCOME_TARGET)} AS target,
-               TRY_CAST({attr(sc.OUTCOME_SUCCESS)} AS BOOLEAN) AS success,
-               TRY_CAST({attr(sc.OUTCOME_REWARD)} AS DOUBLE) AS reward,
-               {attr(sc.OUTCOME_SOURCE)} AS source, {attr(sc.OUTCOME_LABELS)} AS labels,
+        SELECT {_attr(sc.OUTCOME_TARGET)} AS target,
+               TRY_CAST({_attr(sc.OUTCOME_SUCCESS)} AS BOOLEAN) AS success,
+               TRY_CAST({_attr(sc.OUTCOME_REWARD)} AS DOUBLE) AS reward,
+               {_attr(sc.OUTCOME_SOURCE)} AS source, {_attr(sc.OUTCOME_LABELS)} AS labels,
                start_time AS recorded_at, start_ns
-        FROM _outcome_spans WHERE list_contains($targets, {attr(sc.OUTCOME_TARGET)})
+        FROM _outcome_spans WHERE list_contains($targets, {_attr(sc.OUTCOME_TARGET)})
         ORDER BY start_ns
         """,
         {"targets": targets},
@@ -274,6 +362,6 @@ def all_queries(trace_id: str = "", filters: RunFilters | None = None) -> dict[s
     """Each SQL-backed page's statements (for the benchmark's floor)."""
     return {
         "overview": overview(),
-        "runs": [runs(filters or RunFilters(), None), *run_options()],
+        "runs": [runs(filters or RunFilters(), None), run_options()],
         "run": [resolve_run(trace_id), *run(trace_id), run_outcomes([trace_id])],
     }

@@ -315,6 +315,61 @@ def test_runs_filters_and_pagination(server: Server, xss_trace: str):
     assert status == 200  # the views survived the quote in the search text
 
 
+TRACES_PAGE = """
+    SELECT trace_id, run_id, agent, start_time, round(duration_ms, 1) AS duration_ms,
+           spans, tool_calls, llm_calls, errors, tokens, success, reward,
+           count(*) OVER () AS total
+    FROM traces WHERE {where}
+    ORDER BY start_time DESC, trace_id LIMIT $limit OFFSET $offset
+"""  # the runs list as it read the `traces` view before paging over a per-trace key
+
+
+@pytest.mark.parametrize(
+    "filters, where",
+    [
+        ({}, "true"),
+        ({"outcome": "failure"}, "success = false"),
+        ({"outcome": "success"}, "success = true"),
+        ({"outcome": "unknown"}, "success IS NULL"),
+        ({"agent": "xss-agent"}, "agent = 'xss-agent'"),
+        (
+            {"tool": "get_order"},
+            "trace_id IN (SELECT trace_id FROM tool_calls WHERE tool = 'get_order')",
+        ),
+        ({"since": "2999-01-01"}, "start_time >= '2999-01-01'"),
+        (
+            {"q": "ORDER", "tool": "get_order", "outcome": "failure"},
+            "success = false AND trace_id IN (SELECT trace_id FROM tool_calls "
+            "WHERE tool = 'get_order') AND trace_id IN (SELECT trace_id FROM spans "
+            "WHERE contains(lower(name), 'order') OR contains(lower(input), 'order') "
+            "OR contains(lower(output), 'order') OR contains(lower(status_message), 'order') "
+            "OR contains(lower(error_type), 'order') OR trace_id = 'ORDER' OR run_id = 'ORDER')",
+        ),
+    ],
+)
+def test_runs_query_pages_like_the_traces_view(
+    home: Path, monkeypatch: pytest.MonkeyPatch, filters: dict[str, str], where: str
+):
+    from tracegym.dashboards import queries
+    from tracegym.store.store import Store
+
+    monkeypatch.setattr(queries, "PAGE_SIZE", 7)
+    with Store(home, compact_on_open=False) as store:
+        for page in range(1, 9):
+            query = queries.runs(queries.RunFilters(**filters, page=page), None)
+            got = store.sql(query.sql, query.params).fetchall()
+            params = {"limit": 7, "offset": (page - 1) * 7}
+            want = store.sql(TRACES_PAGE.format(where=where), params).fetchall()
+            assert [r for r in got if r[0] is not None] == want, (filters, page)
+            total = store.sql(f"SELECT count(*) FROM traces WHERE {where}").fetchall()[0][0]
+            assert got[0][-1] == total  # known on a page past the end too
+
+
+def test_runs_page_past_the_end_keeps_the_total(server: Server):
+    _, body, _ = server.get("/runs?page=99")
+    assert "41 runs" in body and "no runs match" in body
+
+
 def test_run_page_escapes_hostile_content(server: Server, xss_trace: str):
     status, body, _ = server.get(f"/run/{xss_trace}")
     assert status == 200
