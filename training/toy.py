@@ -29,16 +29,26 @@ COLORS = ("red", "blue", "green", "yellow")
 SYSTEM = "You operate a button panel. Press the button the ticket asks for, then reply done."
 
 
-class PressEnv(Environment):
-    family = "toy_press"
+class _ColorEnv(Environment):
+    """A ticket naming one of the first `colors` colours (what both toy tasks draw)."""
+
+    max_steps = 1
 
     def default_knobs(self) -> dict[str, Any]:
-        return {"colors": len(COLORS), "max_steps": 3}
+        return {"colors": len(COLORS), "max_steps": self.max_steps}
 
-    def generate(self, seed: int) -> Task:
+    def draw(self, seed: int) -> tuple[random.Random, tuple[str, ...], str]:
         rng = random.Random(seed)
         colors = COLORS[: int(self.knobs["colors"])]
-        color = rng.choice(colors)
+        return rng, colors, rng.choice(colors)
+
+
+class PressEnv(_ColorEnv):
+    family = "toy_press"
+    max_steps = 3
+
+    def generate(self, seed: int) -> Task:
+        rng, colors, color = self.draw(seed)
         return Task(
             seed=seed,
             instruction=f"Ticket {rng.getrandbits(24):06x}: please press the {color} button.",
@@ -101,16 +111,11 @@ def press_env(env_id: str = "toy-press", **knobs: Any) -> PressEnv:
 PICK_SYSTEM = "Reply with the colour of the button the ticket names, and nothing else."
 
 
-class PickEnv(Environment):
+class PickEnv(_ColorEnv):
     family = "toy_pick"
 
-    def default_knobs(self) -> dict[str, Any]:
-        return {"colors": len(COLORS), "max_steps": 1}
-
     def generate(self, seed: int) -> Task:
-        rng = random.Random(seed)
-        colors = COLORS[: int(self.knobs["colors"])]
-        color = rng.choice(colors)
+        rng, colors, color = self.draw(seed)
         return Task(
             seed=seed,
             instruction=f"Ticket {rng.getrandbits(24):06x}: which button? The {color} one.",
