@@ -76,7 +76,12 @@ class _Episode:
         agent, session = self.agent, self.session
         session.feed(agent.encoder.header("assistant"))
         before = len(session.ids)
-        with tg.llm("generate", model=agent.policy.name) as call:
+        with tg.llm(
+            "generate",
+            model=agent.policy.name,
+            system_instructions=RULES,
+            tool_definitions=TOOL_SCHEMAS,
+        ) as call:
             new, _full = session.generate(agent.max_new_tokens, agent.encoder.end_id)
             call.set_usage(before, len(new))
         self.generated += len(new)

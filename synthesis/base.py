@@ -348,6 +348,7 @@ class Environment:
                             replaying the oracle, see `expected_state_hash`)
           required_calls    [{"name", "arguments"}] that must have run (exact arguments)
           forbidden_calls   [{"name", "arguments"?}] that must not have run
+          opening           tool names the episode's first successful calls must be, in order
           order             [[before, after]]: the first `after` call comes after a `before`
           verify_after      [[check, write]]: a successful `check` after the last `write`
           grounded          every id-like argument value was seen before it was used
@@ -397,6 +398,16 @@ class Environment:
                 "action",
                 ok,
                 f"{_describe(pattern)} {'was not' if ok else 'was'} called",
+            )
+        opening = list(goal.get("opening", []))
+        if opening:
+            head = [c.get("name") for c in done_calls[: len(opening)]]
+            add(
+                "opening",
+                "action",
+                head == opening,
+                f"the episode {'opened' if head == opening else 'did not open'} with "
+                + ", ".join(opening),
             )
         for before, after in goal.get("order", []):
             first_after = next(

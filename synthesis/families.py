@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracegym.synthesis.base import Action, Environment, Task, contains_token
+from tracegym.synthesis.conventions import Conventions
 from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec
 from tracegym.synthesis.world import (
     LABEL_NAMES,
@@ -114,8 +115,19 @@ class ChainEnvironment(Environment):
             self.catalog, self.roles, memory=self.memory, strict_formats=self.strict_formats
         )
         self.answer_tool, self.answer_arg = self.roles.answer_tool, self.roles.answer_arg
-        self._schemas = self.world.json_schemas()
+        self.conventions = Conventions.from_dict(spec.extra.get("conventions"))
+        self._schemas = self._as_recorded(self.world.json_schemas())
         self.action_schema = self.catalog.tools[self.roles.action]
+
+    def _as_recorded(self, schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The agent's own definitions (and order) for the tools it recorded them for."""
+        if not self.conventions.tools:
+            return schemas
+        order = {
+            str(t.get("function", t).get("name")): i for i, t in enumerate(self.conventions.tools)
+        }
+        out = [self.conventions.tool_definition(s["function"]["name"]) or s for s in schemas]
+        return sorted(out, key=lambda s: order.get(s["function"]["name"], len(order)))
 
     # Environment hooks ---------------------------------------------------------------------
     def fork_state(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -190,7 +202,9 @@ class ChainEnvironment(Environment):
         )
 
     @classmethod
-    def build_spec(cls, gap: Mapping[str, Any], catalog: Catalog) -> EnvironmentSpec:
+    def build_spec(
+        cls, gap: Mapping[str, Any], catalog: Catalog, conventions: Conventions | None = None
+    ) -> EnvironmentSpec:
         action, extra_tools, note = cls.choose_action(gap, catalog)
         roles = infer_roles(catalog, action, extra_tools=extra_tools)
         cls.requirements(roles, catalog, gap)
@@ -233,6 +247,8 @@ class ChainEnvironment(Environment):
             + ".",
             extra={"action_choice": note},
         )
+        if conventions is not None and conventions.runs:
+            spec.extra["conventions"] = conventions.to_dict()
         spec.knobs = cls(spec).knobs
         return spec
 
@@ -466,9 +482,13 @@ class ChainEnvironment(Environment):
         max_steps: int | None = None,
         prompt: str = "",
     ) -> Task:
+        instruction, goal, oracle, added = self.follow_conventions(ctx, instruction, goal, oracle)
         calls = sum(1 for a in oracle if "name" in a)
+        if max_steps is not None:
+            max_steps += added
         steps = max_steps if max_steps is not None else calls + int(self.knobs.get("slack", 6))
-        system = SYSTEM_PROMPT + (" " + prompt if prompt else "")
+        system = self.conventions.system_prompt or SYSTEM_PROMPT
+        system += " " + prompt if prompt else ""
         if self.answer_tool:
             system += f" Give the final answer by calling {self.answer_tool}."
         return Task(
@@ -481,6 +501,50 @@ class ChainEnvironment(Environment):
             system_prompt=system,
             meta={"targets": ctx.targets, "knobs": dict(self.knobs)},
         )
+
+    def follow_conventions(
+        self, ctx: Ctx, instruction: str, goal: dict[str, Any], oracle: list[Action]
+    ) -> tuple[str, dict[str, Any], list[Action], int]:
+        """The task as the agent's successful runs would do it: its opening calls first (the user
+        says who they are), and the read it makes before each write on the same record. Returns
+        the instruction, goal and oracle, and how many calls were added."""
+        conv = self.conventions
+        oracle = list(oracle)
+        added = 0
+        r = self.roles
+        chain = {c["name"]: c for c in self.owner_chain(ctx)}
+        opening: list[Action] = []
+        for name in conv.opening:  # the part of the agent's opening this world can answer
+            if name not in chain:
+                break
+            opening.append(dict(chain[name]))
+        if opening:
+            names = [c["name"] for c in opening]
+            if [a.get("name") for a in oracle[: len(opening)]] != names:
+                oracle = opening + oracle
+                added += len(opening)
+            said = self.identity(ctx)
+            if said and not all(str(v) in instruction for v in ctx.attrs.values()):
+                instruction = said + instruction
+            goal = {**goal, "opening": names}
+        lookup = conv.lookups.get(r.action)
+        if lookup and lookup == r.lookup:
+            out: list[Action] = []
+            order = list(goal.get("order", []))
+            for action in oracle:
+                eid = (action.get("arguments") or {}).get(r.id_arg)
+                if action.get("name") == r.action and isinstance(eid, str):
+                    read = self.lookup_call(eid)
+                    if not any(a.get("name") == lookup and a == read for a in out):
+                        out.append(read)
+                        added += 1
+                    pair = [read, {"name": r.action, "arguments": {r.id_arg: eid}}]
+                    if pair not in order:
+                        order.append(pair)
+                out.append(action)
+            oracle = out
+            goal = {**goal, "order": order}
+        return instruction, goal, oracle, added
 
     def status_rule_text(self) -> str:
         status = self.roles.status
@@ -895,8 +959,6 @@ class BudgetEnv(ChainEnvironment):
         for other in ctx.entities[n:]:
             goal["forbidden_calls"].append({"name": r.action, "arguments": {r.id_arg: other}})
         oracle.append({"answer": self.answer(ctx, done, refused)})
-        calls = sum(1 for a in oracle if "name" in a)
-        budget = calls + int(k["slack"])
         side = []
         others = [
             o
@@ -915,6 +977,9 @@ class BudgetEnv(ChainEnvironment):
             f"{self.request(ctx, ctx.targets)}"
             + (f" Also, if you have time: {'; '.join(side)}." if side else "")
         )
+        # the budget counts the calls the agent's own conventions add
+        instruction, goal, oracle, _ = self.follow_conventions(ctx, instruction, goal, oracle)
+        budget = sum(1 for a in oracle if "name" in a) + int(k["slack"])
         prompt = (
             f"You have a budget of {budget} tool calls for this conversation, all of them "
             "counted; at the limit the conversation ends. The user's main request comes "
@@ -1119,9 +1184,12 @@ def family_for_gap(gap: Mapping[str, Any]) -> type[ChainEnvironment]:
     return FAMILIES[family]
 
 
-def build_spec(gap: Mapping[str, Any], catalog: Catalog) -> EnvironmentSpec:
-    """The environment spec for `gap`, or NotSynthesizable with the reason."""
-    return family_for_gap(gap).build_spec(gap, catalog)
+def build_spec(
+    gap: Mapping[str, Any], catalog: Catalog, conventions: Conventions | None = None
+) -> EnvironmentSpec:
+    """The environment spec for `gap` (following the agent's `conventions` when known), or
+    NotSynthesizable with the reason."""
+    return family_for_gap(gap).build_spec(gap, catalog, conventions)
 
 
 __all__ = [

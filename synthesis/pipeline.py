@@ -18,6 +18,7 @@ from typing import Any
 
 from tracegym.synthesis.base import Policy
 from tracegym.synthesis.calibrate import calibrate
+from tracegym.synthesis.conventions import Conventions, conventions_from_store
 from tracegym.synthesis.families import build_spec, family_for_gap, gap_detector
 from tracegym.synthesis.registry import from_spec, register, unregister
 from tracegym.synthesis.spec import Catalog, catalog_from_patterns, catalog_from_store
@@ -85,6 +86,7 @@ class SynthesisReport:
     rejected: list[dict[str, Any]] = field(default_factory=list)  # built, failed validity
     not_synthesizable: list[dict[str, Any]] = field(default_factory=list)
     catalog_source: str = ""
+    conventions: dict[str, Any] = field(default_factory=dict)  # what environments follow
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,12 +106,22 @@ def _store_catalog(home: Path) -> Catalog | None:
     return catalog if catalog.tools else None
 
 
+def _store_conventions(home: Path) -> Conventions:
+    if not (home / "lake").exists() and not (home / "spool").exists():
+        return Conventions()
+    try:
+        return conventions_from_store(home)
+    except ImportError:
+        return Conventions()
+
+
 def synthesize(
     home: str | Path,
     gaps_path: str | Path | None = None,
     policy: Policy | Callable[[], Policy] | None = None,
     *,
     catalog: Catalog | None = None,
+    conventions: Conventions | None = None,
     n_train: int = 500,
     n_heldout: int = 200,
     validity_seeds: int = 200,
@@ -120,7 +132,8 @@ def synthesize(
     """Turn each gap of `gaps_path` (default `<home>/gaps.json`) into a registered environment.
 
     `policy` (a callable, or a zero-argument factory of one) calibrates the knobs; without it
-    each family's default knobs are kept. `catalog` overrides the tools inferred from the store.
+    each family's default knobs are kept. `catalog` overrides the tools inferred from the store,
+    `conventions` the agent's conventions mined from it (see synthesis.conventions).
     """
     home = Path(home)
     gaps_file = Path(gaps_path) if gaps_path is not None else home / "gaps.json"
@@ -134,6 +147,9 @@ def synthesize(
         if store_catalog
         else "the gaps' argument patterns"
     )
+    if conventions is None:
+        conventions = _store_conventions(home)
+    report.conventions = conventions.to_dict()
     for gap in gaps:
         ref = _gap_ref(gap)
         try:
@@ -141,7 +157,7 @@ def synthesize(
             gap_catalog = store_catalog or catalog_from_patterns(
                 gap.get("argument_patterns", []), gap.get("tools", [])
             )
-            spec = build_spec(gap, gap_catalog)
+            spec = build_spec(gap, gap_catalog, conventions)
         except NotSynthesizable as exc:
             report.not_synthesizable.append({**ref, "reason": str(exc)})
             continue

@@ -17,10 +17,13 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 pytest.importorskip("duckdb")
 
+import tracegym as tg
 from tracegym.examples import lm_agent
 from tracegym.examples.demo import DemoConfig, run
 from tracegym.examples.shop import (
     KINDS,
+    RULES,
+    TOOL_SCHEMAS,
     Shop,
     demonstration,
     make_task,
@@ -84,6 +87,9 @@ def _scripted_think(self):
     done = len(self.tools.calls)
     encoder = self.agent.encoder
     reply = format_call(*calls[done]) if done < len(calls) else oracle_answer(task)
+    with tg.llm("scripted", model="scripted", system_instructions=RULES,
+                tool_definitions=TOOL_SCHEMAS):  # fmt: skip
+        pass  # what the real agent records on its chat spans
     self.session.feed(encoder.header("assistant") + encoder.text(reply) + [encoder.end_id])
     self.session.feed(encoder.text("\n"))
     self.messages.append({"role": "assistant", "content": reply})
@@ -155,7 +161,13 @@ def test_every_stage_ran_and_left_valid_artifacts(demo_home):
     envs = registry.list_envs(home)
     assert envs and report["environments"]
     for item in envs:
-        assert registry.load(home, item["env_id"]).env_id == item["env_id"]
+        env = registry.load(home, item["env_id"])
+        assert env.env_id == item["env_id"]
+        # they follow the agent's conventions: its prompt, its tools, find the customer first
+        task = env.make_task(env.spec.train_seeds[0])
+        assert task.system_prompt.startswith(RULES)
+        assert task.oracle[0]["name"] == "find_user" and task.goal["opening"] == ["find_user"]
+        assert {s["function"]["name"]: s for s in env.tool_schemas()}["find_user"] in TOOL_SCHEMAS
     # training + evaluation: an adapter per environment, each with an evaluation row
     metas = adapters.list_adapters(home)
     assert {m["capability"]["env_id"] for m in metas} == {e["env_id"] for e in envs}

@@ -68,8 +68,8 @@ def llm(fn: F, /) -> F: ...
 def llm(name: str | None = None, /, **options: Any) -> LLM: ...
 def llm(first: Any = None, /, name: str | None = None, **options: Any) -> Any:
     """A `chat {model}` span. Options: model, provider, usage (result -> (input, output)
-    tokens; OpenAI/Anthropic shapes are read by default), capture_messages, capture; the
-    `with` form takes messages=."""
+    tokens; OpenAI/Anthropic shapes are read by default), capture_messages, capture,
+    system_instructions, tool_definitions; the `with` form takes messages=."""
     return _build(LLM, first, name, options)
 
 

@@ -173,7 +173,11 @@ def _usage_of(result: Any) -> tuple[Any, Any] | None:
 
 
 class LLM(Operation):
-    """`chat {model}`: model, token usage, and the messages when message capture is on."""
+    """`chat {model}`: model, token usage, and the messages when message capture is on.
+
+    `system_instructions` and `tool_definitions`, when the agent passes them, are recorded as
+    given (`gen_ai.system_instructions`, `gen_ai.tool.definitions`): synthesis reads them so
+    that training environments speak to the model the way the agent does."""
 
     operation = sc.OP_CHAT
 
@@ -185,6 +189,8 @@ class LLM(Operation):
         provider: str | None = None,
         usage: Callable[[Any], tuple[int | None, int | None]] | None = None,
         capture_messages: bool | None = None,
+        system_instructions: str | list[Any] | None = None,
+        tool_definitions: list[Any] | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(name, **kw)
@@ -192,6 +198,8 @@ class LLM(Operation):
         self.provider = provider
         self.usage = usage
         self.capture_messages = capture_messages
+        self.system_instructions = system_instructions
+        self.tool_definitions = tool_definitions
 
     def span_name(self) -> str:
         return f"chat {self.model or self.name}"
@@ -202,6 +210,13 @@ class LLM(Operation):
             attrs[sc.REQUEST_MODEL] = self.model
         if self.provider:
             attrs[sc.PROVIDER] = self.provider
+        instructions = self.system_instructions
+        if isinstance(instructions, str):
+            instructions = [{"type": "text", "content": instructions}]
+        if instructions:
+            attrs[sc.SYSTEM_INSTRUCTIONS] = _json(instructions)
+        if self.tool_definitions:
+            attrs[sc.TOOL_DEFINITIONS] = _json(self.tool_definitions)
         return attrs
 
     def _messages_on(self, capture: bool) -> bool:

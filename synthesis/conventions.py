@@ -1,0 +1,228 @@
+"""The agent's own conventions, mined from its successful runs, so environments speak its language.
+
+An adapter trained in an environment that talks to the model differently from the agent (another
+system prompt, other tool descriptions, no "find the customer first" step) learns the capability
+in a setting the agent never sees, and can unlearn what the agent already does right. So
+synthesis copies what every successful run of the agent shares:
+
+| convention    | mined from                                                  | e.g.              |
+|---------------|-------------------------------------------------------------|-------------------|
+| system_prompt | `gen_ai.system_instructions` on the agent's chat spans      | the shop's rules  |
+| tools         | `gen_ai.tool.definitions` on the agent's chat spans         | its tool list     |
+| opening       | the tool calls nearly every successful run starts with      | `find_user`       |
+| lookups       | the read on the same id nearly every accepted write follows | `get_order` first |
+
+    conventions = conventions_from_store(home)          # or mine_conventions(runs)
+    spec = build_spec(gap, catalog, conventions)        # environments follow them
+
+Nothing here is told what the agent's tasks are: it is all in the traces.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracegym.synthesis.spec import is_answer_tool, is_read_tool, parse_json
+
+SHARE = 0.9  # a convention is what at least this share of successful runs do
+MIN_RUNS = 3  # and at least this many successful runs show it
+
+
+@dataclass
+class Conventions:
+    """What the agent's successful runs share (see the module docstring); empty when unknown."""
+
+    agent: str = ""
+    runs: int = 0  # successful runs mined
+    system_prompt: str = ""
+    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style definitions
+    opening: list[str] = field(default_factory=list)
+    lookups: dict[str, str] = field(default_factory=dict)  # write tool -> read tool before it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Conventions:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in (data or {}).items() if k in known})
+
+    def tool_definition(self, name: str) -> dict[str, Any] | None:
+        for tool in self.tools:
+            if _tool_name(tool) == name:
+                return tool
+        return None
+
+
+@dataclass
+class Run:
+    """One run as mining needs it: its calls in order, its outcome, what its chats recorded."""
+
+    calls: list[dict[str, Any]]  # {"tool", "arguments", "error"}
+    success: bool = True
+    system_instructions: str = ""
+    tool_definitions: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _tool_name(tool: Mapping[str, Any]) -> str:
+    fn = tool.get("function", tool)
+    return str(fn.get("name", "")) if isinstance(fn, Mapping) else ""
+
+
+def instructions_text(value: Any) -> str:
+    """`gen_ai.system_instructions` as text: a string, or the text parts of a list of parts."""
+    value = parse_json(value) if isinstance(value, str) else value
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, list):
+        parts = [
+            str(p.get("content", "")) if isinstance(p, Mapping) else str(p)
+            for p in value
+            if not isinstance(p, Mapping) or p.get("type", "text") == "text"
+        ]
+        return "\n".join(p for p in parts if p).strip()
+    return ""
+
+
+def _common(values: Iterable[Any], n: int) -> Any:
+    """The value at least SHARE of the `n` runs have, or None."""
+    counts = Counter(json.dumps(v, sort_keys=True) for v in values if v)
+    if not counts:
+        return None
+    text, count = counts.most_common(1)[0]
+    return json.loads(text) if count >= SHARE * n else None
+
+
+def _opening(runs: Sequence[Run]) -> list[str]:
+    """The longest prefix of successful tool names that SHARE of the runs start with."""
+    names = [[c["tool"] for c in r.calls if not c.get("error")] for r in runs]
+    prefix: list[str] = []
+    for depth in range(4):
+        heads = Counter(tuple(n[: depth + 1]) for n in names if len(n) > depth)
+        if not heads:
+            break
+        head, count = heads.most_common(1)[0]
+        if count < SHARE * len(runs) or is_answer_tool(head[-1]) or not is_read_tool(head[-1]):
+            break
+        prefix = list(head)
+    return prefix
+
+
+def _values(arguments: Any) -> set[str]:
+    data = parse_json(arguments)
+    if not isinstance(data, Mapping):
+        return set()
+    out: set[str] = set()
+    for value in data.values():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and len(item) >= 3:
+                out.add(item)
+    return out
+
+
+def _lookups(runs: Sequence[Run]) -> dict[str, str]:
+    """Write tool -> the read tool called earlier with one of the write's argument values, when
+    SHARE of the write's accepted calls (in at least MIN_RUNS runs, failed runs included: a
+    write the backend accepted is evidence of what it needs) have one."""
+    writes: Counter[str] = Counter()
+    before: dict[str, Counter[str]] = {}
+    write_runs: Counter[str] = Counter()
+    for run in runs:
+        done = [c for c in run.calls if not c.get("error")]
+        seen_writes: set[str] = set()
+        for i, call in enumerate(done):
+            tool = call["tool"]
+            if is_read_tool(tool) or is_answer_tool(tool):
+                continue
+            writes[tool] += 1
+            seen_writes.add(tool)
+            values = _values(call.get("arguments"))
+            reads = {
+                c["tool"]
+                for c in done[:i]
+                if is_read_tool(c["tool"]) and values & _values(c.get("arguments"))
+            }
+            for read in reads:
+                before.setdefault(tool, Counter())[read] += 1
+        write_runs.update(seen_writes)
+    out: dict[str, str] = {}
+    for tool, n in writes.items():
+        if write_runs[tool] < MIN_RUNS or tool not in before:
+            continue
+        read, count = before[tool].most_common(1)[0]
+        if count >= SHARE * n:
+            out[tool] = read
+    return out
+
+
+def mine_conventions(runs: Sequence[Run], agent: str = "") -> Conventions:
+    """The conventions of one agent's `runs`: what its successful runs share (nothing below
+    MIN_RUNS of them), and the reads its accepted writes follow."""
+    won = [r for r in runs if r.success]
+    if len(won) < MIN_RUNS:
+        return Conventions(agent=agent, runs=len(won))
+    prompt = _common((r.system_instructions for r in won), len(won)) or ""
+    tools = _common((r.tool_definitions for r in won), len(won)) or []
+    return Conventions(
+        agent=agent,
+        runs=len(won),
+        system_prompt=str(prompt),
+        tools=list(tools),
+        opening=_opening(won),
+        lookups=_lookups(runs),
+    )
+
+
+def conventions_from_store(home: str | Path) -> Conventions:
+    """The conventions of the agent with the most successful runs in the store under `home`
+    (runs without an outcome are left out)."""
+    from tracegym.store.store import Store
+    from tracegym.tracer import semconv as sc
+
+    with Store(home) as store:
+        top = store.sql(
+            "SELECT agent, count(*) AS n FROM traces WHERE success AND agent IS NOT NULL "
+            "GROUP BY agent ORDER BY n DESC, agent LIMIT 1"
+        ).fetchall()
+        if not top:
+            return Conventions()
+        agent = top[0][0]
+        judged = store.sql(
+            "SELECT trace_id, success FROM traces WHERE success IS NOT NULL AND agent = ?",
+            [agent],
+        ).fetchall()
+        mine = "SELECT trace_id FROM traces WHERE success IS NOT NULL AND agent = ?"
+        calls = store.sql(
+            "SELECT trace_id, tool, arguments, status, error_type FROM tool_calls "
+            f"WHERE trace_id IN ({mine}) "
+            "ORDER BY trace_id, start_time, step_index NULLS LAST",
+            [agent],
+        ).fetchall()
+        chats = store.sql(
+            "SELECT trace_id, any_value(attributes->>?), any_value(attributes->>?) FROM spans "
+            f"WHERE operation = ? AND trace_id IN ({mine}) GROUP BY trace_id",
+            [sc.SYSTEM_INSTRUCTIONS, sc.TOOL_DEFINITIONS, sc.OP_CHAT, agent],
+        ).fetchall()
+    runs = {trace_id: Run([], success=bool(success)) for trace_id, success in judged}
+    for trace_id, tool, arguments, status, error_type in calls:
+        runs.setdefault(trace_id, Run([])).calls.append(
+            {
+                "tool": tool,
+                "arguments": arguments,
+                "error": status == "ERROR" or error_type is not None,
+            }
+        )
+    for trace_id, instructions, definitions in chats:
+        run = runs.setdefault(trace_id, Run([]))
+        run.system_instructions = instructions_text(instructions)
+        tools = parse_json(definitions)
+        run.tool_definitions = list(tools) if isinstance(tools, list) else []
+    return mine_conventions(list(runs.values()), agent=str(agent))
+
+
+__all__ = ["Conventions", "Run", "conventions_from_store", "instructions_text", "mine_conventions"]
