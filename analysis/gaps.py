@@ -164,6 +164,9 @@ def gap_name(c: Candidate) -> str:
 def _tools(c: Candidate, runs: Mapping[str, Run]) -> list[str]:
     counts: Counter[str] = Counter()
     for f in c.findings:
+        named = f.details.get("tool")  # a tool the finding is about, even one never called
+        if isinstance(named, str):
+            counts[named] += 2
         steps = runs[f.trace_id].by_span() if f.trace_id in runs else {}
         for span in f.span_ids:
             step = steps.get(span)
@@ -234,6 +237,14 @@ def describe(s: Scored, name: str, runs: Mapping[str, Run], successes: Sequence[
                          "evidence": f.message})  # fmt: skip
         if len(examples) == 5:
             break
+    # the users' words, where findings kept them (unserved_request): synthesis reuses them
+    requests: list[dict[str, Any]] = []
+    for f in first:
+        text = f.details.get("request")
+        if isinstance(text, str) and text and all(r["text"] != text for r in requests):
+            requests.append({"text": text, "first_call": f.details.get("first_call")})
+        if len(requests) == 12:
+            break
     dominant = c.detector or next(iter(Counter(f.detector for f in c.findings).most_common(1)),
                                   ("", 0))[0]  # fmt: skip
     what = detector_text.get(dominant, "") or "a recurring failure pattern"
@@ -268,6 +279,7 @@ def describe(s: Scored, name: str, runs: Mapping[str, Run], successes: Sequence[
         "tools": tools,
         "argument_patterns": patterns,
         "examples": examples,
+        "requests": requests,
         "successful_behaviour": instead,
         "signatures": c.signatures[:3],
     }

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracegym.synthesis.spec import is_answer_tool, is_read_tool, parse_json
+from tracegym.analysis.tool_kinds import is_answer_tool, is_read_tool
+from tracegym.synthesis.spec import parse_json
 
 SHARE = 0.9  # a convention is what at least this share of successful runs do
 MIN_RUNS = 3  # and at least this many successful runs show it

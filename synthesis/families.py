@@ -9,6 +9,8 @@
 |                      | distractor side requests                           |                      |
 | verify_before_finish | checking that a write took effect before finishing | premature_finish     |
 | exact_arguments      | ids, amounts, lists in the exact recorded format   | invalid_invocation   |
+| requested_action     | calling the tool the user asked for, in the users' | unserved_request     |
+|                      | own wording (needs no recorded call of it)         |                      |
 
 Every family runs on the same simulated backend (`world.py`): the user asks for the gap's write
 tool (the *action*) on one or more records; lookups return records generated from the recorded
@@ -22,13 +24,16 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracegym.analysis.tool_kinds import is_read_tool
 from tracegym.synthesis.base import Action, Environment, Task, contains_token
 from tracegym.synthesis.conventions import Conventions
 from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec
+from tracegym.synthesis.wording import Wording, WordingError, learn_wording
 from tracegym.synthesis.world import (
     LABEL_NAMES,
     MEMORY_SEARCH,
@@ -36,9 +41,11 @@ from tracegym.synthesis.world import (
     Gen,
     NotSynthesizable,
     Roles,
+    ToolError,
     ToolWorld,
     WorldBuilder,
     canonical,
+    clone,
     get_all,
     infer_roles,
     is_wordlike,
@@ -226,19 +233,7 @@ class ChainEnvironment(Environment):
             env_id=env_id,
             family=cls.family,
             entry_point=f"{cls.__module__}:{cls.__name__}",
-            gap={
-                k: gap.get(k)
-                for k in (
-                    "id",
-                    "name",
-                    "key",
-                    "detector",
-                    "kind",
-                    "description",
-                    "coverage",
-                    "delta",
-                )
-            },
+            gap=gap_summary(gap),
             catalog=catalog.subset(used),
             roles=roles.to_dict(),
             description=f"{cls.capability} Action: {action}; lookup: {roles.lookup}"
@@ -557,8 +552,14 @@ class ChainEnvironment(Environment):
         )
 
 
+def gap_summary(gap: Mapping[str, Any]) -> dict[str, Any]:
+    """What a spec keeps of its gap."""
+    keys = ("id", "name", "key", "detector", "kind", "description", "coverage", "delta")
+    return {k: gap.get(k) for k in keys}
+
+
 def _answer(name: str) -> bool:
-    from tracegym.synthesis.spec import is_answer_tool
+    from tracegym.analysis.tool_kinds import is_answer_tool
 
     return is_answer_tool(name)
 
@@ -1132,7 +1133,195 @@ class ExactArgumentsEnv(ChainEnvironment):
         return self.build_task(seed, ctx, instruction, goal, oracle, prompt=prompt)
 
 
-FAMILIES: dict[str, type[ChainEnvironment]] = {
+class RequestedActionEnv(Environment):
+    """Do what the user asks: find the user's record the way the agent always does, then call
+    the tool that performs the requested action, with ids from the record and values from the
+    request. For `unserved_request` gaps, where the agent never calls that tool at all.
+
+    Unlike the chain families it needs no recorded call of the action: the tool's definition
+    comes from the agent's conventions (`gen_ai.tool.definitions`), the wording of the request
+    from the users' own requests (`gap["requests"]`, see `synthesis.wording`), the record from
+    the recorded result of the agent's opening call.
+    """
+
+    family = "requested_action"
+    capability = "Do what the user asked for: call the tool that performs it."
+    detectors = ("unserved_request",)
+
+    def __init__(self, spec: EnvironmentSpec, **knobs: Any) -> None:
+        super().__init__(spec, **knobs)
+        extra = spec.extra["requested"]
+        self.catalog = spec.catalog
+        self.conventions = Conventions.from_dict(spec.extra.get("conventions"))
+        self.action: str = extra["action"]
+        self.action_def: dict[str, Any] = extra["definition"]
+        self.opening: str = extra["opening"]
+        self.key_arg: str = extra["key_arg"]
+        self.record_args: list[str] = extra["record_args"]
+        self.user_args: list[str] = extra["user_args"]
+        self.wording = Wording.from_dict(extra["wording"])
+
+    def default_knobs(self) -> dict[str, Any]:
+        return {"slack": 4}
+
+    # Spec construction ---------------------------------------------------------------------
+    @classmethod
+    def build_spec(
+        cls, gap: Mapping[str, Any], catalog: Catalog, conventions: Conventions | None = None
+    ) -> EnvironmentSpec:
+        conv = conventions or Conventions()
+        writes = [t for t in gap.get("tools", []) if not is_read_tool(t) and not _answer(t)]
+        if not writes:
+            raise NotSynthesizable("the gap names no write tool the user asked for")
+        action = writes[0]
+        if conv.lookups.get(action):
+            raise NotSynthesizable(
+                f"{action} acts on a record the agent looks up first ({conv.lookups[action]}); "
+                "this family covers actions on the user's own record (the chain families cover "
+                "the rest)"
+            )
+        definition = conv.tool_definition(action) or (
+            catalog.tools[action].json_schema() if action in catalog.tools else None
+        )
+        if definition is None:
+            raise NotSynthesizable(f"{action}'s definition is unknown (not recorded, never called)")
+        params = definition.get("function", definition).get("parameters") or {}
+        required = list(params.get("required") or list(params.get("properties") or {}))
+        requests = [r for r in gap.get("requests", []) or [] if isinstance(r, Mapping)]
+        firsts = Counter(
+            (r.get("first_call") or {}).get("tool") for r in requests if r.get("first_call")
+        )
+        opening = conv.opening[0] if conv.opening else (firsts.most_common(1) or [(None, 0)])[0][0]
+        if not opening or opening not in catalog.tools:
+            raise NotSynthesizable(
+                "no recorded opening call finds the user's record (nothing to take ids from)"
+            )
+        opening_schema = catalog.tools[opening]
+        if len(opening_schema.required) != 1:
+            raise NotSynthesizable(f"{opening} does not take exactly one key argument")
+        key_arg = opening_schema.required[0]
+        shape = opening_schema.result
+        fields = shape.get("properties", {}) if shape.get("type") == "object" else {}
+        record_args = [a for a in required if a in fields]
+        user_args = [a for a in required if a not in fields]
+        said = []
+        for r in requests:
+            call = r.get("first_call") or {}
+            value = (
+                (call.get("arguments") or {}).get(key_arg) if call.get("tool") == opening else None
+            )
+            said.append((str(r.get("text", "")), value if isinstance(value, str) else None))
+        try:
+            wording = learn_wording(said)
+        except WordingError as exc:
+            raise NotSynthesizable(f"cannot learn how users ask for {action}: {exc}") from None
+        if "identity" not in wording.slots:
+            raise NotSynthesizable(f"the requests never state the {key_arg} {opening} needs")
+        if wording.value_slots != len(user_args):
+            raise NotSynthesizable(
+                f"the requests vary in {wording.value_slots} place(s) but {action} takes "
+                f"{len(user_args)} value(s) from the user ({', '.join(user_args) or 'none'})"
+            )
+        gap_id = str(gap.get("id") or "gap-custom")
+        tools = [opening] + [t for t in catalog.tools if t != opening]
+        spec = EnvironmentSpec(
+            env_id=f"{cls.family}-{gap_id.removeprefix('gap-')}",
+            family=cls.family,
+            entry_point=f"{cls.__module__}:{cls.__name__}",
+            gap=gap_summary(gap),
+            catalog=catalog.subset(tools),
+            description=f"{cls.capability} Action: {action}; the record from {opening}.",
+            extra={
+                "requested": {
+                    "action": action,
+                    "definition": definition,
+                    "opening": opening,
+                    "key_arg": key_arg,
+                    "record_args": record_args,
+                    "user_args": user_args,
+                    "wording": wording.to_dict(),
+                },
+            },
+        )
+        if conv.runs:
+            spec.extra["conventions"] = conv.to_dict()
+        spec.knobs = cls(spec).knobs
+        return spec
+
+    # Environment hooks ---------------------------------------------------------------------
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        if self.conventions.tools:
+            return [dict(t) for t in self.conventions.tools]
+        schemas = [t.json_schema() for t in self.catalog.tools.values() if t.name != self.action]
+        return [*schemas, self.action_def]
+
+    def _known(self) -> dict[str, set[str]]:
+        return {
+            str(t.get("function", t).get("name")): set(
+                (t.get("function", t).get("parameters") or {}).get("properties") or {}
+            )
+            for t in self.tool_schemas()
+        }
+
+    def generate(self, seed: int) -> Task:
+        rng = random.Random(f"{self.family}:{seed}")
+        gen = Gen(rng)
+        key = gen.argument(self.catalog.tools[self.opening].arguments[self.key_arg])
+        record = gen.value(self.catalog.tools[self.opening].result)
+        if not isinstance(record, dict):
+            record = {}
+        for name in self.record_args:
+            if record.get(name) in (None, "", [], {}):
+                record[name] = f"{name[:1].upper()}{rng.randrange(100, 1000)}"
+        values = [rng.choice(pool) for pool in self.wording.values]
+        call = {name: record[name] for name in self.record_args}
+        call.update(dict(zip(self.user_args, values, strict=True)))
+        instruction = self.wording.fill(str(key), values)
+        action = {"name": self.action, "arguments": call}
+        oracle: list[Action] = [
+            {"name": self.opening, "arguments": {self.key_arg: key}},
+            action,
+            {"answer": f"Done: {human(self.action)} ({_and([str(v) for v in values])})."},
+        ]
+        system = self.conventions.system_prompt or SYSTEM_PROMPT
+        return Task(
+            seed=seed,
+            instruction=instruction,
+            state={"record": record, "writes": [], "_key": key},
+            goal={"required_calls": [action], "opening": [self.opening]},
+            oracle=oracle,
+            max_steps=2 + int(self.knobs.get("slack", 4)),
+            system_prompt=system,
+            meta={"values": values},
+        )
+
+    def call_tool(self, state: dict[str, Any], name: str, arguments: Any) -> Any:
+        known = self._known()
+        if name not in known:
+            raise ToolError(f"unknown tool {name!r}", invalid=True)
+        args = dict(arguments) if isinstance(arguments, Mapping) else {}
+        unknown = set(args) - known[name]
+        if unknown and known[name]:
+            raise ToolError(f"{name}: unknown argument(s) {', '.join(sorted(unknown))}", True)
+        record = state["record"]
+        if name == self.opening:
+            if args.get(self.key_arg) != state["_key"]:
+                raise ToolError(f"no record with {self.key_arg} {args.get(self.key_arg)!r}")
+            return clone(record)
+        if name == self.action:
+            missing = [a for a in self.record_args + self.user_args if a not in args]
+            if missing:
+                raise ToolError(f"{name}: missing argument(s) {', '.join(missing)}", True)
+            wrong = [a for a in self.record_args if args[a] != record.get(a)]
+            if wrong:
+                raise ToolError(f"{name}: no record with {wrong[0]} {args[wrong[0]]!r}")
+        if is_read_tool(name):
+            return "not found"  # this world holds the user's record only
+        state["writes"].append({"name": name, "arguments": canonical(args)})
+        return {"status": "done", **args}
+
+
+FAMILIES: dict[str, type[ChainEnvironment] | type[RequestedActionEnv]] = {
     cls.family: cls
     for cls in (
         ToolOrderEnv,
@@ -1141,6 +1330,7 @@ FAMILIES: dict[str, type[ChainEnvironment]] = {
         BudgetEnv,
         VerifyBeforeFinishEnv,
         ExactArgumentsEnv,
+        RequestedActionEnv,
     )
 }
 DETECTOR_FAMILY: dict[str, str] = {
@@ -1169,7 +1359,7 @@ def gap_detector(gap: Mapping[str, Any]) -> str | None:
     return max(counts, key=lambda d: (counts[d], d)) if counts else None
 
 
-def family_for_gap(gap: Mapping[str, Any]) -> type[ChainEnvironment]:
+def family_for_gap(gap: Mapping[str, Any]) -> type[ChainEnvironment] | type[RequestedActionEnv]:
     detector = gap_detector(gap)
     if detector is None:
         raise NotSynthesizable(
@@ -1200,6 +1390,7 @@ __all__ = [
     "ExactArgumentsEnv",
     "GroundingEnv",
     "MemoryHygieneEnv",
+    "RequestedActionEnv",
     "ToolOrderEnv",
     "VerifyBeforeFinishEnv",
     "build_spec",

@@ -27,57 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.analysis.runs import json_type
+from tracegym.analysis.tool_kinds import is_read_tool
 
 SPEC_VERSION = 1
-
-# A tool is a *read* (no side effects) when its name starts with one of these verbs; everything
-# else (cancel, modify, refund, exchange, transfer, send ...) is a *write*.
-READ_VERBS = frozenset(
-    [
-        "get",
-        "find",
-        "list",
-        "search",
-        "lookup",
-        "look",
-        "fetch",
-        "read",
-        "query",
-        "check",
-        "calculate",
-        "compute",
-        "think",
-        "show",
-        "describe",
-        "view",
-        "count",
-        "retrieve",
-        "inspect",
-        "lookup_",
-        "locate",
-        "resolve",
-        "estimate",
-        "preview",
-    ]
-)
-# Write tools that are the agent's channel to the user: calling one is giving the final answer.
-ANSWER_WORDS = ("reply", "respond", "answer", "send_message", "final", "finish", "submit")
 
 MAX_EXAMPLES = 12
 MAX_WORD_EXAMPLES = 60  # word-like leaves (product names ...) keep more: they label entities
 _MAX_DISTINCT = 400
 _TOKEN = re.compile(r"\d+|[A-Za-z]+|.", re.S)
 _WORDLIKE = re.compile(r"^[A-Za-z][A-Za-z '&/-]{1,38}[A-Za-z]$")
-
-
-def is_read_tool(name: str) -> bool:
-    first = re.split(r"[_\-. ]|(?<=[a-z])(?=[A-Z])", name.strip())[0].lower()
-    return first in READ_VERBS
-
-
-def is_answer_tool(name: str) -> bool:
-    lowered = name.lower()
-    return not is_read_tool(name) and any(word in lowered for word in ANSWER_WORDS)
 
 
 def is_id_name(name: str) -> bool:

@@ -28,12 +28,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tracegym.analysis.tool_kinds import is_answer_tool
 from tracegym.synthesis.spec import (
     ArgSchema,
     Catalog,
     ToolSchema,
     formats_of,
-    is_answer_tool,
     is_id_name,
     is_id_value,
     is_wordlike,

@@ -79,11 +79,14 @@ def test_a_demonstration_replays_the_oracle():
 
 # The pipeline ------------------------------------------------------------------------------------
 def _scripted_think(self):
-    """Oracle replies, except a refund skips get_order (a capability gap to discover)."""
+    """Oracle replies, except a refund skips get_order and an address change never calls
+    update_address (two capability gaps to discover)."""
     task = self.task
     calls = oracle_actions(task)
     if task.kind == "refund":
         calls = [calls[0], ("refund_order", {"order_id": task.order_id})]
+    if task.kind == "address":
+        calls = calls[:1]
     done = len(self.tools.calls)
     encoder = self.agent.encoder
     reply = format_call(*calls[done]) if done < len(calls) else oracle_answer(task)
@@ -157,6 +160,10 @@ def test_every_stage_ran_and_left_valid_artifacts(demo_home):
     gap = next(g for g in report["gaps"] if "refund_order" in g["name"])
     assert gap["coverage"] > 0 and gap["delta"] > 0
     assert gap["example"]["trace_id"]
+    # and the address change it never makes: a tool never called, found from the requests
+    assert "unserved_request_update_address" in names, names
+    families = {e["family"] for e in report["environments"]}
+    assert "requested_action" in families, report["environments"]
     # synthesis: environments that pass their checks
     envs = registry.list_envs(home)
     assert envs and report["environments"]
@@ -166,6 +173,8 @@ def test_every_stage_ran_and_left_valid_artifacts(demo_home):
         # they follow the agent's conventions: its prompt, its tools, find the customer first
         task = env.make_task(env.spec.train_seeds[0])
         assert task.system_prompt.startswith(RULES)
+        if env.family == "requested_action":
+            assert "Hi, my email is" in task.instruction  # the users' own wording
         assert task.oracle[0]["name"] == "find_user" and task.goal["opening"] == ["find_user"]
         assert {s["function"]["name"]: s for s in env.tool_schemas()}["find_user"] in TOOL_SCHEMAS
     # training + evaluation: an adapter per environment, each with an evaluation row

@@ -530,7 +530,7 @@ def test_premature_finish_learns_checks_per_final_action() -> None:
 def test_registry() -> None:
     assert list(DETECTORS) == [
         "ungrounded_argument", "wrong_tool_order", "poisoned_memory", "budget_waste",
-        "invalid_invocation", "premature_finish"]  # fmt: skip
+        "invalid_invocation", "premature_finish", "unserved_request"]  # fmt: skip
     first, second = default_detectors(), default_detectors()
     assert [d.name for d in first] == list(DETECTORS)
     assert all(isinstance(d, Detector) and d.description for d in first)
@@ -645,3 +645,64 @@ def test_agentrx_detectors_fire_more_on_failures(tmp_path: Path) -> None:
     assert rate[False, "any"] >= 2 * rate[True, "any"]
     for name in ("ungrounded_argument", "wrong_tool_order", "budget_waste", "invalid_invocation"):
         assert rate.get((False, name), 0) > rate.get((True, name), 0), name
+
+
+# unserved_request ---------------------------------------------------------------------------------
+SHOP_TOOLS = [
+    {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+    for name in ("find_user", "get_order", "cancel_order", "update_address")
+]
+
+
+def _request_run(text: str, calls: list[str], *, success: bool, declared: bool = True) -> Run:
+    b = RunBuilder(json.dumps({"request": text, "run_id": "r"}), success=success)
+    attributes = {sc.TOOL_DEFINITIONS: json.dumps(SHOP_TOOLS)} if declared else {}
+    b._add("chat m", sc.OP_CHAT, attributes=attributes)
+    b.tool("find_user", {"email": "ana1@mail.com"}, {"user_id": "U1"})
+    for name in calls:
+        b.tool(name, {"order_id": "O1"}, "ok")
+    b.llm("done")
+    return b.build()
+
+
+def test_a_request_for_a_tool_never_called_is_flagged():
+    from tracegym.analysis.detectors.unserved import UnservedRequest
+
+    run = _request_run("Hi, please change my address to 1 Oak St.", ["get_order"], success=False)
+    detector = UnservedRequest().fit([run])
+    # declared tools only: update_address was never called in any run
+    assert set(detector.tools_) == {"cancel_order", "update_address"}
+    (finding,) = detector.detect(run)
+    assert finding.key == "unserved_request:update_address"
+    assert finding.position == run.steps[-1].position  # where it stopped without acting
+    assert finding.details["request"] == "Hi, please change my address to 1 Oak St."
+    assert finding.details["first_call"] == {"tool": "find_user",
+                                             "arguments": {"email": "ana1@mail.com"}}  # fmt: skip
+    # a run that did it, or a request for something else, is not flagged
+    done = _request_run("Please change my address.", ["update_address"], success=True)
+    status = _request_run("What is the status of my order O1?", ["get_order"], success=True)
+    assert detector.detect(done) == [] and detector.detect(status) == []
+
+
+def test_unserved_request_needs_every_word_of_the_tool_and_accepts_inflections():
+    from tracegym.analysis.detectors.unserved import UnservedRequest, tool_words
+
+    assert tool_words("update_address") == {"address"}
+    assert tool_words("cancelOrder") == {"cancel", "order"}
+    runs = [
+        _request_run("I cancelled... no: please cancel my order", [], success=False),
+        _request_run("Cancel it", [], success=False),  # no "order": not this tool's request
+    ]
+    detector = UnservedRequest().fit(runs)
+    assert keys(detector.detect(runs[0])) == ["unserved_request:cancel_order"]
+    assert detector.detect(runs[1]) == []
+
+
+def test_without_tool_definitions_the_tools_other_runs_called_are_known():
+    from tracegym.analysis.detectors.unserved import UnservedRequest
+
+    other = _request_run("cancel my order", ["cancel_order"], success=True, declared=False)
+    run = _request_run("please cancel my order", ["get_order"], success=False, declared=False)
+    detector = UnservedRequest().fit([other, run])
+    assert set(detector.tools_) == {"cancel_order"}
+    assert keys(detector.detect(run)) == ["unserved_request:cancel_order"]

@@ -19,6 +19,7 @@ from tracegym.analysis.detectors.memory import PoisonedMemory
 from tracegym.analysis.detectors.premature import PrematureFinish
 from tracegym.analysis.detectors.tool_order import WrongToolOrder
 from tracegym.analysis.detectors.ungrounded import UngroundedArgument
+from tracegym.analysis.detectors.unserved import UnservedRequest
 
 DETECTORS: dict[str, type[Detector]] = {
     cls.name: cls
@@ -29,6 +30,7 @@ DETECTORS: dict[str, type[Detector]] = {
         BudgetWaste,
         InvalidInvocation,
         PrematureFinish,
+        UnservedRequest,
     )
 }
 

@@ -1,0 +1,130 @@
+"""The users' wording learnt from their requests, and the `requested_action` environment built
+from an `unserved_request` gap: a tool the agent never called, known from its definition only."""
+
+from __future__ import annotations
+
+import pytest
+from tracegym.synthesis.base import run_actions
+from tracegym.synthesis.conventions import Conventions
+from tracegym.synthesis.families import RequestedActionEnv, build_spec, family_for_gap
+from tracegym.synthesis.registry import from_spec
+from tracegym.synthesis.spec import infer_catalog
+from tracegym.synthesis.validity import check_environment
+from tracegym.synthesis.wording import WordingError, learn_wording
+from tracegym.synthesis.world import NotSynthesizable
+
+REQUESTS = [
+    ("Hi, my email is ben94@mail.com. Please change my address to 53 Hill Ln.", "ben94@mail.com"),
+    ("Hi, my email is ana75@mail.com. Please change my address to 88 Pine Rd.", "ana75@mail.com"),
+    ("Hi, my email is gus8@mail.com. Please change my address to 33 Hill Ln.", "gus8@mail.com"),
+]
+UPDATE = {
+    "type": "function",
+    "function": {
+        "name": "update_address",
+        "description": "set the customer's address",
+        "parameters": {
+            "type": "object",
+            "properties": {"user_id": {"type": "string"}, "address": {"type": "string"}},
+            "required": ["user_id", "address"],
+        },
+    },
+}
+FIND = {
+    "type": "function",
+    "function": {
+        "name": "find_user",
+        "parameters": {
+            "type": "object",
+            "properties": {"email": {"type": "string"}},
+            "required": ["email"],
+        },
+    },
+}
+
+
+def test_wording_keeps_the_fixed_words_and_collects_the_values():
+    wording = learn_wording(REQUESTS)
+    assert wording.slots == ["identity", "value"]
+    assert wording.values == [["53 Hill Ln", "88 Pine Rd", "33 Hill Ln"]]  # no full stop
+    assert wording.fill("kai1@mail.com", ["1 Oak St"]) == (
+        "Hi, my email is kai1@mail.com. Please change my address to 1 Oak St."
+    )
+
+
+def test_wording_needs_requests_that_share_it():
+    with pytest.raises(WordingError, match="at least 2"):
+        learn_wording(REQUESTS[:1])
+    with pytest.raises(WordingError):
+        learn_wording([("Please change my address to 1 Oak St.", None),
+                       ("What a lovely day it is", None)])  # fmt: skip
+
+
+def _catalog():
+    traces = [
+        [{"tool": "find_user", "arguments": {"email": f"{name}{i}@mail.com"},
+          "result": {"user_id": f"U{100 + i}", "orders": [f"O{1000 + i}"]}},
+         {"tool": "get_order", "arguments": {"order_id": f"O{1000 + i}"},
+          "result": {"order_id": f"O{1000 + i}", "status": "pending"}}]
+        for i, name in enumerate(["ana", "ben", "cleo", "dan", "eva", "finn"] * 3)
+    ]  # fmt: skip
+    return infer_catalog(traces)
+
+
+def _gap(**extra):
+    return {
+        "id": "gap-addr", "detector": "unserved_request", "key": "unserved_request:update_address",
+        "tools": ["update_address"],
+        "requests": [{"text": t, "first_call": {"tool": "find_user", "arguments": {"email": e}}}
+                     for t, e in REQUESTS],
+        **extra,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def env():
+    conventions = Conventions(runs=10, system_prompt="Shop rules.", tools=[FIND, UPDATE],
+                              opening=["find_user"])  # fmt: skip
+    assert family_for_gap(_gap()) is RequestedActionEnv
+    return from_spec(build_spec(_gap(), _catalog(), conventions))
+
+
+def test_the_environment_asks_in_the_users_words_for_a_tool_never_called(env):
+    task = env.make_task(4)
+    assert task.instruction.startswith("Hi, my email is ")
+    assert "Please change my address to " in task.instruction
+    assert task.system_prompt == "Shop rules."
+    (find, update, answer) = task.oracle
+    assert find["name"] == "find_user" and find["arguments"]["email"] in task.instruction
+    assert update["name"] == "update_address"
+    assert update["arguments"]["user_id"] == task.state["record"]["user_id"]  # from the record
+    assert update["arguments"]["address"] in task.instruction  # from the user's words
+    assert "answer" in answer
+    assert [t["function"]["name"] for t in env.tool_schemas()] == ["find_user", "update_address"]
+
+
+def test_the_verifier_wants_the_right_call_after_the_opening(env):
+    task = env.make_task(7)
+    find, update, answer = task.oracle
+    assert run_actions(env, 7, task.oracle)[1].passed
+    assert not run_actions(env, 7, [find, answer])[1].passed  # never acted
+    assert not run_actions(env, 7, [update, answer])[1].passed  # skipped the opening
+    guessed = {"name": "update_address",
+               "arguments": {**update["arguments"], "user_id": "U999999"}}  # fmt: skip
+    assert not run_actions(env, 7, [find, guessed, answer])[1].passed
+    assert check_environment(env, 60).ok
+
+
+def test_what_the_family_cannot_build_is_said(env):
+    catalog = _catalog()
+    looked_up = Conventions(runs=10, tools=[FIND, UPDATE], opening=["find_user"],
+                            lookups={"update_address": "get_order"})  # fmt: skip
+    with pytest.raises(NotSynthesizable, match="looks up first"):
+        build_spec(_gap(), catalog, looked_up)
+    with pytest.raises(NotSynthesizable, match="definition is unknown"):
+        build_spec(_gap(), catalog, Conventions(runs=10, opening=["find_user"]))
+    with pytest.raises(NotSynthesizable, match="cannot learn how users ask"):
+        build_spec(_gap(requests=[]), catalog, Conventions(runs=10, tools=[FIND, UPDATE],
+                                                            opening=["find_user"]))  # fmt: skip
+    with pytest.raises(NotSynthesizable, match="no recorded opening call"):
+        build_spec(_gap(requests=[]), catalog, Conventions(runs=10, tools=[FIND, UPDATE]))
