@@ -13,12 +13,12 @@ registry but the router skips it, and the reason is written to its metadata and 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tracegym.training.model import Policy
 from tracegym.training.rollout import rollout, rollout_batched
-from tracegym.training.router import COMBINED
+from tracegym.training.router import apply_weights
 
 ALPHA = 0.05
 Z95 = 1.959963984540054
@@ -89,12 +89,13 @@ def evaluate_capability(
     seeds: Sequence[int],
     *,
     name: str = "policy",
-    route: Callable[[Any, int], None] | None = None,
+    route: Callable[[Any, int], Mapping[str, float]] | None = None,
     alpha: float = ALPHA,
     **rollout_kwargs: Any,
 ) -> dict[str, Any]:
     """Greedy held-out success of the base model (adapters disabled), the base with
-    `adapter_id`, and (with `route`, a function that sets up the model for a task) the router."""
+    `adapter_id`, and (with `route`, a task's adapter weights: see `router.rounded`, so that
+    tasks with the same mixture run as one batch) the router."""
     policy = Policy(model, tokenizer, name)
     seeds = list(seeds)
     with model.disable_adapter():
@@ -118,17 +119,13 @@ def evaluate_capability(
         "router": None,
     }
     if route is not None:
-        # route every task, then run the tasks that got the same adapters together
-        groups: dict[str | None, list[int]] = {}
-        passed = 0
+        # route every task, then run the tasks routed to the same mixture together
+        groups: dict[tuple[tuple[str, float], ...], list[int]] = {}
         for s in seeds:
-            use = route(env, s)  # applies the routed adapters (router.apply_weights)
-            if use == COMBINED:  # a combination is built for its task: it runs alone
-                passed += _run(policy, env, [s], use, **rollout_kwargs)
-            else:
-                groups.setdefault(use, []).append(s)
-        for use, group in groups.items():
-            route(env, group[0])  # the same adapter again
+            groups.setdefault(tuple(sorted(route(env, s).items())), []).append(s)
+        passed = 0
+        for key, group in groups.items():
+            use = apply_weights(model, dict(key))
             passed += _run(policy, env, group, use, **rollout_kwargs)
         row["router"] = rate(passed, len(seeds))
     return row

@@ -318,8 +318,8 @@ class _Night:
         from tracegym.training.model import load_policy
         from tracegym.training.router import (
             Router,
-            apply_weights,
             heldout_tasks,
+            rounded,
             routing_accuracy,
         )
 
@@ -347,10 +347,9 @@ class _Night:
             # every adapter is a candidate while evaluating; promotion decides routing later
             router = Router.from_registry(self.home, embedder, promoted_only=False)
 
-        def route(env: Any, seed: int) -> str | None:
+        def route(env: Any, seed: int) -> dict[str, float]:
             assert router is not None
-            text = env.make_task(seed).instruction
-            return apply_weights(model, router.weights(text))
+            return rounded(router.weights(env.make_task(seed).instruction))
 
         rows = []
         for adapter_id in todo:
