@@ -149,11 +149,13 @@ def run_agent(
     adapter: str | None = None,
     progress: Progress | None = None,
     label: str = "",
+    notes: Any = None,
 ) -> list[dict[str, Any]]:
-    """The agent on `tasks`, batched, every run traced into `home`'s spool."""
+    """The agent on `tasks`, batched, every run traced into `home`'s spool; `notes` are its
+    memory (`lm_agent.CustomerNotes`)."""
     from tracegym.examples.lm_agent import ShopAgent
 
-    agent = ShopAgent(policy, max_new_tokens=config.max_new_tokens, split=split)
+    agent = ShopAgent(policy, max_new_tokens=config.max_new_tokens, split=split, notes=notes)
     done = [0]
 
     def tick(_: Any) -> None:
@@ -167,7 +169,7 @@ def run_agent(
 
 def run_routed(
     home: Path, folder: Path, tasks: list[Any], config: DemoConfig, embedder: Any,
-    progress: Progress | None = None,
+    progress: Progress | None = None, notes: Any = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
     """The routed agent: promoted adapters chosen per task by the router (one, a weighted
     combination, or none when nothing matches)."""
@@ -180,7 +182,7 @@ def run_routed(
     routes: dict[str, dict[str, float]] = {}
     if not promoted:
         results = run_agent(home, policy, tasks, config, "heldout-routed", progress=progress,
-                            label="held-out, routed")  # fmt: skip
+                            label="held-out, routed", notes=notes)  # fmt: skip
         return results, {"promoted": [], "routes": {t.task_id: {} for t in tasks}}
     model = adapters.load_adapters(policy.model, home, promoted)
     policy.model = model
@@ -201,7 +203,7 @@ def run_routed(
                 progress("held-out, routed", base + n, len(tasks))
 
         for r in run_agent(home, policy, group, config, "heldout-routed", adapter=use,
-                           progress=tick):  # fmt: skip
+                           progress=tick, notes=notes):  # fmt: skip
             by_id[r["task_id"]] = r
         done += len(group)
     return [by_id[t.task_id] for t in tasks], {"promoted": promoted, "routes": routes}
@@ -227,6 +229,7 @@ def run(
 ) -> dict[str, Any]:
     """Run the demo under `home` (see the module docstring); returns the report's data."""
     import tracegym as tg
+    from tracegym.examples.lm_agent import CustomerNotes
     from tracegym.training.model import load_policy
     from tracegym.training.nightly import NightlyConfig, nightly
 
@@ -255,12 +258,18 @@ def run(
     dev_file = out / "stages" / "dev.json"
     cached = json.loads(dev_file.read_text()) if dev_file.exists() else {}
 
+    # the agent's memory: what it noted in dev; both held-out agents start from those notes
+    notes_file = out / "stages" / "notes.json"
+
     def dev() -> list[dict[str, Any]]:
-        if cached.get("key") == dev_key:
+        if cached.get("key") == dev_key and notes_file.exists():
             return cached["results"]
+        notes_file.unlink(missing_ok=True)
+        notes = CustomerNotes(notes_file)
         policy = load_policy(folder)
         results = run_agent(home, policy, _tasks(DEV_SEEDS, config.dev_tasks, config.seed),
-                            config, "dev", progress=progress)  # fmt: skip
+                            config, "dev", progress=progress, notes=notes)  # fmt: skip
+        notes.save()
         tg.flush()
         _write_json(dev_file, {"key": dev_key, "results": results})
         return results
@@ -298,12 +307,16 @@ def run(
 
     def base_heldout() -> list[dict[str, Any]]:
         return run_agent(home, load_policy(folder), heldout, config, "heldout-base",
-                         progress=progress, label="held-out, base")  # fmt: skip
+                         progress=progress, label="held-out, base",
+                         notes=CustomerNotes(notes_file))  # fmt: skip
 
     base = timed("heldout-base", base_heldout)
-    routed, routing = timed(
-        "heldout-routed", lambda: run_routed(home, folder, heldout, config, embedder, progress)
-    )
+
+    def routed_heldout() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        notes = CustomerNotes(notes_file)
+        return run_routed(home, folder, heldout, config, embedder, progress, notes=notes)
+
+    routed, routing = timed("heldout-routed", routed_heldout)
     tg.flush()
     report = build_report(home, config, folder, dev_results, night, base, routed, routing, minutes)
     _write_json(out / "report.json", report)

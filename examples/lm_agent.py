@@ -7,17 +7,26 @@ a production agent's would. The chat format (system prompt with the tool list, `
 </tool_call>` calls) is the one `tracegym.training.rollout` uses, so adapters trained on
 synthesized environments speak the same language.
 
-    agent = ShopAgent(load_policy(folder))
+    agent = ShopAgent(load_policy(folder), notes=CustomerNotes(path))
     result = agent.run(make_task(7))            # one task, alone
     results = agent.run_many(tasks, batch_size=8)   # batched generation across tasks
+
+Its memory is `CustomerNotes`: after each conversation it writes a note about the customer
+(`update_memory`), and when a customer it has notes on comes back it reads them (`search_memory`)
+and shows them to the model with the request.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import tracegym as tg
@@ -32,6 +41,44 @@ from tracegym.training.rollout import (
 )
 
 AGENT_NAME = "shop-agent"
+NOTES_STORE = "customer-notes"
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+
+
+class CustomerNotes:
+    """What the agent remembers about its customers, one note per email, kept across
+    conversations (and, with a `path`, across processes: `save()`).
+
+    Reads see the notes as they were when these notes were opened, so tasks see the same notes
+    whatever order or batch they run in (a comparison of two agents on the same tasks stays
+    fair); writes are kept for `save()`."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        loaded = {}
+        if self.path is not None and self.path.exists():
+            loaded = json.loads(self.path.read_text(encoding="utf-8"))
+        self.notes: dict[str, str] = dict(loaded)
+        self._opened = dict(loaded)
+        self._lock = threading.Lock()
+
+    @tg.memory_read(store=NOTES_STORE)
+    def read(self, email: str) -> str | None:
+        return self._opened.get(email)
+
+    @tg.memory_write(store=NOTES_STORE)
+    def write(self, email: str, note: str) -> None:
+        with self._lock:
+            self.notes[email] = note
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with self._lock:
+            tmp.write_text(json.dumps(self.notes, indent=1, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, self.path)
 
 
 @dataclass
@@ -95,9 +142,21 @@ class _Episode:
 
     @tg.agent(AGENT_NAME, run_id=lambda **call: call.get("run_id"))
     def solve(self, request: str, run_id: str) -> str:
-        """Think, call a tool, read its result, until the model answers or runs out of turns."""
+        """Recall the customer, converse, and note what happened."""
+        notes = self.agent.notes
+        found = _EMAIL.search(request)
+        email = found.group() if found and notes is not None else None
+        note = notes.read(email) if notes is not None and email else None
         self.add("system", self.agent.system)
-        self.add("user", request)
+        self.add("user", request + (f"\n(Your notes on this customer: {note})" if note else ""))
+        answer = self.converse()
+        if notes is not None and email:
+            done = ", ".join(name for name, _, _ in self.tools.calls) or "no tool"
+            notes.write(email, f"asked: {request} | did: {done} | answered: {answer[:160]}")
+        return answer
+
+    def converse(self) -> str:
+        """Think, call a tool, read its result, until the model answers or runs out of turns."""
         for _ in range(self.agent.max_turns):
             action = parse_action(self.think())
             if "answer" in action:
@@ -110,9 +169,16 @@ class ShopAgent:
     """The LM policy as an agent over the shop (see the module docstring)."""
 
     def __init__(
-        self, policy: Policy, *, max_turns: int = 6, max_new_tokens: int = 48, split: str = ""
+        self,
+        policy: Policy,
+        *,
+        max_turns: int = 6,
+        max_new_tokens: int = 48,
+        split: str = "",
+        notes: CustomerNotes | None = None,
     ) -> None:
         self.policy = policy
+        self.notes = notes
         self.encoder = ChatEncoder(policy.tokenizer)
         self.system = system_message(RULES, TOOL_SCHEMAS)
         self.max_turns = max_turns
@@ -167,4 +233,4 @@ class ShopAgent:
         return map_batched(self.policy, one, tasks, batch_size=batch_size, on_done=on_done)
 
 
-__all__ = ["AGENT_NAME", "ShopAgent", "TaskResult"]
+__all__ = ["AGENT_NAME", "CustomerNotes", "ShopAgent", "TaskResult"]

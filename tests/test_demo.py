@@ -32,6 +32,7 @@ from tracegym.examples.shop import (
     verify,
 )
 from tracegym.synthesis import registry
+from tracegym.testing import capture
 from tracegym.training import adapters
 from tracegym.training.rollout import format_call
 
@@ -191,6 +192,31 @@ def test_every_stage_ran_and_left_valid_artifacts(demo_home):
         low, high = heldout[side]["ci95"]
         assert 0 <= low <= heldout[side]["rate"] <= high <= 1
     assert set(heldout["routing"]["routes"]) == {f"shop:{s}" for s in range(1_000_000, 1_000_008)}
+    # the agent's memory: a note per dev customer, written and read back as memory spans
+    notes = json.loads((home / "demo" / "stages" / "notes.json").read_text())
+    assert len(notes) == len({t.email for t in dev_tasks(config)})
+    assert all(note.startswith("asked: Hi, my email is") for note in notes.values())
+
+
+def dev_tasks(config):
+    from tracegym.examples.demo import _tasks
+    from tracegym.examples.shop import DEV_SEEDS
+
+    return _tasks(DEV_SEEDS, config.dev_tasks, config.seed)
+
+
+def test_notes_are_read_back_when_a_customer_returns(tmp_path):
+    from tracegym.examples.lm_agent import CustomerNotes
+
+    with capture() as spans:
+        notes = CustomerNotes(tmp_path / "notes.json")
+        notes.write("ana1@mail.com", "asked: cancel O1 | did: cancel_order")
+        assert notes.read("ana1@mail.com") is None  # reads see the notes as opened
+        notes.save()
+        again = CustomerNotes(tmp_path / "notes.json")
+        assert again.read("ana1@mail.com") == "asked: cancel O1 | did: cancel_order"
+    assert len(spans.by_operation("update_memory")) == 1
+    assert len(spans.by_operation("search_memory")) == 2
 
 
 def test_the_report_is_written_and_the_runs_are_queryable(demo_home):
