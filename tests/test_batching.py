@@ -60,3 +60,108 @@ def test_an_episode_that_fails_does_not_hang_its_wave(policy):
 
     with pytest.raises(ValueError, match="boom"):
         map_batched(policy, work, [0, 1, 2], batch_size=3)
+
+
+# Compaction and the shared prefix -----------------------------------------------------------------
+def _episodes(policy):
+    """Prompts that share a long system message, with different turn counts (lanes close at
+    different steps) and different reply budgets (lanes finish replies at different times)."""
+    encoder = ChatEncoder(policy.tokenizer)
+    system = encoder.message("system", "You are a helpful agent. Call a tool or answer. " * 4)[0]
+    texts = ["hi", "press the button twice please", "a much longer message " * 6, "ok", "no"]
+    return encoder, [
+        (system + encoder.message("user", text)[0] + encoder.header("assistant"), turns, budget)
+        for text, turns, budget in zip(texts, [1, 3, 2, 3, 1], [6, 16, 3, 10, 12], strict=True)
+    ]
+
+
+def _converse(encoder, generate, ids, turns, budget):
+    replies = []
+    for turn in range(turns):
+        new, _ = generate(ids, budget)
+        replies.append(new)
+        ids = ids + new + encoder.message("tool", "ok " * (turn * 3 + 1))[0]
+        ids = ids + encoder.header("assistant")
+    return replies
+
+
+@pytest.mark.parametrize("compact", [False, True])
+@pytest.mark.parametrize("share_prefix", [False, True])
+def test_compaction_and_shared_prefix_keep_the_replies(policy, compact, share_prefix):
+    encoder, episodes = _episodes(policy)
+
+    def alone(episode):
+        def generate(ids, budget):
+            session = Session(policy)
+            session.feed(ids)
+            return session.generate(budget, encoder.end_id)
+
+        return _converse(encoder, generate, *episode)
+
+    def batched(lane, episode):
+        return _converse(
+            encoder, lambda ids, budget: lane.generate(ids, budget, encoder.end_id), *episode
+        )
+
+    stats: dict[str, int] = {}
+    got = map_batched(
+        policy, batched, episodes, batch_size=5, compact=compact, share_prefix=share_prefix,
+        stats=stats,
+    )  # fmt: skip
+    assert got == [alone(e) for e in episodes]
+    assert (stats["shared"] > 0) == share_prefix
+
+
+def test_compaction_computes_fewer_rows(policy):
+    encoder, episodes = _episodes(policy)
+
+    def batched(lane, episode):
+        return _converse(
+            encoder, lambda ids, budget: lane.generate(ids, budget, encoder.end_id), *episode
+        )
+
+    work = []
+    for compact in (False, True):
+        stats: dict[str, int] = {}
+        map_batched(policy, batched, episodes, batch_size=5, compact=compact, stats=stats)
+        work.append(stats)
+    assert work[1]["forwards"] == work[0]["forwards"]
+    assert work[1]["tokens"] < work[0]["tokens"]
+
+
+def test_sampled_replies_do_not_depend_on_compaction(policy):
+    """Each lane samples with its own generator whatever row it sits in."""
+    encoder, episodes = _episodes(policy)
+
+    def batched(lane, episode):
+        return _converse(
+            encoder, lambda ids, budget: lane.generate(ids, budget, encoder.end_id), *episode
+        )
+
+    runs = [
+        map_batched(policy, batched, episodes, batch_size=5, temperature=1.0, seed=7, compact=c)
+        for c in (False, True)
+    ]
+    assert runs[0] == runs[1]
+
+
+def test_identical_prompts_and_short_prefixes(policy):
+    encoder = ChatEncoder(policy.tokenizer)
+    long = encoder.message("user", "press the red button, then the blue one " * 3)[0]
+    long += encoder.header("assistant")
+    short = [encoder.message("user", t)[0] + encoder.header("assistant") for t in ("a", "b")]
+
+    def alone(ids):
+        session = Session(policy)
+        session.feed(ids)
+        return session.generate(8, encoder.end_id)[0]
+
+    def once(lane, ids):
+        return lane.generate(ids, 8, encoder.end_id)[0]
+
+    for prompts, shares in (([long, long, long], True), (short, False)):
+        stats: dict[str, int] = {}
+        assert map_batched(policy, once, prompts, batch_size=3, stats=stats) == [
+            alone(p) for p in prompts
+        ]
+        assert (stats["shared"] > 0) == shares

@@ -13,6 +13,8 @@ turns: a request feeds only the tokens that are new since the lane's previous re
 
 Rows of different lengths are left-padded with a 0 attention mask, and positions come from the
 mask, so a batched greedy reply is the reply the model gives on its own (up to float rounding).
+Two things keep the batch small (see `Wave`): lanes that are not decoding leave the forward pass
+and padding columns are cut, and the prompt prefix every lane shares is prefilled once.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tracegym.training.model import Policy
@@ -28,8 +31,124 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+# The KV cache as plain tensors ------------------------------------------------------------------
+def _get_kv(cache: Any) -> list[tuple[Any, Any]] | None:
+    """Each layer's (keys, values), `[rows, heads, columns, dim]`; None for a cache this module
+    cannot edit (sliding windows, other layouts): the wave then never compacts it."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:  # transformers >= 4.56
+        if not all(
+            getattr(layer, "keys", None) is not None and not getattr(layer, "is_sliding", False)
+            for layer in layers
+        ):
+            return None
+        return [(layer.keys, layer.values) for layer in layers]
+    keys, values = getattr(cache, "key_cache", None), getattr(cache, "value_cache", None)
+    if keys is None or values is None or getattr(cache, "sliding_window", None):
+        return None
+    return list(zip(keys, values, strict=True))
+
+
+def _set_kv(cache: Any, kv: list[tuple[Any, Any]]) -> None:
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        for layer, (keys, values) in zip(layers, kv, strict=True):
+            layer.keys, layer.values = keys, values
+    else:
+        cache.key_cache[:] = [k for k, _ in kv]
+        cache.value_cache[:] = [v for _, v in kv]
+
+
+@dataclass
+class _Rows:
+    """Rows split off a wave's cache: their lanes, attention mask and each layer's keys/values."""
+
+    slots: list[int]
+    mask: Any
+    kv: list[tuple[Any, Any]]
+
+    def select(self, rows: list[int]) -> _Rows:
+        import torch
+
+        index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
+        return _Rows(
+            [self.slots[r] for r in rows],
+            self.mask[index],
+            [(k[index], v[index]) for k, v in self.kv],
+        )
+
+    def left_pad(self, columns: int) -> _Rows:
+        """Widened to `columns` with masked zero columns on the left (positions come from the
+        mask and keys already carry their rotary positions, so nothing else moves)."""
+        import torch.nn.functional as F
+
+        extra = columns - self.mask.shape[1]
+        if extra <= 0:
+            return self
+        return _Rows(
+            self.slots,
+            F.pad(self.mask, (extra, 0)),
+            [(F.pad(k, (0, 0, extra, 0)), F.pad(v, (0, 0, extra, 0))) for k, v in self.kv],
+        )
+
+    def pack(self) -> _Rows:
+        """Each row's real columns moved to the right end, in order, and columns that are then
+        padding in every row cut: the holes left by shorter turns and dropped rows go away."""
+        import torch
+
+        mask = self.mask
+        keep = int(mask.sum(dim=1).max().item())
+        columns = mask.shape[1]
+        # a stable sort of the 0/1 mask lists each row's pad columns, then its real ones in order
+        order = torch.sort(mask, dim=1, stable=True).indices[:, columns - keep :]
+        packed = mask.gather(1, order)
+        if keep == columns and torch.equal(packed, mask):
+            return self
+
+        def take(x: Any) -> Any:
+            rows, heads, _, dim = x.shape
+            return x.gather(2, order[:, None, :, None].expand(rows, heads, keep, dim))
+
+        return _Rows(self.slots, packed, [(take(k), take(v)) for k, v in self.kv])
+
+
+def _join(parts: list[_Rows]) -> _Rows:
+    import torch
+
+    columns = max(p.mask.shape[1] for p in parts)
+    parts = [p.left_pad(columns) for p in parts]
+    if len(parts) == 1:
+        return parts[0]
+    return _Rows(
+        [s for p in parts for s in p.slots],
+        torch.cat([p.mask for p in parts]),
+        [
+            (torch.cat([p.kv[i][0] for p in parts]), torch.cat([p.kv[i][1] for p in parts]))
+            for i in range(len(parts[0].kv))
+        ],
+    )
+
+
+def _common_prefix(seqs: list[list[int]]) -> int:
+    first = seqs[0]
+    n = min(len(s) for s in seqs)
+    for s in seqs[1:]:
+        i = 0
+        while i < n and s[i] == first[i]:
+            i += 1
+        n = i
+    return n
+
+
 class Wave:
-    """Up to `size` lanes decoding in lockstep over one batched KV cache."""
+    """Up to `size` lanes decoding in lockstep over one batched KV cache.
+
+    `compact` keeps only rows that still decode in the forward pass: a lane whose reply is done
+    sits out (its cache rows parked) until the next step, a closed lane's rows are dropped, and
+    padding columns are cut, so a late step costs what its live lanes cost. `share_prefix`
+    prefills the prompt prefix common to every lane (the system message) once, at batch 1, and
+    copies its cache to every row. Both leave the replies unchanged (up to float rounding).
+    """
 
     def __init__(
         self,
@@ -39,12 +158,18 @@ class Wave:
         temperature: float = 0.0,
         seed: int = 0,
         max_length: int | None = None,
+        compact: bool = True,
+        share_prefix: bool = True,
+        min_prefix: int = 16,
     ) -> None:
         import torch
 
         self.policy = policy
         self.size = size
         self.temperature = temperature
+        self.compact = compact
+        self.share_prefix = share_prefix
+        self.min_prefix = max(1, min_prefix)
         self.generators = [torch.Generator().manual_seed(seed + i) for i in range(size)]
         limit = getattr(policy.model.config, "max_position_embeddings", 2048) or 2048
         self.max_length = min(max_length or limit, limit)
@@ -56,8 +181,13 @@ class Wave:
         self._results: dict[int, tuple[list[int], bool]] = {}
         self._error: BaseException | None = None
         self._consumed: list[list[int]] = [[] for _ in range(size)]
+        # row i of `_mask` and of every cached layer belongs to lane `_slots[i]`
+        self._slots: list[int] = list(range(size)) if not compact else []
         self._mask: Any = None
         self._cache: Any = None
+        self._parked: list[_Rows] = []  # rows sitting out until the next step
+        # work done, for tests and benchmarks: forward passes, token rows computed, shared tokens
+        self.stats = {"forwards": 0, "tokens": 0, "shared": 0}
         self.lanes = [Lane(self, i) for i in range(size)]
 
     # the lockstep protocol ---------------------------------------------------------------------
@@ -89,6 +219,42 @@ class Wave:
             self._error = exc
         self._cond.notify_all()
 
+    # the cache's rows ----------------------------------------------------------------------------
+    def _rows(self) -> _Rows | None:
+        kv = _get_kv(self._cache) if self._cache is not None else None
+        return None if kv is None else _Rows(self._slots, self._mask, kv)
+
+    def _install(self, rows: _Rows) -> None:
+        self._slots, self._mask = rows.slots, rows.mask
+        _set_kv(self._cache, rows.kv)
+
+    def _regroup(self, slots: set[int]) -> None:
+        """Before a step: parked rows back in, rows of other lanes (closed ones) dropped, holes
+        packed away. Rows stay in their order (the step's chunk follows `_slots`)."""
+        current = self._rows()
+        if current is None:
+            return
+        parts = [*self._parked, current]
+        self._parked = []
+        kept = []
+        for part in parts:
+            rows = [i for i, s in enumerate(part.slots) if s in slots]
+            if rows:
+                kept.append(part if len(rows) == len(part.slots) else part.select(rows))
+        joined = _join(kept)
+        self._install(joined.pack())
+
+    def _park(self, running: set[int]) -> None:
+        """Rows of lanes that stopped decoding leave the batch until the next step."""
+        rows = self._rows()
+        if rows is None:
+            return
+        out = [i for i, s in enumerate(rows.slots) if s not in running]
+        if not out:
+            return
+        self._parked.append(rows.select(out))
+        self._install(rows.select([i for i, s in enumerate(rows.slots) if s in running]))
+
     # the batched step ----------------------------------------------------------------------------
     def _forward(self, chunk: list[list[int]], chunk_mask: list[list[int]]) -> Any:
         import torch
@@ -102,6 +268,8 @@ class Wave:
             from transformers import DynamicCache
 
             self._cache = DynamicCache()
+        self.stats["forwards"] += 1
+        self.stats["tokens"] += new_mask.numel()
         out = model(
             input_ids=torch.tensor(chunk, device=device),
             attention_mask=self._mask,
@@ -112,13 +280,41 @@ class Wave:
         )
         return out.logits[:, -1].float()
 
-    def _pick(self, logits: Any, row: int) -> int:
+    def _prefill_shared(self, news: dict[int, list[int]]) -> int:
+        """On a wave's first step, prefill the prefix all rows share once and copy its cache to
+        every row; returns its length (0 when there is none worth sharing). Each row keeps at
+        least one token of its own, whose logits the step needs."""
+
+        if not self.share_prefix or self._cache is not None or len(self._slots) < 2:
+            return 0
+        if any(not news.get(s) for s in self._slots):
+            return 0
+        seqs = [news[s] for s in self._slots]
+        shared = min(_common_prefix(seqs), min(len(s) for s in seqs) - 1)
+        if shared < self.min_prefix:
+            return 0
+        self._forward([seqs[0][:shared]], [[1] * shared])
+        if _get_kv(self._cache) is None:  # cannot copy rows: start over the usual way
+            self._cache = self._mask = None
+            return 0
+        self._cache.batch_repeat_interleave(len(self._slots))
+        self._mask = self._mask.expand(len(self._slots), -1).contiguous()
+        self.stats["shared"] += shared * (len(self._slots) - 1)
+        return shared
+
+    def _pick(self, logits: Any, rows: dict[int, int]) -> dict[int, int]:
+        """The next token of each lane in `rows` (slot -> row of `logits`)."""
         import torch
 
         if self.temperature and self.temperature > 0:
-            probs = torch.softmax(logits[row] / self.temperature, dim=-1).cpu()
-            return int(torch.multinomial(probs, 1, generator=self.generators[row]).item())
-        return int(torch.argmax(logits[row]).item())
+            picks = {}
+            for slot, row in rows.items():
+                probs = torch.softmax(logits[row] / self.temperature, dim=-1).cpu()
+                token = torch.multinomial(probs, 1, generator=self.generators[slot])
+                picks[slot] = int(token.item())
+            return picks
+        best = torch.argmax(logits, dim=-1).tolist()
+        return {slot: best[row] for slot, row in rows.items()}
 
     def _step(
         self, pending: dict[int, tuple[list[int], int, int]]
@@ -131,47 +327,49 @@ class Wave:
             if ids[: len(seen)] != seen:
                 raise ValueError("a lane's conversation may only grow (its prefix changed)")
             news[slot] = ids[len(seen) :]
-        width = max(1, max(len(n) for n in news.values()))
-        chunk, chunk_mask = [], []
-        for slot in range(self.size):
-            new = news.get(slot, [])
-            pad = width - len(new)
-            chunk.append([self.pad_id] * pad + new)
-            chunk_mask.append([0] * pad + [1] * len(new))
-            self._consumed[slot] = self._consumed[slot] + new
-        out: dict[int, list[int]] = {slot: [] for slot in pending}
-        full: dict[int, bool] = {slot: False for slot in pending}
-        running = set(pending)
-        for slot in list(running):
-            if len(self._consumed[slot]) >= self.max_length:
-                full[slot] = True
-                running.discard(slot)
         with torch.no_grad():
+            if self.compact:
+                if self._cache is None:
+                    self._slots = sorted(pending)
+                else:
+                    self._regroup(set(pending))
+            shared = self._prefill_shared(news)
+            width = max(1, max(len(news.get(s, [])) - shared for s in self._slots))
+            chunk, chunk_mask = [], []
+            for slot in self._slots:
+                new = news.get(slot, [])
+                self._consumed[slot].extend(new)
+                new = new[shared:]
+                pad = width - len(new)
+                chunk.append([self.pad_id] * pad + new)
+                chunk_mask.append([0] * pad + [1] * len(new))
+            out: dict[int, list[int]] = {slot: [] for slot in pending}
+            full: dict[int, bool] = {slot: False for slot in pending}
+            running = set(pending)
+            for slot in list(running):
+                if len(self._consumed[slot]) >= self.max_length:
+                    full[slot] = True
+                    running.discard(slot)
             logits = self._forward(chunk, chunk_mask)
             while running:
-                step_ids, step_mask = [], []
-                for slot in range(self.size):
-                    if slot in running:
-                        token = self._pick(logits, slot)
-                        out[slot].append(token)
-                        _, max_new, stop_id = pending[slot]
-                        done = token == stop_id or len(out[slot]) >= max_new
-                        if not done and len(self._consumed[slot]) + 1 >= self.max_length:
-                            full[slot] = done = True
-                        if done:
-                            running.discard(slot)
-                            step_ids.append(self.pad_id)
-                            step_mask.append(0)
-                            continue
-                        self._consumed[slot] = self._consumed[slot] + [token]
-                        step_ids.append(token)
-                        step_mask.append(1)
+                rows = {s: i for i, s in enumerate(self._slots) if s in running}
+                for slot, token in self._pick(logits, rows).items():
+                    out[slot].append(token)
+                    _, max_new, stop_id = pending[slot]
+                    done = token == stop_id or len(out[slot]) >= max_new
+                    if not done and len(self._consumed[slot]) + 1 >= self.max_length:
+                        full[slot] = done = True
+                    if done:
+                        running.discard(slot)
                     else:
-                        step_ids.append(self.pad_id)
-                        step_mask.append(0)
+                        self._consumed[slot].append(token)
                 if not running:
                     break
-                logits = self._forward([[t] for t in step_ids], [[m] for m in step_mask])
+                if self.compact:
+                    self._park(running)
+                step_ids = [out[s][-1] if s in running else self.pad_id for s in self._slots]
+                step_mask = [[1] if s in running else [0] for s in self._slots]
+                logits = self._forward([[t] for t in step_ids], step_mask)
         # the last token of each reply is not in the cache yet: the lane's next request feeds it
         return {slot: (out[slot], full[slot]) for slot in pending}
 
@@ -210,15 +408,26 @@ def map_batched(
     temperature: float = 0.0,
     seed: int = 0,
     on_done: Callable[[R], None] | None = None,
+    compact: bool = True,
+    share_prefix: bool = True,
+    stats: dict[str, int] | None = None,
 ) -> list[R]:
     """`[fn(lane, item) for item in items]`, run `batch_size` at a time in threads that share
     batched generation. Results keep the order of `items`; an exception in `fn` is raised after
-    its wave finishes."""
+    its wave finishes. `compact` and `share_prefix` are `Wave`'s; `stats`, when given, adds up
+    the waves' `Wave.stats`."""
     items = list(items)
     results: list[Any] = [None] * len(items)
     for start in range(0, len(items), max(1, batch_size)):
         wave_items = items[start : start + batch_size]
-        wave = Wave(policy, len(wave_items), temperature=temperature, seed=seed + start)
+        wave = Wave(
+            policy,
+            len(wave_items),
+            temperature=temperature,
+            seed=seed + start,
+            compact=compact,
+            share_prefix=share_prefix,
+        )
 
         def run(index: int, wave: Wave = wave, wave_items: list[T] = wave_items) -> R:
             lane = wave.lanes[index]
@@ -227,12 +436,17 @@ def map_batched(
             finally:
                 lane.close()
 
-        with ThreadPoolExecutor(max_workers=len(wave_items)) as pool:
-            futures = [pool.submit(run, i) for i in range(len(wave_items))]
-            for offset, future in enumerate(futures):
-                results[start + offset] = future.result()
-                if on_done is not None:
-                    on_done(results[start + offset])
+        try:
+            with ThreadPoolExecutor(max_workers=len(wave_items)) as pool:
+                futures = [pool.submit(run, i) for i in range(len(wave_items))]
+                for offset, future in enumerate(futures):
+                    results[start + offset] = future.result()
+                    if on_done is not None:
+                        on_done(results[start + offset])
+        finally:
+            if stats is not None:
+                for key, value in wave.stats.items():
+                    stats[key] = stats.get(key, 0) + value
     return results
 
 
