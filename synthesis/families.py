@@ -32,7 +32,7 @@ from typing import Any
 from tracegym.analysis.tool_kinds import is_read_tool
 from tracegym.synthesis.base import Action, Environment, Task, contains_token
 from tracegym.synthesis.conventions import Conventions
-from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec
+from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec, is_id_name
 from tracegym.synthesis.wording import Wording, WordingError, learn_wording
 from tracegym.synthesis.world import (
     LABEL_NAMES,
@@ -1170,10 +1170,14 @@ class RequestedActionEnv(Environment):
         cls, gap: Mapping[str, Any], catalog: Catalog, conventions: Conventions | None = None
     ) -> EnvironmentSpec:
         conv = conventions or Conventions()
-        writes = [t for t in gap.get("tools", []) if not is_read_tool(t) and not _answer(t)]
-        if not writes:
-            raise NotSynthesizable("the gap names no write tool the user asked for")
-        action = writes[0]
+        key = str(gap.get("key", ""))
+        if not key.startswith("unserved_request:"):
+            raise NotSynthesizable(
+                "the gap is not about one tool (its per-tool unserved_request gaps are)"
+            )
+        action = key.split(":", 1)[1]
+        if is_read_tool(action) or _answer(action):
+            raise NotSynthesizable(f"{action} is not a write tool the user asked for")
         if conv.lookups.get(action):
             raise NotSynthesizable(
                 f"{action} acts on a record the agent looks up first ({conv.lookups[action]}); "
@@ -1204,6 +1208,20 @@ class RequestedActionEnv(Environment):
         fields = shape.get("properties", {}) if shape.get("type") == "object" else {}
         record_args = [a for a in required if a in fields]
         user_args = [a for a in required if a not in fields]
+        looked_up = [
+            (a, t.name)
+            for a in user_args
+            if is_id_name(a)
+            for t in catalog.tools.values()
+            if t.read and a in t.required and t.name != opening
+        ]
+        if looked_up:
+            arg, read = looked_up[0]
+            raise NotSynthesizable(
+                f"{action} acts on a record the user names ({arg}) and {read} looks up: this "
+                "family covers actions on the user's own record (the chain families cover the "
+                "rest)"
+            )
         said = []
         for r in requests:
             call = r.get("first_call") or {}

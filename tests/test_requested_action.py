@@ -128,3 +128,21 @@ def test_what_the_family_cannot_build_is_said(env):
                                                             opening=["find_user"]))  # fmt: skip
     with pytest.raises(NotSynthesizable, match="no recorded opening call"):
         build_spec(_gap(requests=[]), catalog, Conventions(runs=10, tools=[FIND, UPDATE]))
+    # a whole detector's gap names several tools: the per-tool gaps are built instead
+    with pytest.raises(NotSynthesizable, match="not about one tool"):
+        build_spec(_gap(key="detector:unserved_request"), catalog, Conventions(runs=10))
+
+
+def test_an_action_on_a_record_the_user_names_is_left_to_the_chain_families():
+    refund = {"type": "function", "function": {"name": "refund_order", "parameters": {
+        "type": "object", "properties": {"order_id": {"type": "string"}},
+        "required": ["order_id"]}}}  # fmt: skip
+    requests = [
+        {"text": f"Hi, my email is {e}. I want a refund for my order O{1000 + i}.",
+         "first_call": {"tool": "find_user", "arguments": {"email": e}}}
+        for i, e in enumerate(["ana1@mail.com", "ben2@mail.com", "cleo3@mail.com"])
+    ]  # fmt: skip
+    gap = _gap(key="unserved_request:refund_order", tools=["refund_order"], requests=requests)
+    conventions = Conventions(runs=10, tools=[FIND, refund], opening=["find_user"])
+    with pytest.raises(NotSynthesizable, match="get_order looks up"):
+        build_spec(gap, _catalog(), conventions)
