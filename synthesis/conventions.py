@@ -10,7 +10,7 @@ synthesis copies what every successful run of the agent shares:
 | system_prompt | `gen_ai.system_instructions` on the agent's chat spans      | the shop's rules  |
 | tools         | `gen_ai.tool.definitions` on the agent's chat spans         | its tool list     |
 | opening       | the tool calls nearly every successful run starts with      | `find_user`       |
-| lookups       | the read on the same id nearly every accepted write follows | `get_order` first |
+| lookups       | the read on the same id accepted writes follow (per id arg) | `get_order` first |
 
     conventions = conventions_from_store(home)          # or mine_conventions(runs)
     spec = build_spec(gap, catalog, conventions)        # environments follow them
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.analysis.tool_kinds import is_answer_tool, is_read_tool
-from tracegym.synthesis.spec import parse_json
+from tracegym.synthesis.spec import is_id_name, parse_json
 
 SHARE = 0.9  # a convention is what at least this share of successful runs do
 MIN_RUNS = 3  # and at least this many successful runs show it
@@ -126,38 +126,58 @@ def _values(arguments: Any) -> set[str]:
     return out
 
 
-def _lookups(runs: Sequence[Run]) -> dict[str, str]:
-    """Write tool -> the read tool called earlier with one of the write's argument values, when
-    SHARE of the write's accepted calls (in at least MIN_RUNS runs, failed runs included: a
-    write the backend accepted is evidence of what it needs) have one."""
-    writes: Counter[str] = Counter()
+def _lookups(runs: Sequence[Run], tools: Sequence[Mapping[str, Any]] = ()) -> dict[str, str]:
+    """Write tool -> the read the agent makes first on the record the write acts on.
+
+    Learnt per id argument, pooled over every write that takes it: when SHARE of the accepted
+    writes (in at least MIN_RUNS runs, failed runs included: a write the backend accepted is
+    evidence of what it needs) with an `order_id` were preceded by a read called with the same
+    value, and mostly the same read (`get_order`), then every write taking `order_id` follows
+    it, including writes rarely accepted or never called (known from `tools`, the agent's
+    definitions)."""
+    uses: Counter[str] = Counter()  # id argument -> accepted writes using it
     before: dict[str, Counter[str]] = {}
-    write_runs: Counter[str] = Counter()
-    for run in runs:
+    arg_runs: dict[str, set[int]] = {}
+    arguments: dict[str, set[str]] = {}  # write tool -> its argument names
+    for index, run in enumerate(runs):
         done = [c for c in run.calls if not c.get("error")]
-        seen_writes: set[str] = set()
         for i, call in enumerate(done):
             tool = call["tool"]
             if is_read_tool(tool) or is_answer_tool(tool):
                 continue
-            writes[tool] += 1
-            seen_writes.add(tool)
-            values = _values(call.get("arguments"))
-            reads = {
-                c["tool"]
-                for c in done[:i]
-                if is_read_tool(c["tool"]) and values & _values(c.get("arguments"))
-            }
-            for read in reads:
-                before.setdefault(tool, Counter())[read] += 1
-        write_runs.update(seen_writes)
-    out: dict[str, str] = {}
-    for tool, n in writes.items():
-        if write_runs[tool] < MIN_RUNS or tool not in before:
+            data = parse_json(call.get("arguments"))
+            data = data if isinstance(data, Mapping) else {}
+            arguments.setdefault(tool, set()).update(data)
+            for name, value in data.items():
+                if not is_id_name(name) or not isinstance(value, str):
+                    continue
+                uses[name] += 1
+                arg_runs.setdefault(name, set()).add(index)
+                reads = {
+                    c["tool"]
+                    for c in done[:i]
+                    if is_read_tool(c["tool"]) and value in _values(c.get("arguments"))
+                }
+                for read in reads:
+                    before.setdefault(name, Counter())[read] += 1
+    by_argument: dict[str, str] = {}
+    for name, n in uses.items():
+        if len(arg_runs[name]) < MIN_RUNS or name not in before:
             continue
-        read, count = before[tool].most_common(1)[0]
+        read, count = before[name].most_common(1)[0]
         if count >= SHARE * n:
-            out[tool] = read
+            by_argument[name] = read
+    for tool in tools:
+        fn = tool.get("function", tool)
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        name = str(fn.get("name", ""))
+        if name and not is_read_tool(name) and not is_answer_tool(name):
+            arguments.setdefault(name, set()).update(props)
+    out: dict[str, str] = {}
+    for tool, names in sorted(arguments.items()):
+        found = sorted(by_argument[a] for a in names if a in by_argument)
+        if found:
+            out[tool] = found[0]
     return out
 
 
@@ -175,7 +195,7 @@ def mine_conventions(runs: Sequence[Run], agent: str = "") -> Conventions:
         system_prompt=str(prompt),
         tools=list(tools),
         opening=_opening(won),
-        lookups=_lookups(runs),
+        lookups=_lookups(runs, tools),
     )
 
 

@@ -95,3 +95,15 @@ def test_the_budget_counts_the_calls_conventions_add(catalog):
     budget = calls + int(env.knobs["slack"])
     assert f"budget of {budget} tool calls" in task.system_prompt
     assert task.max_steps == budget + 1
+
+
+def test_lookups_are_learnt_per_id_argument_and_cover_writes_never_seen():
+    never_called = [
+        {"type": "function", "function": {"name": "refund_order", "parameters": {
+            "type": "object", "properties": {"order_id": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "update_address", "parameters": {
+            "type": "object", "properties": {"user_id": {}, "address": {}}}}},
+    ]  # fmt: skip
+    mined = mine_conventions(runs(tool_definitions=never_called))
+    assert mined.lookups["refund_order"] == "get_order_details"  # it takes an order_id too
+    assert "update_address" not in mined.lookups  # no accepted write shows a read by user_id
