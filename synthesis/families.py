@@ -1248,6 +1248,7 @@ class RequestedActionEnv(Environment):
             entry_point=f"{cls.__module__}:{cls.__name__}",
             gap=gap_summary(gap),
             catalog=catalog.subset(tools),
+            roles={"action": action, "lookup": opening},
             description=f"{cls.capability} Action: {action}; the record from {opening}.",
             extra={
                 "requested": {
