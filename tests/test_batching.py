@@ -42,7 +42,7 @@ def test_batched_greedy_replies_equal_sequential_ones(policy):
 
 def test_batched_rollouts_match_sequential_rollouts(policy):
     env = press_env()
-    seeds = [1_000_000 + i for i in range(5)]
+    seeds = [1_000_000 + i for i in range(7)]
     sequential = [rollout(policy, env, s, trace=False, max_new_tokens=24) for s in seeds]
     batched = rollout_batched(policy, env, seeds, batch_size=3, trace=False, max_new_tokens=24)
     assert [r.messages for r in batched] == [r.messages for r in sequential]
@@ -165,3 +165,136 @@ def test_identical_prompts_and_short_prefixes(policy):
             alone(p) for p in prompts
         ]
         assert (stats["shared"] > 0) == shares
+
+
+# Continuous batching ----------------------------------------------------------------------------
+def _uneven(policy, n=8):
+    """More episodes than a batch, of very different lengths (1 to 5 turns, 2 to 16 tokens a
+    reply), sharing a long system message: lanes close mid-wave and new ones join."""
+    encoder = ChatEncoder(policy.tokenizer)
+    system = encoder.message("system", "You are a helpful agent. Call a tool or answer. " * 4)[0]
+    texts = ["hi", "press the button twice please", "a much longer message " * 6, "ok", "no"]
+    turns, budgets = [1, 5, 1, 2, 4, 1, 3, 1, 2], [4, 16, 2, 12, 6, 3, 9, 16, 5]
+    return encoder, len(system), [
+        (
+            system + encoder.message("user", texts[i % len(texts)] + f" {i}")[0]
+            + encoder.header("assistant"),
+            turns[i % len(turns)],
+            budgets[i % len(budgets)],
+        )
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def _lane_converse(encoder):
+    def batched(lane, episode):
+        return _converse(
+            encoder, lambda ids, budget: lane.generate(ids, budget, encoder.end_id), *episode
+        )
+
+    return batched
+
+
+@pytest.mark.parametrize("share_prefix", [False, True])
+def test_continuous_batching_keeps_the_replies(policy, share_prefix):
+    encoder, system, episodes = _uneven(policy)
+
+    def alone(episode):
+        def generate(ids, budget):
+            session = Session(policy)
+            session.feed(ids)
+            return session.generate(budget, encoder.end_id)
+
+        return _converse(encoder, generate, *episode)
+
+    stats: dict[str, int] = {}
+    done = []
+    got = map_batched(
+        policy, _lane_converse(encoder), episodes, batch_size=3, share_prefix=share_prefix,
+        stats=stats, on_done=done.append,
+    )  # fmt: skip
+    assert got == [alone(e) for e in episodes]
+    assert sorted(map(str, done)) == sorted(map(str, got))  # once per item
+    assert stats["refills"] == len(episodes) - 3  # one wave: every later item joined it
+    if share_prefix:  # lanes that joined later copied the stored prefix instead of prefilling it
+        assert stats["shared"] >= system * (len(episodes) - 1)
+    else:
+        assert stats["shared"] == 0
+
+
+def test_continuous_batching_keeps_the_batch_full(policy):
+    encoder, _, episodes = _uneven(policy, n=9)
+    work = []
+    for compact, continuous in ((True, False), (True, True), (False, True)):
+        stats: dict[str, int] = {}
+        got = map_batched(
+            policy, _lane_converse(encoder), episodes, batch_size=3, compact=compact,
+            continuous=continuous, stats=stats,
+        )  # fmt: skip
+        work.append((got, stats))
+    (waves, fixed), (refilled, continuous), (plain, uncompacted) = work
+    assert refilled == waves == plain
+    assert fixed["refills"] == 0 and continuous["refills"] == 6
+    assert continuous["forwards"] < fixed["forwards"]  # fewer, fuller steps
+    assert uncompacted["refills"] == 0  # a wave that keeps every row runs in fixed waves
+
+
+def test_results_keep_the_order_of_items(policy):
+    """Items that finish early (no generation at all, closing their lane themselves, one short
+    reply) and late ones: results in item order, `on_done` once per item."""
+    encoder = ChatEncoder(policy.tokenizer)
+
+    def work(lane, n):
+        if n % 3 == 0:
+            return n  # never asks for a reply
+        ids = encoder.message("user", "x " * n)[0] + encoder.header("assistant")
+        for _ in range(n % 4):
+            ids = ids + lane.generate(ids, 3 + n, encoder.end_id)[0] + encoder.header("tool")
+        if n % 5 == 0:
+            lane.close()
+        return n
+
+    done: list[int] = []
+    stats: dict[str, int] = {}
+    items = list(range(11))
+    assert map_batched(policy, work, items, batch_size=3, on_done=done.append, stats=stats) == items
+    assert sorted(done) == items
+    assert stats["refills"] == len(items) - 3
+
+
+def test_a_failing_item_does_not_hang_the_continuous_batch(policy):
+    encoder = ChatEncoder(policy.tokenizer)
+    started: list[int] = []
+    done: list[int] = []
+
+    def work(lane, n):
+        started.append(n)
+        ids = encoder.message("user", "x " * (n + 1))[0] + encoder.header("assistant")
+        reply = lane.generate(ids, 4 + 3 * n, encoder.end_id)[0]
+        if n == 2:
+            raise ValueError("boom")
+        lane.generate(ids + reply + encoder.header("assistant"), 8, encoder.end_id)
+        return n
+
+    with pytest.raises(ValueError, match="boom"):
+        map_batched(policy, work, range(20), batch_size=3, on_done=done.append)
+    assert 2 in started and 2 not in done
+    assert len(started) < 20  # nothing new started after the failure
+    assert sorted(done) == sorted(n for n in started if n != 2)  # the started ones finished
+
+
+def test_sampled_replies_do_not_depend_on_batch_size(policy):
+    """Item i samples with a generator seeded seed + i, wherever and whenever it runs."""
+    encoder, _, episodes = _uneven(policy, n=6)
+    runs = []
+    for size, continuous in ((1, True), (2, True), (4, True), (4, False), (6, True)):
+        run = map_batched(
+            policy, _lane_converse(encoder), episodes, batch_size=size, temperature=1.0,
+            seed=7, continuous=continuous,
+        )  # fmt: skip
+        runs.append(run)
+    assert all(run == runs[0] for run in runs[1:])
+    other_seed = map_batched(
+        policy, _lane_converse(encoder), episodes, batch_size=4, temperature=1.0, seed=8
+    )
+    assert other_seed != runs[0]
