@@ -1,28 +1,21 @@
-"""Batched generation speed: compaction, shared prefix and continuous batching against plain waves.
+"""Batched generation speed: the wave's compaction and shared prefix against the plain wave.
 
 The same shop tasks (`examples.shop.make_task`) are solved by the example agent
 (`examples.lm_agent.ShopAgent`, greedy) through `training.batching.map_batched`, once per variant
 and batch size, in one run:
 
-- old: fixed waves of `batch_size` tasks, every lane's row in every forward pass, each lane
-  prefilling the whole system message (`compact=False, share_prefix=False, continuous=False`,
-  the wave before these optimisations);
+- old: every lane's row in every forward pass, each lane prefilling the whole system message
+  (`compact=False, share_prefix=False`, the wave before these optimisations);
 - compact: rows of lanes that are not decoding leave the batch, padding columns are cut;
 - prefix: the system message every lane shares is prefilled once;
-- new: both, still in fixed waves (each wave runs until its slowest task ends);
-- continuous: both, and when a task ends the next one joins the running batch (its prompt
-  prefilled after a copy of the stored system-message cache), so the batch stays full (the
-  default).
+- new: both (the default).
 
-Each variant's chats must equal the first variant's (the baseline, `old` unless `--variants`
-starts with another) token for token; the script says so, with seconds, the speed-up over the
-baseline, and the work the model did (forward passes, token rows computed, shared-prefix tokens
-not recomputed, tasks that joined a running batch).
+Each variant's chats must equal the old one's token for token; the script says so, with seconds,
+the speed-up over old, and the token rows the model computed.
 
     .venv/bin/python benchmarks/batching_speed.py                       # tiny model
     .venv/bin/python benchmarks/batching_speed.py \\
         --model /tmp/lead_smol3/models/shop-base-d0f6dbf09e44 --tasks 16 --batch-sizes 8,16
-    .venv/bin/python benchmarks/batching_speed.py --variants new,continuous   # against new
 """
 
 from __future__ import annotations
@@ -39,16 +32,15 @@ from tracegym.training.batching import map_batched
 from tracegym.training.model import Policy, load_policy, tiny_model
 
 VARIANTS = {
-    "old": {"compact": False, "share_prefix": False, "continuous": False},
-    "compact": {"compact": True, "share_prefix": False, "continuous": False},
-    "prefix": {"compact": False, "share_prefix": True, "continuous": False},
-    "new": {"compact": True, "share_prefix": True, "continuous": False},
-    "continuous": {"compact": True, "share_prefix": True, "continuous": True},
+    "old": {"compact": False, "share_prefix": False},
+    "compact": {"compact": True, "share_prefix": False},
+    "prefix": {"compact": False, "share_prefix": True},
+    "new": {"compact": True, "share_prefix": True},
 }
 
 
 def solve(
-    agent: ShopAgent, tasks: list[Any], batch_size: int, options: dict[str, Any]
+    agent: ShopAgent, tasks: list[Any], batch_size: int, options: dict[str, bool]
 ) -> tuple[float, list[list[dict[str, str]]], dict[str, int]]:
     """(seconds, each task's chat, the waves' work counters) for one variant."""
     stats: dict[str, int] = {}
@@ -70,7 +62,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=16)
     parser.add_argument("--first-seed", type=int, default=1000)
     parser.add_argument("--batch-sizes", default="8,16", help="comma-separated")
-    parser.add_argument("--variants", default="old,new,continuous", help=f"of {','.join(VARIANTS)}")
+    parser.add_argument("--variants", default="old,new", help=f"of {','.join(VARIANTS)}")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--max-turns", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -88,19 +80,20 @@ def main() -> None:
         f"system message {system} tokens"
     )
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if "old" not in variants:
+        variants.insert(0, "old")
     report: list[dict[str, Any]] = []
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
         base_seconds, base_chats = 0.0, None
         for name in variants:
             seconds, chats, stats = solve(agent, tasks, batch_size, VARIANTS[name])
-            if name == variants[0]:
+            if name == "old":
                 base_seconds, base_chats = seconds, chats
             same = chats == base_chats
             print(
-                f"batch {batch_size:>2} {name:<10} {seconds:7.2f} s  "
+                f"batch {batch_size:>2} {name:<8} {seconds:7.2f} s  "
                 f"{base_seconds / seconds:4.2f}x  forwards {stats.get('forwards', 0):>5}  "
                 f"token rows {stats.get('tokens', 0):>7}  shared {stats.get('shared', 0):>6}  "
-                f"refills {stats.get('refills', 0):>3}  "
                 f"{'same chats' if same else 'CHATS DIFFER'}"
             )
             report.append(

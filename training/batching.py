@@ -14,18 +14,14 @@ turns: a request feeds only the tokens that are new since the lane's previous re
 Rows of different lengths are left-padded with a 0 attention mask, and positions come from the
 mask, so a batched greedy reply is the reply the model gives on its own (up to float rounding).
 Two things keep the batch small (see `Wave`): lanes that are not decoding leave the forward pass
-and padding columns are cut, and the prompt prefix every lane shares is prefilled once. And
-`map_batched` keeps the batch full (continuous batching): when an episode ends, the next item
-starts on a new lane of the same wave, its prompt is prefilled (after a copy of the shared
-prefix's cache) and its rows join the others', instead of the wave draining to its slowest
-episode before the next wave starts.
+and padding columns are cut, and the prompt prefix every lane shares is prefilled once.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -151,14 +147,7 @@ class Wave:
     sits out (its cache rows parked) until the next step, a closed lane's rows are dropped, and
     padding columns are cut, so a late step costs what its live lanes cost. `share_prefix`
     prefills the prompt prefix common to every lane (the system message) once, at batch 1, and
-    copies its cache to every row; lanes that join later copy that prefix's rows too. Both leave
-    the replies unchanged (up to float rounding).
-
-    Lanes are named by `slots` (default `range(size)`); lane `s` samples with a generator seeded
-    `seed + s`, whatever row it sits in. With `refill` (and `compact`), a lane that `_retire`s
-    hands its place to a new lane: `refill()` (called with the wave's lock held) names the slot
-    to open, or None. The new lane's first request is prefilled as its own forward pass (after a
-    copy of the shared prefix) and its rows join the others' (`_join`).
+    copies its cache to every row. Both leave the replies unchanged (up to float rounding).
     """
 
     def __init__(
@@ -172,97 +161,52 @@ class Wave:
         compact: bool = True,
         share_prefix: bool = True,
         min_prefix: int = 16,
-        slots: Sequence[int] | None = None,
-        refill: Callable[[], int | None] | None = None,
     ) -> None:
+        import torch
+
         self.policy = policy
         self.size = size
         self.temperature = temperature
-        self.seed = seed
         self.compact = compact
         self.share_prefix = share_prefix
         self.min_prefix = max(1, min_prefix)
-        self.refill = refill
+        self.generators = [torch.Generator().manual_seed(seed + i) for i in range(size)]
         limit = getattr(policy.model.config, "max_position_embeddings", 2048) or 2048
         self.max_length = min(max_length or limit, limit)
         tok = policy.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
         self._cond = threading.Condition()
-        self._live: set[int] = set()
+        self._live = set(range(size))
         self._pending: dict[int, tuple[list[int], int, int]] = {}
         self._results: dict[int, tuple[list[int], bool]] = {}
         self._error: BaseException | None = None
-        self._consumed: dict[int, list[int]] = {}
-        self.generators: dict[int, Any] = {}
-        self.lanes: dict[int, Lane] = {}
+        self._consumed: list[list[int]] = [[] for _ in range(size)]
         # row i of `_mask` and of every cached layer belongs to lane `_slots[i]`
-        self._slots: list[int] = []
+        self._slots: list[int] = list(range(size)) if not compact else []
         self._mask: Any = None
         self._cache: Any = None
         self._parked: list[_Rows] = []  # rows sitting out until the next step
-        # the shared prefix's ids and its cache rows (one row), for lanes that join later
-        self._prefix: tuple[list[int], _Rows] | None = None
         # work done, for tests and benchmarks: forward passes, token rows computed, shared tokens
-        # (prefilled once instead of once per row), lanes opened in place of finished ones
-        self.stats = {"forwards": 0, "tokens": 0, "shared": 0, "refills": 0}
-        for slot in range(size) if slots is None else slots:
-            self._open(slot)
-        if not compact:
-            self._slots = sorted(self._live)
-
-    def _open(self, slot: int) -> Lane:
-        import torch
-
-        if slot in self.lanes:
-            raise ValueError(f"slot {slot} was used already")
-        self._live.add(slot)
-        self._consumed[slot] = []
-        self.generators[slot] = torch.Generator().manual_seed(self.seed + slot)
-        lane = self.lanes[slot] = Lane(self, slot)
-        return lane
+        self.stats = {"forwards": 0, "tokens": 0, "shared": 0}
+        self.lanes = [Lane(self, i) for i in range(size)]
 
     # the lockstep protocol ---------------------------------------------------------------------
     def _request(
         self, slot: int, ids: list[int], max_new_tokens: int, stop_id: int
     ) -> tuple[list[int], bool]:
         with self._cond:
-            if self._error is None and slot not in self._live:
-                raise RuntimeError(f"lane {slot} is closed")
-            if self._error is None:
-                self._pending[slot] = (ids, max_new_tokens, stop_id)
-                self._maybe_step()
+            self._pending[slot] = (ids, max_new_tokens, stop_id)
+            self._maybe_step()
             while slot not in self._results and self._error is None:
                 self._cond.wait()
             if self._error is not None:
                 raise RuntimeError("batched generation failed") from self._error
             return self._results.pop(slot)
 
-    def _close(self, lane: Lane, refill: bool = False) -> Lane | None:
+    def _close(self, slot: int) -> None:
         with self._cond:
-            successor = None
-            if not lane.closed:
-                lane.closed = True
-                self._live.discard(lane.slot)
-            if refill and self.can_refill:
-                slot = self.refill() if self.refill is not None else None
-                if slot is not None:
-                    successor = self._open(slot)
-                    self.stats["refills"] += 1
+            self._live.discard(slot)
             self._maybe_step()
-            return successor
-
-    def _retire(self, lane: Lane) -> Lane | None:
-        """Close `lane` (its episode is over) and open the lane `refill` names in its place, in
-        one move, so that no step runs without the new lane; returns the new lane, if any."""
-        return self._close(lane, refill=True)
-
-    @property
-    def can_refill(self) -> bool:
-        """Whether a new lane can still join: rows are added with `_join`, which needs
-        compaction and a cache this module can edit (a lock-free read may be stale)."""
-        if self.refill is None or not self.compact or self._error is not None:
-            return False
-        return self._cache is None or _get_kv(self._cache) is not None
 
     def _maybe_step(self) -> None:
         """Run a step when every live lane is waiting (called with the lock held)."""
@@ -284,12 +228,6 @@ class Wave:
         self._slots, self._mask = rows.slots, rows.mask
         _set_kv(self._cache, rows.kv)
 
-    def _placed(self) -> set[int]:
-        """The lanes that have rows in the cache (in the batch or parked)."""
-        if self._cache is None:
-            return set()
-        return set(self._slots).union(*(p.slots for p in self._parked))
-
     def _regroup(self, slots: set[int]) -> None:
         """Before a step: parked rows back in, rows of other lanes (closed ones) dropped, holes
         packed away. Rows stay in their order (the step's chunk follows `_slots`)."""
@@ -303,10 +241,6 @@ class Wave:
             rows = [i for i, s in enumerate(part.slots) if s in slots]
             if rows:
                 kept.append(part if len(rows) == len(part.slots) else part.select(rows))
-        if not kept:  # every row belonged to a closed lane
-            self._cache = self._mask = None
-            self._slots = []
-            return
         joined = _join(kept)
         self._install(joined.pack())
 
@@ -346,85 +280,27 @@ class Wave:
         )
         return out.logits[:, -1].float()
 
-    def _feed(self, news: dict[int, list[int]], skip: int = 0) -> Any:
-        """One forward pass over each row's new tokens (after the first `skip`, already in the
-        cache), left-padded to the longest; the logits of each row's last token."""
-        width = max(1, max(len(news.get(s, [])) - skip for s in self._slots))
-        chunk, chunk_mask = [], []
-        for slot in self._slots:
-            new = news.get(slot, [])
-            if new:
-                self._consumed[slot].extend(new)
-            new = new[skip:]
-            pad = width - len(new)
-            chunk.append([self.pad_id] * pad + new)
-            chunk_mask.append([0] * pad + [1] * len(new))
-        return self._forward(chunk, chunk_mask)
-
     def _prefill_shared(self, news: dict[int, list[int]]) -> int:
-        """With an empty cache, put the prompt prefix all rows share in it once, and return its
-        length (0 when there is none worth sharing). The wave's stored prefix is copied when the
-        rows start with enough of it; otherwise the rows' common prefix is prefilled at batch 1,
-        copied to every row and stored. Each row keeps at least one token of its own, whose
-        logits the step needs."""
-        import torch
+        """On a wave's first step, prefill the prefix all rows share once and copy its cache to
+        every row; returns its length (0 when there is none worth sharing). Each row keeps at
+        least one token of its own, whose logits the step needs."""
 
-        if not self.share_prefix or self._cache is not None or not self._slots:
+        if not self.share_prefix or self._cache is not None or len(self._slots) < 2:
             return 0
         if any(not news.get(s) for s in self._slots):
             return 0
         seqs = [news[s] for s in self._slots]
-        rows, longest = len(seqs), min(len(s) for s in seqs) - 1
-        if self._prefix is not None:
-            ids, prefix = self._prefix
-            shared = min(_common_prefix([ids, *seqs]), longest)
-            if shared >= self.min_prefix:
-                from transformers import DynamicCache
-
-                self._cache = DynamicCache()
-                index = torch.zeros(rows, dtype=torch.long, device=prefix.mask.device)
-                for layer, (keys, values) in enumerate(prefix.kv):
-                    self._cache.update(keys[index, :, :shared], values[index, :, :shared], layer)
-                self._mask = prefix.mask[index, :shared]
-                self.stats["shared"] += shared * rows
-                return shared
-        if rows < 2:
-            return 0
-        shared = min(_common_prefix(seqs), longest)
+        shared = min(_common_prefix(seqs), min(len(s) for s in seqs) - 1)
         if shared < self.min_prefix:
             return 0
         self._forward([seqs[0][:shared]], [[1] * shared])
-        kv = _get_kv(self._cache)
-        if kv is None:  # cannot copy rows: start over the usual way
+        if _get_kv(self._cache) is None:  # cannot copy rows: start over the usual way
             self._cache = self._mask = None
             return 0
-        if self._prefix is None:
-            self._prefix = (seqs[0][:shared], _Rows([-1], self._mask, kv))
-        self._cache.batch_repeat_interleave(rows)
-        self._mask = self._mask.expand(rows, -1).contiguous()
-        self.stats["shared"] += shared * (rows - 1)
+        self._cache.batch_repeat_interleave(len(self._slots))
+        self._mask = self._mask.expand(len(self._slots), -1).contiguous()
+        self.stats["shared"] += shared * (len(self._slots) - 1)
         return shared
-
-    def _prefill(self, slots: list[int], news: dict[int, list[int]]) -> Any:
-        """Rows for lanes new to the cache: their prompts (after the shared prefix) fed as one
-        forward pass in a cache of their own, whose rows then join the wave's after the rows it
-        has (`_join`). Returns the new rows' logits."""
-        prior = None
-        if self._cache is not None:
-            prior = self._cache, self._rows()
-            if prior[1] is None:
-                raise RuntimeError("new lanes cannot join a cache that cannot be edited")
-        self._cache = self._mask = None
-        self._slots = list(slots)
-        shared = self._prefill_shared(news)
-        logits = self._feed(news, skip=shared)
-        if prior is not None:
-            new = self._rows()
-            if new is None:
-                raise RuntimeError("new lanes cannot join a cache that cannot be edited")
-            self._cache = prior[0]
-            self._install(_join([prior[1], new]))
-        return logits
 
     def _pick(self, logits: Any, rows: dict[int, int]) -> dict[int, int]:
         """The next token of each lane in `rows` (slot -> row of `logits`)."""
@@ -453,18 +329,20 @@ class Wave:
             news[slot] = ids[len(seen) :]
         with torch.no_grad():
             if self.compact:
-                placed = self._placed()
-                fresh = sorted(s for s in pending if s not in placed)
-                if self._cache is not None:
-                    self._regroup(set(pending) - set(fresh))
-            else:  # every lane keeps its row; the first step prefills them all
-                fresh = list(self._slots) if self._cache is None else []
-            parts = []
-            if self._cache is not None:  # lanes already in the cache feed their new tokens
-                parts.append(self._feed(news))
-            if fresh:
-                parts.append(self._prefill(fresh, news))
-            logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+                if self._cache is None:
+                    self._slots = sorted(pending)
+                else:
+                    self._regroup(set(pending))
+            shared = self._prefill_shared(news)
+            width = max(1, max(len(news.get(s, [])) - shared for s in self._slots))
+            chunk, chunk_mask = [], []
+            for slot in self._slots:
+                new = news.get(slot, [])
+                self._consumed[slot].extend(new)
+                new = new[shared:]
+                pad = width - len(new)
+                chunk.append([self.pad_id] * pad + new)
+                chunk_mask.append([0] * pad + [1] * len(new))
             out: dict[int, list[int]] = {slot: [] for slot in pending}
             full: dict[int, bool] = {slot: False for slot in pending}
             running = set(pending)
@@ -472,6 +350,7 @@ class Wave:
                 if len(self._consumed[slot]) >= self.max_length:
                     full[slot] = True
                     running.discard(slot)
+            logits = self._forward(chunk, chunk_mask)
             while running:
                 rows = {s: i for i, s in enumerate(self._slots) if s in running}
                 for slot, token in self._pick(logits, rows).items():
@@ -515,8 +394,9 @@ class Lane:
         return self.wave._request(self.slot, list(ids), max_new_tokens, stop_id)
 
     def close(self) -> None:
-        """The episode needs no more replies: the wave stops waiting for this lane."""
-        self.wave._close(self)
+        if not self.closed:
+            self.closed = True
+            self.wave._close(self.slot)
 
 
 def map_batched(
@@ -530,99 +410,43 @@ def map_batched(
     on_done: Callable[[R], None] | None = None,
     compact: bool = True,
     share_prefix: bool = True,
-    continuous: bool = True,
     stats: dict[str, int] | None = None,
 ) -> list[R]:
-    """`[fn(lane, item) for item in items]`, up to `batch_size` at a time in threads that share
-    batched generation. Results keep the order of `items`.
-
-    `continuous` keeps `batch_size` episodes live: when one ends, the next item starts on a new
-    lane of the same wave and its first request joins the batch. Otherwise (and when the wave
-    cannot add rows: `compact=False`, or a cache `_get_kv` cannot edit) items run in waves of
-    `batch_size`, each until its slowest episode ends. Item `i` samples with a generator seeded
-    `seed + i`, so sampled results depend neither on `batch_size` nor on timing (up to float
-    rounding in the batched forward pass).
-
-    `on_done` is called once per item that returns, in the calling thread, as the item
-    finishes: in completion order, not the order of `items`. When `fn` (or `on_done`) raises, no
-    new item starts, the started ones finish, and then the first exception is raised.
-
-    `compact` and `share_prefix` are `Wave`'s; `stats`, when given, adds up the waves'
-    `Wave.stats` (`refills` counts the items that started in a finished one's place)."""
+    """`[fn(lane, item) for item in items]`, run `batch_size` at a time in threads that share
+    batched generation. Results keep the order of `items`; an exception in `fn` is raised after
+    its wave finishes. `compact` and `share_prefix` are `Wave`'s; `stats`, when given, adds up
+    the waves' `Wave.stats`."""
     items = list(items)
-    size = max(1, batch_size)
     results: list[Any] = [None] * len(items)
-    errors: list[BaseException] = []
-    events: queue.Queue[tuple[int, Any, BaseException | None] | None] = queue.Queue()
-    cursor = {"next": 0}
-    callback_failed = False
-
-    def admit() -> int | None:  # the next item to start, if any (one wave at a time calls it)
-        if errors or cursor["next"] >= len(items):
-            return None
-        cursor["next"] += 1
-        return cursor["next"] - 1
-
-    def work(wave: Wave, lane: Lane | None) -> None:
-        try:
-            while lane is not None:
-                try:
-                    result = fn(lane, items[lane.slot])
-                except BaseException as exc:
-                    errors.append(exc)  # before the lane retires: nothing new starts
-                    events.put((lane.slot, None, exc))
-                else:
-                    events.put((lane.slot, result, None))
-                lane = wave._retire(lane)
-        finally:
-            events.put(None)
-
-    while cursor["next"] < len(items) and not errors:
-        first = [cursor["next"] + i for i in range(min(size, len(items) - cursor["next"]))]
-        cursor["next"] += len(first)
+    for start in range(0, len(items), max(1, batch_size)):
+        wave_items = items[start : start + batch_size]
         wave = Wave(
             policy,
-            len(first),
+            len(wave_items),
             temperature=temperature,
-            seed=seed,
+            seed=seed + start,
             compact=compact,
             share_prefix=share_prefix,
-            slots=first,
-            refill=admit if continuous else None,
         )
-        threads = [
-            threading.Thread(target=work, args=(wave, wave.lanes[i]), name=f"map_batched-{i}")
-            for i in first
-        ]
-        for thread in threads:
-            thread.start()
+
+        def run(index: int, wave: Wave = wave, wave_items: list[T] = wave_items) -> R:
+            lane = wave.lanes[index]
+            try:
+                return fn(lane, wave_items[index])
+            finally:
+                lane.close()
+
         try:
-            running = len(threads)
-            while running:
-                event = events.get()
-                if event is None:
-                    running -= 1
-                    continue
-                index, result, exc = event
-                if exc is None:
-                    results[index] = result
-                    if on_done is not None and not callback_failed:
-                        try:
-                            on_done(result)
-                        except BaseException as failure:
-                            callback_failed = True
-                            errors.append(failure)
-        except BaseException as exc:  # interrupted: let the started items finish, start no more
-            errors.append(exc)
-            raise
+            with ThreadPoolExecutor(max_workers=len(wave_items)) as pool:
+                futures = [pool.submit(run, i) for i in range(len(wave_items))]
+                for offset, future in enumerate(futures):
+                    results[start + offset] = future.result()
+                    if on_done is not None:
+                        on_done(results[start + offset])
         finally:
-            for thread in threads:
-                thread.join()
             if stats is not None:
                 for key, value in wave.stats.items():
                     stats[key] = stats.get(key, 0) + value
-    if errors:
-        raise errors[0]
     return results
 
 
