@@ -64,6 +64,9 @@ class DemoConfig:
     max_new_tokens: int = 48
     embedder: str = "minilm"  # or "hash" (no model)
     replay: bool = True  # mix the agent's passing dev runs into adapter training
+    # the nightly's own router column per environment; off: the held-out comparison is the
+    # router's real test, on the agent's own tasks (routing accuracy is still measured)
+    nightly_router: bool = False
     base_train: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides
     adapter_train: dict[str, Any] = field(default_factory=dict)
 
@@ -77,6 +80,9 @@ class DemoConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+DEV_SETTINGS = ("dev_tasks", "seed", "batch_size", "max_new_tokens")
 
 
 def _hash(data: Any) -> str:
@@ -254,7 +260,8 @@ def run(
         tg.init(service="tracegym-demo", home=home, capture_messages=True)
 
     trace()
-    dev_key = _hash({"model": folder.name, "config": config.to_dict()})
+    # what the dev runs depend on (not the nightly's or held-out settings)
+    dev_key = _hash({"model": folder.name, **{k: getattr(config, k) for k in DEV_SETTINGS}})
     dev_file = out / "stages" / "dev.json"
     cached = json.loads(dev_file.read_text()) if dev_file.exists() else {}
 
@@ -290,6 +297,7 @@ def run(
     night_config = NightlyConfig(
         model=str(folder), train=train, eval_seeds=config.eval_seeds,
         max_new_tokens=config.max_new_tokens, replay=str(replay) if config.replay else None,
+        route=config.nightly_router,
     )  # fmt: skip
     embedder = _embedder(config.embedder, home)
 

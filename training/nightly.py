@@ -55,7 +55,8 @@ class NightlyConfig:
     train: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides
     eval_seeds: int = 20
     max_new_tokens: int = 96  # per assistant turn in evaluation rollouts
-    route: bool = True  # evaluate base + router too (needs an embedder)
+    route: bool = True  # evaluate the router on each environment too (routing accuracy is
+    # measured whenever an embedder is available)
     replay: str | None = None  # JSONL of the agent's passing conversations, mixed into training
     date: str | None = None  # YYYY-MM-DD (default: today, UTC)
 
@@ -336,14 +337,14 @@ class _Night:
         model = adapters.load_adapters(policy.model, self.home, all_ids)
         router = None
         embedder = self.embedder
-        if self.config.route and embedder is None:
+        if embedder is None:
             try:
                 from tracegym.analysis.embeddings import Embedder
 
                 embedder = Embedder(self.home / "cache")
             except ImportError:
                 embedder = None
-        if self.config.route and embedder is not None:
+        if embedder is not None:
             # every adapter is a candidate while evaluating; promotion decides routing later
             router = Router.from_registry(self.home, embedder, promoted_only=False)
 
@@ -365,7 +366,7 @@ class _Night:
                 adapter_id,
                 seeds,
                 name=policy.name,
-                route=route if router is not None else None,
+                route=route if router is not None and self.config.route else None,
                 max_new_tokens=self.config.max_new_tokens,
             )
             adapters.update(
