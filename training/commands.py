@@ -270,8 +270,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         from tracegym.training.model import ModelError, ensure_model, load_policy
         from tracegym.training.router import (
             Router,
-            apply_weights,
             heldout_tasks,
+            rounded,
             routing_accuracy,
         )
 
@@ -292,8 +292,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         peft_model = adapters.load_adapters(policy.model, target, known)
         router = Router.from_registry(target, _embedder(embedder, target), promoted_only=False)
 
-        def route(env: Any, seed: int) -> str | None:
-            return apply_weights(peft_model, router.weights(env.make_task(seed).instruction))
+        def route(env: Any, seed: int) -> dict[str, float]:
+            return rounded(router.weights(env.make_task(seed).instruction))
 
         rows = []
         for adapter_id in chosen:
