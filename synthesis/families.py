@@ -1160,6 +1160,7 @@ class RequestedActionEnv(Environment):
         self.record_args: list[str] = extra["record_args"]
         self.user_args: list[str] = extra["user_args"]
         self.wording = Wording.from_dict(extra["wording"])
+        self._arguments: dict[str, set[str]] | None = None
 
     def default_knobs(self) -> dict[str, Any]:
         return {"slack": 4}
@@ -1275,12 +1276,15 @@ class RequestedActionEnv(Environment):
         return [*schemas, self.action_def]
 
     def _known(self) -> dict[str, set[str]]:
-        return {
-            str(t.get("function", t).get("name")): set(
-                (t.get("function", t).get("parameters") or {}).get("properties") or {}
-            )
-            for t in self.tool_schemas()
-        }
+        """Tool name -> its argument names (computed once: every tool call checks it)."""
+        if self._arguments is None:
+            self._arguments = {
+                str(t.get("function", t).get("name")): set(
+                    (t.get("function", t).get("parameters") or {}).get("properties") or {}
+                )
+                for t in self.tool_schemas()
+            }
+        return self._arguments
 
     def generate(self, seed: int) -> Task:
         rng = random.Random(f"{self.family}:{seed}")
