@@ -175,10 +175,11 @@ def run_agent(
 
 def run_routed(
     home: Path, folder: Path, tasks: list[Any], config: DemoConfig, embedder: Any,
-    progress: Progress | None = None, notes: Any = None,
+    progress: Progress | None = None, notes: Any = None, competent: list[str] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
     """The routed agent: promoted adapters chosen per task by the router (one, a weighted
-    combination, or none when nothing matches)."""
+    combination, or none when nothing matches, or when the request is closer to `competent`,
+    the requests the base agent passed in dev, than to any adapter's)."""
     from tracegym.training import adapters
     from tracegym.training.model import load_policy
     from tracegym.training.router import Router, apply_weights, rounded
@@ -192,7 +193,7 @@ def run_routed(
         return results, {"promoted": [], "routes": {t.task_id: {} for t in tasks}}
     model = adapters.load_adapters(policy.model, home, promoted)
     policy.model = model
-    router = Router.from_registry(home, embedder, promoted_only=True)
+    router = Router.from_registry(home, embedder, promoted_only=True, competent=competent or ())
     # tasks routed to the same mixture (weights rounded to 0.1) run together as one batch
     groups: dict[tuple[tuple[str, float], ...], list[Any]] = {}
     for task in tasks:
@@ -213,6 +214,15 @@ def run_routed(
             by_id[r["task_id"]] = r
         done += len(group)
     return [by_id[t.task_id] for t in tasks], {"promoted": promoted, "routes": routes}
+
+
+def passed_requests(results: list[dict[str, Any]]) -> list[str]:
+    """The user's request of each run that passed: what the agent handles without help."""
+    return [
+        next(m["content"] for m in r["messages"] if m["role"] == "user")
+        for r in results
+        if r["passed"] and any(m["role"] == "user" for m in r.get("messages") or [])
+    ]
 
 
 # The whole job ---------------------------------------------------------------------------------
@@ -322,7 +332,8 @@ def run(
 
     def routed_heldout() -> tuple[list[dict[str, Any]], dict[str, Any]]:
         notes = CustomerNotes(notes_file)
-        return run_routed(home, folder, heldout, config, embedder, progress, notes=notes)
+        return run_routed(home, folder, heldout, config, embedder, progress, notes=notes,
+                          competent=passed_requests(dev_results))  # fmt: skip
 
     routed, routing = timed("heldout-routed", routed_heldout)
     tg.flush()

@@ -46,6 +46,18 @@ def test_router_weights_none_and_top_p():
     assert len(one) == 1
 
 
+def test_requests_the_agent_already_handles_get_no_adapter():
+    competent = ["what is the status of my order", "where is my order status please",
+                 "status of the order I placed"]  # fmt: skip
+    plain = Router(FakeEmbedder(), ENTRIES)
+    knowing = Router(FakeEmbedder(), ENTRIES, competent=competent)
+    status = "what is the status of my refund order"
+    assert plain.weights(status)  # the words alone point at the refund adapter
+    assert knowing.weights(status) == {}  # but the agent handles requests like this itself
+    assert knowing.choose("issue a refund for the order") == "refund"
+    assert set(knowing.scores(status)) == {"press", "refund", "none"}
+
+
 def test_routing_accuracy():
     router = Router(FakeEmbedder(), ENTRIES)
     tasks = [

@@ -56,7 +56,10 @@ class Router:
         threshold: float = 0.35,
         max_adapters: int = 3,
         top_k: int = 3,
+        competent: Sequence[str] = (),
     ) -> None:
+        """`competent`: requests the agent already handles without an adapter (its passing
+        runs'); a request closer to those than to any adapter's texts gets no adapter."""
         import numpy as np
 
         self.embedder = embedder
@@ -70,6 +73,9 @@ class Router:
             a: np.asarray(embedder.encode(list(entries[a])), dtype=np.float32)
             for a in self.adapters
         }
+        self._competent = (
+            np.asarray(embedder.encode(list(competent)), dtype=np.float32) if competent else None
+        )
 
     @classmethod
     def from_registry(
@@ -85,15 +91,20 @@ class Router:
         return cls(embedder, entries, **options)
 
     def scores(self, text: str) -> dict[str, float]:
+        """Per adapter, and for NONE: the mean of the `top_k` cosine similarities to its texts
+        (NONE: to the competent requests, at least `threshold`)."""
         import numpy as np
 
         if not self.adapters:
             return {}
         query = np.asarray(self.embedder.encode([text]), dtype=np.float32)[0]
-        out = {}
-        for adapter, vectors in self._vectors.items():
-            sims = np.sort(vectors @ query)[::-1][: self.top_k]
-            out[adapter] = float(sims.mean())
+
+        def near(vectors: Any) -> float:
+            return float(np.sort(vectors @ query)[::-1][: self.top_k].mean())
+
+        out = {adapter: near(vectors) for adapter, vectors in self._vectors.items()}
+        own = near(self._competent) if self._competent is not None else self.threshold
+        out[NONE] = max(self.threshold, own)
         return out
 
     def weights(self, text: str) -> dict[str, float]:
@@ -103,8 +114,9 @@ class Router:
         scores = self.scores(text)
         if not scores:
             return {}
+        none = scores.pop(NONE)
         names = [*scores, NONE]
-        values = np.array([*scores.values(), self.threshold]) / self.temperature
+        values = np.array([*scores.values(), none]) / self.temperature
         probs = np.exp(values - values.max())
         probs /= probs.sum()
         order = np.argsort(-probs)
