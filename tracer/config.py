@@ -45,6 +45,8 @@ class Settings:
     home: Path = field(default_factory=resolve_home)
     flush_interval_s: float = 1.0
     max_queue_size: int = 65536
+    # How long exit (and `tracegym.shutdown`) waits for the last exports; the rest is counted.
+    shutdown_timeout_s: float = 3.0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -58,6 +60,7 @@ class Settings:
             home=resolve_home(),
             flush_interval_s=max(0.01, _env_float("TRACEGYM_FLUSH_INTERVAL_S", 1.0)),
             max_queue_size=max(16, _env_int("TRACEGYM_MAX_QUEUE_SIZE", 65536)),
+            shutdown_timeout_s=max(0.0, _env_float("TRACEGYM_SHUTDOWN_TIMEOUT_S", 3.0)),
         )
 
 

@@ -1,8 +1,18 @@
-"""Batching that never blocks the agent and never loses a span without counting it."""
+"""Batching that never blocks the agent and never loses a span without counting it.
+
+The SDK's BatchSpanProcessor ignores the timeout of `force_flush` (opentelemetry-python #4568)
+and exports on the caller's thread, so a dead endpoint held `tracegym.flush(10)` for 50 s. Here a
+flush or a shutdown runs on a daemon thread that the caller waits for until its deadline and no
+longer; spans still queued or in an export when a shutdown's deadline passes are counted under
+`spans_dropped.shutdown_timeout.<name>`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+import threading
+import time
+from collections.abc import Callable, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -10,24 +20,86 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from tracegym.tracer import internal
 
 
+class Background:
+    """One call on a daemon thread, waited for until a deadline and never longer.
+
+    A daemon thread does not hold up the interpreter's exit; what it was doing when the caller
+    stopped waiting is abandoned (and counted by whoever abandons it)."""
+
+    def __init__(self, call: Callable[[], object], name: str) -> None:
+        self._call = call
+        self._name = name
+        self.result: object = None
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self._call()
+        except Exception as exc:
+            internal.report_error(self._name, exc)
+
+    def wait(self, deadline: float) -> bool:
+        """True when the call finished before `deadline` (a `time.monotonic()` instant)."""
+        self.thread.join(max(0.0, deadline - time.monotonic()))
+        return not self.thread.is_alive()
+
+
+def deadline_after(timeout_millis: float | None, default_s: float = 30.0) -> float:
+    """The `time.monotonic()` instant `timeout_millis` from now (None: `default_s`)."""
+    seconds = default_s if timeout_millis is None else max(0.0, timeout_millis / 1000)
+    return time.monotonic() + seconds
+
+
 class CountingExporter(SpanExporter):
-    """Wraps an exporter to count what it delivered and what it failed to deliver."""
+    """Wraps an exporter to count what it delivered and what it failed to deliver.
+
+    It also knows how many spans are inside an export right now, so that a shutdown that gives
+    up on a hanging export can count them; if such an export ends later, it takes its spans back
+    from the shutdown's count, so no span is counted twice."""
 
     def __init__(self, exporter: SpanExporter, name: str) -> None:
         self.exporter = exporter
         self.name = name
+        self.failed = 0  # batches that failed, so a flush can tell it did not deliver
+        self.abandoned_key = f"spans_dropped.shutdown_timeout.{name}"
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._abandoned = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        with self._lock:
+            self._in_flight += len(spans)
         try:
             result = self.exporter.export(spans)
         except Exception as exc:
             internal.report_error(f"export.{self.name}", exc)
             result = SpanExportResult.FAILURE
+        finally:
+            with self._lock:
+                self._in_flight -= len(spans)
+                late = self._abandoned
+        if late:  # already counted as lost by the shutdown that gave up on us
+            internal.add(self.abandoned_key, -len(spans))
         if result is SpanExportResult.SUCCESS:
             internal.add(f"spans_exported.{self.name}", len(spans))
         else:
+            self.failed += 1
             internal.add(f"spans_failed.{self.name}", len(spans))
         return result
+
+    def in_flight(self) -> int:
+        """Spans handed to the wrapped exporter whose export has not returned yet."""
+        return self._in_flight
+
+    def abandon(self, queued: int) -> int:
+        """Count the `queued` spans and those in an export as lost; returns how many."""
+        with self._lock:
+            self._abandoned = True
+            lost = queued + self._in_flight
+        if lost:
+            internal.add(self.abandoned_key, lost)
+        return lost
 
     def shutdown(self) -> None:
         try:
@@ -60,8 +132,11 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         schedule_delay_millis: float,
         max_export_batch_size: int = 512,
     ) -> None:
+        self.counting = CountingExporter(exporter, name)
+        self._flushing: Background | None = None
+        self._flush_lock = threading.Lock()
         super().__init__(
-            CountingExporter(exporter, name),
+            self.counting,
             max_queue_size=max_queue_size,
             schedule_delay_millis=schedule_delay_millis,
             max_export_batch_size=min(max_export_batch_size, max_queue_size),
@@ -89,14 +164,106 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         """Spans waiting in the queue right now."""
         return len(self._queue) if self._queue is not None else 0
 
+    def exporting(self) -> int:
+        """Spans inside an export right now (a hanging endpoint holds them here)."""
+        return self.counting.in_flight()
+
+    def begin_flush(self) -> Background:
+        """Start exporting what is queued on a daemon thread (or join the flush running).
+
+        One flush at a time: an agent calling `flush` in a loop against a dead endpoint must not
+        pile up threads waiting on the SDK's export lock."""
+        with self._flush_lock:
+            running = self._flushing
+            if running is None or not running.thread.is_alive():
+                failed_before = self.counting.failed
+
+                def flush() -> bool:
+                    delivered = BatchSpanProcessor.force_flush(self)
+                    return bool(delivered) and self.counting.failed == failed_before
+
+                running = self._flushing = Background(flush, f"tracegym-flush-{self.name}")
+            return running
+
+    def force_flush(self, timeout_millis: int | None = None) -> bool:
+        """True when everything queued was exported before the timeout; never waits longer."""
+        deadline = deadline_after(timeout_millis)
+        return finish_flush(self.begin_flush(), deadline)
+
+    def begin_shutdown(self, timeout_millis: float) -> Background:
+        """Start the SDK's shutdown (a last export of the queue) on a daemon thread."""
+        return Background(
+            lambda: self._sdk_shutdown(timeout_millis), f"tracegym-shutdown-{self.name}"
+        )
+
+    def _sdk_shutdown(self, timeout_millis: float) -> None:
+        # The public shutdown() takes no timeout (it waits up to 30 s); the SDK's inner batch
+        # processor does. Without it, the public one: our caller's wait is bounded either way.
+        inner = getattr(self, "_batch_processor", None)
+        method = getattr(inner, "shutdown", None)
+        if method is not None and "timeout_millis" in inspect.signature(method).parameters:
+            method(timeout_millis=timeout_millis)
+        else:
+            BatchSpanProcessor.shutdown(self)
+
+    def finish_shutdown(self, running: Background, deadline: float) -> int:
+        """Wait for `running` until `deadline`; count what it did not export. Returns that."""
+        if running.wait(deadline):
+            return 0
+        inner = getattr(self, "_batch_processor", None)
+        if inner is not None and hasattr(inner, "_shutdown_timeout_exceeded"):
+            inner._shutdown_timeout_exceeded = True  # the SDK's "stop after this batch" flag
+        return self.counting.abandon(self.queued())
+
+    def shutdown(self, timeout_millis: float = 30000) -> None:
+        """The SDK's shutdown, waited for at most `timeout_millis`."""
+        deadline = deadline_after(timeout_millis)
+        self.finish_shutdown(self.begin_shutdown(timeout_millis), deadline)
+
+
+def finish_flush(running: Background, deadline: float) -> bool:
+    """A flush's answer: it ended in time and delivered everything."""
+    return running.wait(deadline) and running.result is True
+
+
+def flush_all(processors: Sequence[SpanProcessor], timeout_millis: float | None) -> bool:
+    """Flush every pipeline at once against one deadline: a dead one does not delay the rest."""
+    deadline = deadline_after(timeout_millis)
+    running = [
+        p.begin_flush()
+        if isinstance(p, CountingBatchSpanProcessor)
+        else Background(lambda p=p: p.force_flush(int(timeout_millis or 30000)), "tracegym-flush")
+        for p in processors
+    ]
+    return all([finish_flush(r, deadline) for r in running])
+
+
+def shutdown_all(processors: Sequence[SpanProcessor], timeout_s: float) -> int:
+    """Shut every pipeline down at once within `timeout_s`; returns the spans left unexported."""
+    deadline = time.monotonic() + timeout_s
+    batches = [p for p in processors if isinstance(p, CountingBatchSpanProcessor)]
+    running = [(b, b.begin_shutdown(timeout_s * 1000)) for b in batches]
+    others = [
+        Background(p.shutdown, "tracegym-shutdown")
+        for p in processors
+        if not isinstance(p, CountingBatchSpanProcessor)
+    ]
+    lost = sum(b.finish_shutdown(r, deadline) for b, r in running)
+    for other in others:
+        other.wait(deadline)
+    return lost
+
 
 class FanOutSpanProcessor(SpanProcessor):
     """tracegym's one processor on a provider: hands spans to its pipelines, which a second
     `tracegym.init` swaps in place instead of stacking new processors on the provider."""
 
-    def __init__(self, processors: Sequence[SpanProcessor] = ()) -> None:
+    def __init__(
+        self, processors: Sequence[SpanProcessor] = (), *, shutdown_timeout_s: float = 3.0
+    ) -> None:
         self._processors = tuple(processors)
         self._closed = False
+        self.shutdown_timeout_s = shutdown_timeout_s
 
     def replace(self, processors: Sequence[SpanProcessor]) -> None:
         self._processors = tuple(processors)
@@ -119,8 +286,8 @@ class FanOutSpanProcessor(SpanProcessor):
             processor.on_end(span)
 
     def shutdown(self) -> None:
-        for processor in self._processors:
-            processor.shutdown()
+        """The provider's shutdown: bounded by `shutdown_timeout_s`, like tracegym's own."""
+        shutdown_all(self._processors, self.shutdown_timeout_s)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return all(p.force_flush(timeout_millis) for p in self._processors)
+        return flush_all(self._processors, timeout_millis)

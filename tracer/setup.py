@@ -23,9 +23,13 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
-from tracegym.tracer.config import Settings, _env_bool, resolve_home
+from tracegym.tracer.config import Settings, _env_bool, _env_float, resolve_home
 from tracegym.tracer.operations import state
-from tracegym.tracer.processors import CountingBatchSpanProcessor, FanOutSpanProcessor
+from tracegym.tracer.processors import (
+    CountingBatchSpanProcessor,
+    FanOutSpanProcessor,
+    shutdown_all,
+)
 from tracegym.tracer.redact import RedactingSpanExporter, Redactor
 from tracegym.tracer.spool import SpoolSpanExporter
 
@@ -40,11 +44,12 @@ class TracerStats:
     """What happened to the spans of this process. Nothing is lost without showing up here."""
 
     spans_exported: int
-    spans_dropped: int  # a full queue, or spans ended after shutdown
+    spans_dropped: int  # a full queue, spans ended after shutdown, or unexported at its deadline
     spans_failed: int  # handed to an exporter that failed (dead endpoint, disk full)
     spans_redacted: int
     spans_queued: int
     internal_errors: int
+    spans_exporting: int = 0  # inside an export right now (a hanging endpoint holds them)
     counters: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
 
@@ -66,7 +71,11 @@ def _otlp_exporter(endpoint: str | None, headers: dict[str, str] | None) -> Span
 
     if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/traces"):
         endpoint = endpoint.rstrip("/") + "/v1/traces"
-    timeout = float(os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT", "5"))
+    # Seconds per export, retries included (as the OTLP exporter reads these variables). A flush
+    # or an exit never waits for it longer than its own deadline.
+    timeout = _env_float(
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", _env_float("OTEL_EXPORTER_OTLP_TIMEOUT", 5.0)
+    )
     return OTLPSpanExporter(endpoint=endpoint, headers=headers, timeout=timeout)
 
 
@@ -109,6 +118,7 @@ def init(
     redact_patterns: Iterable[str] = (),
     flush_interval_s: float | None = None,
     max_queue_size: int | None = None,
+    shutdown_timeout_s: float | None = None,
     provider: Any = None,
 ) -> Path | None:
     """Start tracing this process. Returns the data directory spans are spooled to (or None).
@@ -116,7 +126,8 @@ def init(
     Defaults come from the environment: TRACEGYM_HOME (else ./.tracegym), TRACEGYM_SPOOL,
     TRACEGYM_CAPTURE_CONTENT, TRACEGYM_CAPTURE_MESSAGES (or the GenAI convention's
     OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT), TRACEGYM_MAX_VALUE_LENGTH,
-    TRACEGYM_FLUSH_INTERVAL_S, TRACEGYM_MAX_QUEUE_SIZE, and the usual OTEL_* variables
+    TRACEGYM_FLUSH_INTERVAL_S, TRACEGYM_MAX_QUEUE_SIZE, TRACEGYM_SHUTDOWN_TIMEOUT_S (how long exit
+    waits for the last exports, default 3 s), and the usual OTEL_* variables
     (service name, resource attributes, OTLP endpoint and headers, OTEL_SDK_DISABLED).
     Never raises: a failure is logged once and tracing stays off.
     """
@@ -141,6 +152,7 @@ def _init(
     redact_patterns: Iterable[str],
     flush_interval_s: float | None,
     max_queue_size: int | None,
+    shutdown_timeout_s: float | None,
     provider: Any,
 ) -> Path | None:
     settings = Settings.from_env()
@@ -155,6 +167,8 @@ def _init(
         settings.flush_interval_s = max(0.01, float(flush_interval_s))
     if max_queue_size is not None:
         settings.max_queue_size = max(16, int(max_queue_size))
+    if shutdown_timeout_s is not None:
+        settings.shutdown_timeout_s = max(0.0, float(shutdown_timeout_s))
     state.settings = settings
     if _env_bool("OTEL_SDK_DISABLED", False):
         state.tracer = trace.NoOpTracer()
@@ -183,10 +197,13 @@ def _init(
         old = _installed.batches
         if _installed.processor is not None and _installed.provider is target:
             _installed.processor.replace(batches)
+            _installed.processor.shutdown_timeout_s = settings.shutdown_timeout_s
         else:
             if _installed.processor is not None:  # a different provider: retire the old one
                 _installed.processor.replace([])
-            _installed.processor = FanOutSpanProcessor(batches)
+            _installed.processor = FanOutSpanProcessor(
+                batches, shutdown_timeout_s=settings.shutdown_timeout_s
+            )
             _installed.provider = target
             target.add_span_processor(_installed.processor)
         _installed.batches = batches
@@ -194,34 +211,42 @@ def _init(
         if not _installed.atexit_registered:
             atexit.register(shutdown)
             _installed.atexit_registered = True
-    for batch in old:
-        batch.shutdown()
+    shutdown_all(old, settings.shutdown_timeout_s)
     return settings.home if use_spool else None
 
 
 def flush(timeout_s: float = 30.0) -> bool:
-    """Export everything queued so far; True when every pipeline finished in time."""
+    """Export everything queued so far, waiting at most `timeout_s` seconds.
+
+    True when every pipeline exported all of it in time; False on a timeout or a failed export.
+    What a timed-out flush leaves keeps being exported in the background (`stats().spans_queued`
+    and `spans_exporting` show it). The pipelines are flushed at once, so a dead endpoint does
+    not delay the spool."""
     processor = _installed.processor
     if processor is None:
         return True
     try:
-        return processor.force_flush(int(timeout_s * 1000))
+        return processor.force_flush(max(0, int(float(timeout_s) * 1000)))
     except Exception as exc:
         internal.report_error("flush", exc)
         return False
 
 
-def shutdown() -> None:
-    """Flush and stop tracegym's pipelines (runs at exit); reports lost spans once."""
+def shutdown(timeout_s: float | None = None) -> None:
+    """Flush and stop tracegym's pipelines (runs at exit), within `timeout_s` seconds (default:
+    `init(shutdown_timeout_s=)`, TRACEGYM_SHUTDOWN_TIMEOUT_S, 3 s), so a dead endpoint cannot
+    hold the agent's exit. Spans not exported by then are counted under
+    `spans_dropped.shutdown_timeout.<pipeline>`; lost spans are reported once."""
+    if timeout_s is None:
+        timeout_s = state.settings.shutdown_timeout_s
     with _installed.lock:
         batches, _installed.batches = _installed.batches, []
         if _installed.processor is not None:
             _installed.processor.close()
-    for batch in batches:
-        try:
-            batch.shutdown()
-        except Exception as exc:
-            internal.report_error("shutdown", exc)
+    try:
+        shutdown_all(batches, max(0.0, float(timeout_s)))
+    except Exception as exc:
+        internal.report_error("shutdown", exc)
     current = stats()
     if current.spans_dropped or current.spans_failed:
         internal.logger.warning(
@@ -246,6 +271,7 @@ def stats() -> TracerStats:
         spans_redacted=counters.get("spans_redacted", 0),
         spans_queued=sum(b.queued() for b in list(_installed.batches)),
         internal_errors=sum(errors.values()),
+        spans_exporting=sum(b.exporting() for b in list(_installed.batches)),
         counters=counters,
         errors=errors,
     )
