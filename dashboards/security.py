@@ -4,7 +4,8 @@ Trace content is untrusted, so every response carries a Content-Security-Policy 
 scripts from the dashboard itself only (no inline script, no eval): even markup that slipped
 through escaping could not run. On loopback the Host header must name loopback too (a DNS
 rebinding page cannot read the dashboard). With a token, each request must carry it as
-`Authorization: Bearer TOKEN`, or `?token=TOKEN` once (which sets an HttpOnly cookie).
+`Authorization: Bearer TOKEN`, or `?token=TOKEN` once (which sets an HttpOnly cookie and
+redirects to the same path without the token: always a path of this origin, never `//host`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import secrets
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
-from starlette.datastructures import URL
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -33,6 +33,8 @@ HEADERS = {
     "cross-origin-opener-policy": "same-origin",
 }
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
+# RFC 3986 pchar minus "%": the (decoded) path is encoded again, so a "%" is a literal one.
+_PATH_SAFE = "/!$&'()*+,;=:@-._~"
 
 
 def is_loopback(host: str) -> bool:
@@ -46,6 +48,16 @@ def is_loopback(host: str) -> bool:
 
 def new_token() -> str:
     return secrets.token_urlsafe(24)
+
+
+def same_origin_path(path: str) -> str:
+    """`path` (decoded) as a Location that stays on this origin.
+
+    Browsers read `//host`, `/\\host` (a backslash counts as a slash) and those with tabs or
+    newlines in between (which they drop) as another origin: the leading slashes and backslashes
+    become one `/`, and everything else is percent-encoded, so no character is left that a
+    browser would rewrite into an authority."""
+    return "/" + quote(path.lstrip("/\\"), safe=_PATH_SAFE)
 
 
 def _host_name(header: str) -> str:
@@ -85,8 +97,9 @@ class Guard:
             offered = request.query_params.get("token", "")
             if offered and hmac.compare_digest(offered, self.token):
                 rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-                target = URL(scope=scope).replace(query=urlencode(rest), scheme="", netloc="")
-                response = RedirectResponse(str(target) or "/", 303)
+                query = urlencode(rest)
+                target = same_origin_path(scope["path"]) + (f"?{query}" if query else "")
+                response = RedirectResponse(target, 303)
                 response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
             else:
                 response = PlainTextResponse(
