@@ -1,0 +1,180 @@
+"""`agentracer`: AgenTracer TracerTraj failure logs (MetaGPT teams, labelled like Who&When).
+
+One file is a JSON list of runs, each `{question_ID, question, ground_truth, history,
+mistake_agent, mistake_step, mistake_reason}`; `history` is a list of `{step, name, role,
+content}` or that list written as a Python literal string (single quotes), read with
+`ast.literal_eval` (never evaluated as code).
+
+- root: `invoke_agent MetaGPT` (the team), input = the question, output = the last history
+  entry; `tracegym.source.question_id`;
+- history entry `j` -> a child `invoke_agent {name}` span with `gen_ai.agent.name = name` (the
+  role that spoke: `Team Leader`, `Product Manager`, `Architect`, `Engineer` ...),
+  `tracegym.step.index = j`, `tracegym.message.index` = the entry's own `step` when it has one,
+  output = the content;
+- outcome: every TracerTraj run is a failure (the set holds failed runs only), so success =
+  False unless the item says otherwise in `is_correct` / `is_corrected`; labels
+  `{mistake_agent, mistake_step, mistake_step_index, mistake_reason, ground_truth}` as for
+  Who&When; the span at `mistake_step` (0-based into `history`) carries `tracegym.label.*`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tracegym.store.importers import ImportFormatError, load_json
+from tracegym.store.importers.chat import (
+    MESSAGE_INDEX,
+    MESSAGE_ROLE,
+    Run,
+    as_text,
+    boundaries,
+    check_no_labels,
+    content_text,
+    describe,
+    guarded,
+    hint,
+    keyed,
+    source_attrs,
+    synthetic_start,
+)
+from tracegym.tracer import semconv as sc
+
+FORMAT = "agentracer"
+TEAM = "MetaGPT"
+_OUTCOME_FIELDS = ("is_correct", "is_corrected")
+
+
+def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict[str, Any]]:
+    """One AgenTracer JSON file (a list of runs, or one run object) -> spool records."""
+    check_no_labels(path, labels, FORMAT)
+    doc = load_json(path, data)
+    items = [doc] if isinstance(doc, Mapping) else doc
+    if not isinstance(items, list):
+        raise ImportFormatError(
+            path, f"expected a list of AgenTracer runs, got {describe(doc)}{hint(doc)}"
+        )
+    records: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        where = f"run {i}"
+        if not isinstance(item, Mapping):
+            raise ImportFormatError(path, f"expected an object, got {describe(item)}", where)
+        if "question" not in item:
+            raise ImportFormatError(path, f"missing field 'question'{hint(item)}", where)
+        history = _history(path, item.get("history"), where)
+        success = _success(path, item, where)
+        records += guarded(path, where, _run, item, history, success, seen)
+    return records
+
+
+def _history(path: Path, value: Any, where: str) -> list[Mapping[str, Any]]:
+    if value is None:
+        raise ImportFormatError(path, "missing field 'history'", where)
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
+            raise ImportFormatError(
+                path, f"'history' is not a Python literal ({type(exc).__name__})", where
+            ) from None
+    if not isinstance(value, list):
+        raise ImportFormatError(path, f"'history' should be a list, got {describe(value)}", where)
+    for j, entry in enumerate(value):
+        if not isinstance(entry, Mapping):
+            raise ImportFormatError(
+                path, f"expected an object, got {describe(entry)}", f"{where} history {j}"
+            )
+        if "content" not in entry:
+            raise ImportFormatError(path, "missing field 'content'", f"{where} history {j}")
+    return value
+
+
+def _success(path: Path, item: Mapping[str, Any], where: str) -> bool:
+    for name in _OUTCOME_FIELDS:
+        value = item.get(name)
+        if value is not None:
+            if not isinstance(value, bool):
+                raise ImportFormatError(path, f"{name} should be true or false", where)
+            return value
+    return False  # TracerTraj holds failed runs only
+
+
+def _mistake_index(value: Any, steps: int) -> int | None:
+    """The 0-based history index `mistake_step` names (the source writes it as text)."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < steps:
+        return value
+    return None
+
+
+def _run(
+    item: Mapping[str, Any],
+    history: list[Mapping[str, Any]],
+    success: bool,
+    seen: dict[str, int],
+) -> list[dict[str, Any]]:
+    key = keyed(FORMAT, {**item, "history": history}, seen)
+    question_id = item.get("question_ID")
+    run = Run(FORMAT, key, f"{FORMAT}/{question_id or 'run'}/{key[:8]}", TEAM)
+    start = synthetic_start(key)
+    times = boundaries(len(history), start)
+    for j, entry in enumerate(history):
+        role = entry.get("role")
+        name = entry.get("name") or role or "unknown"
+        own = entry.get("step")
+        run.add(
+            ("history", j),
+            f"{sc.OP_AGENT} {name}",
+            times[j],
+            times[j + 1],
+            {
+                sc.OPERATION: sc.OP_AGENT,
+                sc.AGENT_NAME: str(name),
+                sc.STEP_INDEX: j,
+                MESSAGE_INDEX: own if isinstance(own, int) and not isinstance(own, bool) else None,
+                MESSAGE_ROLE: as_text(role),
+                sc.OUTPUT: content_text(entry.get("content")),
+            },
+        )
+    run.root(
+        start,
+        times[len(history)],
+        {
+            sc.INPUT: as_text(item.get("question")),
+            sc.OUTPUT: content_text(history[-1].get("content")) if history else None,
+            **source_attrs(question_id=question_id),
+        },
+    )
+    step = _mistake_index(item.get("mistake_step"), len(history))
+    labels: dict[str, Any] = {
+        "mistake_agent": item.get("mistake_agent"),
+        "mistake_step": item.get("mistake_step"),
+        "mistake_step_index": step,
+        "mistake_reason": item.get("mistake_reason"),
+        "ground_truth": item.get("ground_truth"),
+    }
+    has_labels = any(labels[k] is not None for k in ("mistake_agent", "mistake_step"))
+    if step is not None:
+        run.mark_failures(
+            [
+                {
+                    "failure_id": 1,
+                    "step_index": step,
+                    "failed_agent": item.get("mistake_agent"),
+                    "step_reason": item.get("mistake_reason"),
+                    "root_cause": True,
+                }
+            ]
+        )
+    run.outcome(
+        success=success,
+        reward=None,
+        source=FORMAT,
+        labels=labels if has_labels else None,
+        labelled=has_labels,
+    )
+    return run.records
