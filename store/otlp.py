@@ -13,8 +13,11 @@ Validation is strict and a request is all or nothing: the first problem raises
 `OTLPFormatError` (a ValueError) that names where it is, e.g.
 `resourceSpans[0].scopeSpans[1].spans[3]: spanId must be 8 bytes (16 hex characters), got 7`.
 Checked: trace ids (16 bytes, not all zero), span ids (8 bytes, not all zero), parent and link
-ids, start/end times (present, non-negative integers), kind and status codes, attribute value
-types. Unknown JSON keys are ignored, as the OTLP specification asks.
+ids, start/end and event times (present, and within a signed 64-bit count of nanoseconds since
+1970, 0 to 2**63-1: the store's BIGINT; a larger one used to be stored as NULL), integer
+attribute values (int64, as in OTLP/protobuf), kind and status codes, attribute value types.
+An end before its start is kept as sent (clock skew between hosts is real; the `spans` view then
+shows a negative duration). Unknown JSON keys are ignored, as the OTLP specification asks.
 
 Value mapping: string/bool/int/double as themselves (non-finite doubles as the strings "NaN",
 "Infinity", "-Infinity", since a spool line must be valid JSON), arrays as lists, key-value
@@ -64,7 +67,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from tracegym.store.records import span_record
 from tracegym.tracer import semconv as sc
@@ -81,6 +84,7 @@ __all__ = [
     "records_from_json_object",
     "records_from_protobuf",
     "records_from_request",
+    "redact_records",
 ]
 
 
@@ -107,6 +111,18 @@ _STATUS_BY_NAME = {
     **{n: i for i, n in enumerate(STATUS_NAMES)},
 }
 _NON_FINITE = {"NaN": "NaN", "Infinity": "Infinity", "-Infinity": "-Infinity"}
+MAX_TIME_NS = 2**63 - 1  # the store keeps times as BIGINT nanoseconds since 1970 (year 2262)
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _check_time(value: int, what: str, name: Any) -> int:
+    """`value` when it fits the store's BIGINT nanoseconds; else the span is refused."""
+    if value > MAX_TIME_NS:
+        raise _Invalid(
+            f"{what} {value} is out of range (nanoseconds since 1970 must fit a signed 64-bit "
+            f"integer, at most {MAX_TIME_NS}) in span {str(name)[:80]!r}"
+        )
+    return value
 
 
 def _finite(value: float) -> Any:
@@ -197,6 +213,9 @@ def _pb_span(span: Any, resource: dict[str, Any], scope: str | None) -> dict[str
         raise _Invalid("missing startTimeUnixNano")
     if not end:
         raise _Invalid("missing endTimeUnixNano")
+    if start > MAX_TIME_NS or end > MAX_TIME_NS:  # fixed64 on the wire: never negative
+        _check_time(start, "startTimeUnixNano", span.name)
+        _check_time(end, "endTimeUnixNano", span.name)
     kind = span.kind
     if not 0 <= kind < 6:
         raise _Invalid(f"unknown kind {kind}")
@@ -211,7 +230,10 @@ def _pb_span(span: Any, resource: dict[str, Any], scope: str | None) -> dict[str
             event_attributes = _pb_attributes(e.attributes)
         except _Invalid as exc:
             raise _Invalid(f"events[{i}]: {exc}") from None
-        events.append({"name": e.name, "time_ns": e.time_unix_nano, "attributes": event_attributes})
+        time_ns = e.time_unix_nano
+        if time_ns > MAX_TIME_NS:
+            _check_time(time_ns, f"events[{i}].timeUnixNano", span.name)
+        events.append({"name": e.name, "time_ns": time_ns, "attributes": event_attributes})
     links = []
     for i, link in enumerate(span.links):
         try:
@@ -331,7 +353,7 @@ def _j_object(value: Any, what: str) -> Mapping[str, Any]:
     return value
 
 
-def _j_int(value: Any, what: str, *, minimum: int | None = None) -> int:
+def _j_int(value: Any, what: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
     kind = type(value)
     if kind is int:
         number = value
@@ -346,6 +368,8 @@ def _j_int(value: Any, what: str, *, minimum: int | None = None) -> int:
         raise _Invalid(f"{what} must be an integer, got {_type_name(value)}")
     if minimum is not None and number < minimum:
         raise _Invalid(f"{what} must be >= {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise _Invalid(f"{what} must be <= {maximum}, got {number}")
     return number
 
 
@@ -357,8 +381,8 @@ def _j_value(value: Any) -> Any:
         if type(text) is not str:
             raise _Invalid(f"stringValue must be a string, got {_type_name(text)}")
         return text
-    if "intValue" in value:
-        return _j_int(value["intValue"], "intValue")
+    if "intValue" in value:  # int64 in OTLP: a larger one would not fit the store either
+        return _j_int(value["intValue"], "intValue", minimum=_INT64[0], maximum=_INT64[1])
     if "boolValue" in value:
         flag = value["boolValue"]
         if type(flag) is not bool:
@@ -464,13 +488,15 @@ def _j_enum(value: Any, names: Mapping[str, int], size: int, what: str) -> int:
 
 
 def _j_time(obj: Mapping[str, Any], key: str) -> int:
+    """A span's start or end: present, non-negative, and within the store's BIGINT."""
     value = obj.get(key)
     if value is None or value == 0 or value == "0":
         hint = _SNAKE_HINTS.get(key)
         if hint and hint in obj:
             raise _Invalid(f"missing {key} (found {hint!r}: OTLP/JSON keys are lowerCamelCase)")
         raise _Invalid(f"missing {key}")
-    return _j_int(value, key, minimum=0)
+    number = _j_int(value, key, minimum=0)
+    return _check_time(number, key, obj.get("name", "")) if number > MAX_TIME_NS else number
 
 
 def _j_span(span: Any, resource: dict[str, Any], scope: str | None) -> dict[str, Any]:
@@ -500,7 +526,12 @@ def _j_span(span: Any, resource: dict[str, Any], scope: str | None) -> dict[str,
             events.append(
                 {
                     "name": event_name,
-                    "time_ns": _j_int(event.get("timeUnixNano", 0), "timeUnixNano", minimum=0),
+                    "time_ns": _j_int(
+                        event.get("timeUnixNano", 0),
+                        "timeUnixNano",
+                        minimum=0,
+                        maximum=MAX_TIME_NS,
+                    ),
                     "attributes": _j_attributes(_j_list(event, "attributes")),
                 }
             )
@@ -605,6 +636,93 @@ def parse_json(body: bytes | str) -> Any:
 def records_from_json(body: bytes | str) -> list[dict[str, Any]]:
     """Spool records from an OTLP/JSON request body; raises OTLPFormatError."""
     return records_from_json_object(parse_json(body))
+
+
+# ---------------------------------------------------------------------------------------------
+# Redaction of received spans
+
+
+class _Redactor(Protocol):
+    def redact(self, text: str) -> str: ...
+
+    def redact_attributes(self, attributes: Any) -> dict[str, Any] | None: ...
+
+
+def _redact_value(redactor: _Redactor, value: Any) -> Any:
+    """`value` with secrets replaced, at any depth (OTLP values nest: arrays, key-value lists)."""
+    kind = type(value)
+    if kind is str:
+        return redactor.redact(value)
+    if kind is dict:
+        clean = _redact_mapping(redactor, value)
+        return value if clean is None else clean
+    if kind is list or kind is tuple:
+        items = [_redact_value(redactor, v) for v in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    return value
+
+
+def _nests(value: Any) -> bool:
+    kind = type(value)
+    return kind is dict or kind is list or kind is tuple
+
+
+def _redact_mapping(redactor: _Redactor, attributes: dict[str, Any]) -> dict[str, Any] | None:
+    """A redacted copy of `attributes`, or None when nothing changed.
+
+    The tracer's `redact_attributes` handles this level (secret-named keys, text, lists of
+    text); values nested below it are walked here."""
+    out = redactor.redact_attributes(attributes)
+    for key, value in (out if out is not None else attributes).items():
+        kind = type(value)
+        if kind is dict or ((kind is list or kind is tuple) and any(map(_nests, value))):
+            clean = _redact_value(redactor, value)
+            if clean is not value:
+                if out is None:
+                    out = dict(attributes)
+                out[key] = clean
+    return out
+
+
+def _redact_record(redactor: _Redactor, record: dict[str, Any]) -> bool:
+    changed = False
+    clean = _redact_mapping(redactor, record["attributes"])
+    if clean is not None:
+        record["attributes"], changed = clean, True
+    for item in (*record["events"], *record["links"]):
+        clean = _redact_mapping(redactor, item["attributes"])
+        if clean is not None:
+            item["attributes"], changed = clean, True
+    message = record["status_message"]
+    if message:
+        clean_message = redactor.redact(message)
+        if clean_message != message:
+            record["status_message"], changed = clean_message, True
+    return changed
+
+
+def redact_records(records: list[dict[str, Any]], redactor: _Redactor) -> int:
+    """Replace secrets in received records in place, as the tracer does before it writes:
+    attributes (at any depth), event and link attributes, status messages, resources. Returns
+    how many records had a secret removed. Raises OTLPFormatError for values too deep to check
+    (never store what could not be checked)."""
+    redacted = 0
+    last_resource: dict[str, Any] | None = None
+    last_clean: dict[str, Any] | None = None
+    try:
+        for record in records:
+            changed = _redact_record(redactor, record)
+            resource = record["resource"]
+            if resource:
+                # The spans of one resourceSpans carry equal copies of its resource: check once.
+                if last_resource is None or resource != last_resource:
+                    last_resource, last_clean = resource, _redact_mapping(redactor, resource)
+                if last_clean is not None:
+                    record["resource"], changed = dict(last_clean), True
+            redacted += changed
+    except RecursionError:
+        raise OTLPFormatError("values nested too deeply to check for secrets") from None
+    return redacted
 
 
 def count_spans_json(request: Any) -> int:

@@ -19,12 +19,26 @@ text when the encoding itself is unsupported), with
 | 411 | no Content-Length (and not chunked) |
 | 413 | the body, compressed or not, exceeds `max_body_bytes` |
 | 415 | another Content-Type or Content-Encoding |
-| 503 | the spool could not be written (the exporter retries) |
+| 503 | busy (see below), or the spool could not be written: the exporter retries |
 
 A request is all or nothing: it is converted whole (`tracegym.store.otlp`) before anything is
 written, then its records go to the spool through one `SpoolAppender.append`, a single
 O_APPEND write. The receiver binds 127.0.0.1 unless told otherwise, stays quiet unless
 `log_requests=True`, and survives any input (a handler error answers 500 and is counted).
+
+Bounded: at most `max_requests` requests (default 2) are read and converted at once. Each holds
+its body (at most `max_body_bytes`), the decompressed copy and the converted records, about six
+times the body for small spans (a 19 MiB request of 32,000 spans: ~120 MB), so memory stays
+near `max_requests x 6 x max_body_bytes`. Measured, 8 concurrent 19 MiB requests: 974 MB peak
+with all 8 at once (the old behaviour), 337 MB with 2, in about the same time (conversion holds
+the GIL). A request finding them all busy waits up to `busy_wait_s` (default 5 s), then gets
+503 with `Retry-After: 1`, which OTLP/HTTP exporters retry. A body must keep arriving
+(`body_timeout_s`, 10 s between reads) or the connection is closed. Connections beyond
+`max_connections` (default 1024, one thread each) get a 503 at once.
+
+Secrets are redacted before anything is written (on by default; `redact=False` turns it off),
+with the tracer's `Redactor`: span, event, link and resource attributes at any depth, and status
+messages. `stats()["redacted_spans"]` counts the spans that had one.
 """
 
 from __future__ import annotations
@@ -35,6 +49,7 @@ import socket
 import sys
 import threading
 import zlib
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -47,13 +62,18 @@ from tracegym.store.otlp import (
     parse_protobuf,
     records_from_json_object,
     records_from_request,
+    redact_records,
 )
 from tracegym.store.records import SpoolAppender
 from tracegym.tracer.config import resolve_home
+from tracegym.tracer.redact import Redactor
 
 TRACES_PATH = "/v1/traces"
 DEFAULT_PORT = 4318
 DEFAULT_MAX_BODY_BYTES = 20 << 20  # the OpenTelemetry Collector's default limit
+DEFAULT_MAX_REQUESTS = 2  # conversion holds the GIL: more at once would only cost memory
+DEFAULT_MAX_CONNECTIONS = 1024
+RETRY_AFTER_S = 1
 
 PROTOBUF_TYPES = frozenset({"application/x-protobuf", "application/protobuf"})
 JSON_TYPE = "application/json"
@@ -62,7 +82,22 @@ JSON_TYPE = "application/json"
 _RPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 500: 13, 503: 14}
 
 
-_COUNTERS = ("accepted_requests", "accepted_spans", "rejected_requests", "rejected_spans", "errors")
+_COUNTERS = (
+    "accepted_requests",
+    "accepted_spans",
+    "rejected_requests",
+    "rejected_spans",
+    "errors",
+    "busy_requests",  # answered 503 because `max_requests` were being received
+    "refused_connections",  # beyond `max_connections`
+    "redacted_spans",
+)
+_BUSY_TEXT = b"too many connections; retry\n"
+_BUSY_ANSWER = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Retry-After: %d\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+    % (RETRY_AFTER_S, len(_BUSY_TEXT), _BUSY_TEXT)
+)
 
 
 def _no_such_path(path: str) -> str:
@@ -70,11 +105,14 @@ def _no_such_path(path: str) -> str:
 
 
 class _HTTPError(Exception):
-    def __init__(self, status: int, message: str, *, close: bool = False) -> None:
+    def __init__(
+        self, status: int, message: str, *, close: bool = False, retry_after: int | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.close = close  # the body was not (fully) read: the connection cannot be reused
+        self.retry_after = retry_after
 
 
 def _status_protobuf(code: int, message: str) -> bytes:
@@ -129,6 +167,40 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False
     request_queue_size = 128
     receiver: Receiver
+    connections = 0  # handler threads alive (guarded by the receiver's lock)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """One thread per connection, up to `max_connections`; past that, 503 and close."""
+        receiver = self.receiver
+        with receiver._lock:
+            full = self.connections >= receiver.max_connections
+            if full:
+                receiver._stats["refused_connections"] += 1
+            else:
+                self.connections += 1
+        if not full:
+            try:
+                super().process_request(request, client_address)
+            except BaseException:
+                self._left()
+                raise
+            return
+        try:  # never block the accept loop on this client: a best-effort answer
+            request.setblocking(False)
+            request.send(_BUSY_ANSWER)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._left()
+
+    def _left(self) -> None:
+        with self.receiver._lock:
+            self.connections -= 1
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that hangs up mid-request (or any handler bug) must not print tracebacks
@@ -181,6 +253,8 @@ class _Handler(BaseHTTPRequestHandler):
             headers["WWW-Authenticate"] = 'Bearer realm="tracegym"'
         if error.status == 405:
             headers["Allow"] = "POST"
+        if error.retry_after is not None:
+            headers["Retry-After"] = str(error.retry_after)
         code = _RPC_CODES.get(error.status, 2)
         if media in PROTOBUF_TYPES:
             body, content_type = _status_protobuf(code, error.message), "application/x-protobuf"
@@ -280,8 +354,27 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HTTPError(
                 415, f"unsupported Content-Encoding {encoding!r}; use gzip or none", close=True
             )
+        if not receiver._slots.acquire(timeout=receiver.busy_wait_s):
+            receiver._count(busy_requests=1)
+            raise _HTTPError(
+                503,
+                f"busy: {receiver.max_requests} requests are being received; retry",
+                close=True,
+                retry_after=RETRY_AFTER_S,
+            )
+        try:
+            self._receive(receiver, media, encoding)
+        finally:
+            receiver._slots.release()
+
+    def _receive(self, receiver: Receiver, media: str, encoding: str) -> None:
+        """Read, convert, redact and write one request: what holds a slot (and memory)."""
         limit = receiver.max_body_bytes
-        body = self._read_body(limit)
+        self.connection.settimeout(receiver.body_timeout_s)  # a stalled body frees its slot
+        try:
+            body = self._read_body(limit)
+        finally:
+            self.connection.settimeout(self.timeout)
         spans = 0
         try:
             if encoding in ("gzip", "deflate"):
@@ -294,9 +387,12 @@ class _Handler(BaseHTTPRequestHandler):
                 request = parse_protobuf(body)
                 spans = count_spans_protobuf(request)
                 records = records_from_request(request)
+            redacted = redact_records(records, receiver.redactor) if receiver.redactor else 0
         except OTLPFormatError as exc:
             receiver._count(rejected_spans=spans)
             raise _HTTPError(400, str(exc)) from None
+        if redacted:
+            receiver._count(redacted_spans=redacted)
         if records:
             with receiver._write_lock:
                 if receiver._stopped:
@@ -333,7 +429,10 @@ class Receiver:
 
     `start()` serves on a background thread (port 0 picks a free port; read `.port` after),
     `serve_forever()` serves on the calling thread until `stop()` (or Ctrl-C). Counters:
-    `stats()`. Usable as a context manager (start / stop).
+    `stats()`. Usable as a context manager (start / stop). `redact` (default True) scrubs
+    secrets from what is received, with `redact_patterns` added to the built-in rules;
+    `max_requests`, `busy_wait_s`, `body_timeout_s` and `max_connections` bound memory and
+    threads (see the module's docstring).
     """
 
     def __init__(
@@ -345,6 +444,12 @@ class Receiver:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         *,
         log_requests: bool = False,
+        redact: bool = True,
+        redact_patterns: Iterable[str] = (),
+        max_requests: int = DEFAULT_MAX_REQUESTS,
+        busy_wait_s: float = 5.0,
+        body_timeout_s: float = 10.0,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         self.home = resolve_home(home)
         self.host = host
@@ -352,6 +457,12 @@ class Receiver:
         self.token = token or None
         self.max_body_bytes = int(max_body_bytes)
         self.log_requests = log_requests
+        self.redactor = Redactor(redact_patterns) if redact else None
+        self.max_requests = max(1, int(max_requests))
+        self.busy_wait_s = max(0.0, float(busy_wait_s))
+        self.body_timeout_s = max(0.1, float(body_timeout_s))
+        self.max_connections = max(1, int(max_connections))
+        self._slots = threading.BoundedSemaphore(self.max_requests)
         self._appender = SpoolAppender(self.home)
         self._server: _Server | None = None
         self._serving = False
@@ -369,7 +480,8 @@ class Receiver:
                 self._stats[key] += delta
 
     def stats(self) -> dict[str, int]:
-        """accepted/rejected requests and spans, and handler errors, since start."""
+        """accepted/rejected requests and spans, handler errors, busy (503) requests, refused
+        connections and redacted spans, since start."""
         with self._lock:
             return dict(self._stats)
 
