@@ -1,35 +1,64 @@
 """Failure attribution: for each failed run, the decisive step and the agent responsible.
 
 No LLM: a short list of deterministic rules over the run's turns, tried in order; the first that
-applies decides, and its `reason` names the evidence.
+applies decides, and its `reason` names the evidence (a failed execution is quoted by its error
+line, e.g. the exception that ends a traceback).
+
+What recurs in every run of a system is not evidence about one run. `attribute_runs` learns a
+`SystemProfile` per system (same import format and root agent) from all the runs it is given,
+successful ones included, never their labels: the lines found in at least half of the runs
+(banners, the prompt template, pasted warnings with version numbers, command-format blocks) are
+boilerplate, left out of what the rules read; a turn that is mostly boilerplate and says nothing
+new is a logged prompt `template` (MetaGPT's "# Past Experience ... # Current Plan ..." turns);
+and an agent that opens at least 80% of the runs of a team whose agents keep their names (MetaGPT's
+`Team Leader`) is the system's orchestrator. `attribute(run)` alone has no profile unless given
+one (`learn_profile` / `learn_profiles`).
 
 1. `off_task_plan`: in a team run, the opening turn states the task; when it shares under 30% of
-   the question's content words, the run went off task right there.
+   the question's content words (boilerplate lines left out), the run went off task right there.
 2. `failed_execution`: the first code execution that failed (non-zero exit code, traceback) or
    the first failed call of a state-changing tool -> the turn that wrote the code or made the
    call. (A failed lookup is a guess the agent can correct, so it does not count.)
 3. `finding`: the earliest detector finding (`tracegym.analysis.detectors`) with confidence
    >= `min_finding_confidence`, when findings are given (a finding on a tool result points at
    the turn that made the call). After the run's own hard evidence (1, 2), before the weaker
-   heuristics: on AgentRx's development half, findings placed first cost a step hit.
+   heuristics: on AgentRx's tuning half, findings placed first cost a step hit.
 4. `first_write`: the first call of a state-changing tool (its name does not start with a read
    verb such as get/find/list/search/calculate) -> the turn that made it.
 5. `ungrounded_claim`: the first agent turn stating numbers that nothing before it holds: not
    the question, no earlier message, tool or execution output, not its own code, and not
-   arithmetic on numbers seen before. An unverified (often invented) result.
-6. `first_action`: the first substantive turn after the task statement (not an execution
-   result, not the requesting user, not a system prompt).
-7. `last_turn`: the run's last agent turn (nothing else to go on).
+   arithmetic on numbers seen before; boilerplate lines and prompt templates state nothing.
+   An unverified (often invented) result.
+6. `handover`: in a system with an orchestrator, the work starts with the first agent it hands
+   the task to: the decisive step is that agent's first step. Where the first turn went wrong is
+   where the artefact the run depends on (the PRD, the design, the code) was first produced, not
+   where a later test visibly broke; nothing in the text tells which of the worker's steps it
+   was, and its first is the most frequent (27 of 65 on AgenTracer's tuning half).
+7. `first_action`: the first substantive turn after the task statement (not an execution
+   result, not the requesting user, not a system prompt, not a prompt template).
+8. `last_turn`: the run's last agent turn (nothing else to go on).
 
-Each rule's `confidence` is its Laplace-smoothed hit rate, (hits + 1) / (fired + 2), on the
-development halves of Who&When and AgentRx tau-retail (even file numbers / task ids; see
-benchmarks/attribution_whowhen.py and benchmarks/attribution_agentrx.py). Measured and dropped:
-"the turn that introduced the final answer's value" (after the rules above, 1 hit in 7 on the
-development half: its good cases are the ungrounded claims) and "the first turn that asserts a
-result with words like assume/sample/simulated" (42% where it fired, below the rules kept).
+Where the system logs the prompt an agent was given as a turn of its own just before the agent's
+reply (a `template` turn of the same agent), rules 6-7 report the step at the template: the
+prompt and the reply are one action, and it starts at the prompt (where a faulty instruction
+enters). The notes an agent writes to its memory once the conversation is over (the trailing
+`update_memory` spans of a run) are written after the run and are never the decisive step.
+
+Each rule's `confidence` is its Laplace-smoothed step hit rate, (hits + 1) / (fired + 2), on the
+tuning splits only: Who&When Algorithm-Generated even files, AgentRx tau-retail even task ids
+and the AgenTracer TracerTraj-code half whose sha256(question_ID) is even (see
+benchmarks/diagnosis_generalization.py, which also reports the untuned splits). Measured and
+dropped: "the turn that introduced the final answer's value" (after the rules above, 1 hit in 7
+on Who&When's tuning half: its good cases are the ungrounded claims), "the first turn that
+asserts a result with words like assume/sample/simulated" (42% where it fired, below the rules
+kept), "the turn before the first code written into a file" for MetaGPT (26 of 65, below
+`handover`'s 27), "the first turn that interprets an execution's output" as Who&When's
+fallback (4 hits against `first_action`'s 5 on the even files), and the run's end at a turn
+ending in TERMINATE (Who&When's group chats go on after such turns; 10 gold steps lie there).
 
 The gold labels importers attach (`Run.labels`, the `tracegym.label.*` span attributes) are never
-read: `Turn`s are built from the steps' content, names, roles, tool calls and statuses only.
+read, nor are run ids or file names: `Turn`s are built from the steps' content, names, roles,
+tool calls and statuses only.
 
 `step` is in the source's own indexing (`Step.step_index`, e.g. a Who&When `history` index or a
 tau-bench `traj` index); runs without step indexes (natively traced) use `Step.position`.
@@ -50,18 +79,27 @@ from tracegym.tracer import semconv as sc
 
 SOURCE_PREFIX = "tracegym.source."
 
-# (hits + 1) / (fired + 2) on the development halves (see the module docstring); `finding`
+# (hits + 1) / (fired + 2), step hits where the rule decided on the tuning splits (Who&When even
+# files, AgentRx even task ids, AgenTracer's hash-even half; see the module docstring); `finding`
 # decisions carry the detector's own confidence.
 CONFIDENCE = {
-    "off_task_plan": 0.88,  # 6 of 6
-    "failed_execution": 0.53,  # 18 of 34
-    "first_write": 0.27,  # 2 of 9
-    "ungrounded_claim": 0.82,  # 8 of 9
-    "first_action": 0.29,  # 5 of 19
-    "last_turn": 0.1,  # never fired
+    "off_task_plan": 0.88,  # 6 of 6 (Who&When)
+    "failed_execution": 0.53,  # 18 of 34 (Who&When 16 of 30, AgentRx 2 of 4)
+    "first_write": 0.27,  # 2 of 9 (AgentRx)
+    "ungrounded_claim": 0.75,  # 8 of 10 (Who&When 8 of 9, AgenTracer 0 of 1)
+    "handover": 0.43,  # 27 of 63 (AgenTracer)
+    "first_action": 0.32,  # 6 of 20 (Who&When 5 of 18, AgenTracer 1 of 1, AgentRx 0 of 1)
+    "last_turn": 0.1,  # never fired: a floor, not a measurement
 }
 OFF_TASK_COVERAGE = 0.3  # below this share of the question's content words: off task
 MIN_FINDING_CONFIDENCE = 0.7
+# System profiles (learnt from the runs of one system, see SystemProfile):
+MIN_PROFILE_RUNS = 4  # fewer runs than this: no boilerplate, no orchestrator
+BOILERPLATE_SHARE = 0.5  # a line in at least this share of the system's runs is boilerplate
+ORCHESTRATOR_SHARE = 0.8  # the same agent opens at least this share of the runs
+TEMPLATE_BOILERPLATE = 0.5  # a turn this much boilerplate (by characters) ...
+TEMPLATE_NEW = 0.5  # ... whose other text is less than this share new is a prompt template
+_SHINGLE = 4  # words per shingle when telling new text from repeated text
 _ARITHMETIC_WINDOW = 150  # derived numbers: arithmetic on the latest this many numbers seen
 
 # AutoGen/AG2 code executors answer with "exitcode: N (execution ...)\nCode output: ..." or a
@@ -76,11 +114,13 @@ _ERROR_TEXT = re.compile(
     r"traceback \(most recent call last\)|^\s*[A-Za-z_.]*(Error|Exception):|execution failed",
     re.IGNORECASE | re.MULTILINE,
 )
-_FENCE = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
+# A fenced block opens and closes on lines of its own (``` inside a JSON string is not a fence).
+_FENCE = re.compile(r"^[ \t]*```[^\n]*(?:\n.*?^[ \t]*```[ \t]*$|.*\Z)", re.DOTALL | re.MULTILINE)
 _TERMINATION = re.compile(r"\bTERMINATE\b|###STOP###|<\|?end\|?>", re.IGNORECASE)
 _NUMBER = re.compile(r"(?<![\w.])[-−]?\d[\d,]*(?:\.\d+)?(?![\w])")
 _LIST_MARKER = re.compile(r"^\s*\(?\d{1,2}[.)]\s", re.MULTILINE)
 _WORD = re.compile(r"[A-Za-z][A-Za-z'’-]+")
+_TOKEN = re.compile(r"[a-z_][a-z0-9_]*|\d+|[^\sa-z0-9_]")
 _STOPWORD_TEXT = """
     a about above after again against all also am an and any are as at be because been
     before being below between both but by can could did do does doing down during each few
@@ -144,6 +184,10 @@ class Turn:
     failed: bool = False  # that execution failed
     call_id: str | None = None  # for tool results: the call it answers
     spans: list[Step] = field(default_factory=list)
+    evidence: str = ""  # the prose without the system's boilerplate lines (what rules read)
+    boilerplate: float = 0.0  # share of the turn's characters on the system's boilerplate lines
+    template: bool = False  # mostly boilerplate and says nothing new: a logged prompt template
+    after_end: bool = False  # written after the run ended (a closing note): never decisive
 
 
 def _chat_text(step: Step) -> tuple[str, tuple[str, ...]]:
@@ -191,8 +235,142 @@ def _turn_groups(run: Run) -> list[tuple[int, list[Step]]]:
     return sorted(groups.items())
 
 
-def build_turns(run: Run) -> list[Turn]:
-    """The run's turns. Reads content, names, roles, tool calls and statuses; never labels."""
+# What recurs across the runs of one system --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SystemProfile:
+    """What the runs of one system share, learnt from their text (never from labels or ids).
+
+    `boilerplate`: normalised lines (see `_line_key`) found in at least `BOILERPLATE_SHARE` of
+    the system's runs: banners, prompt templates, pasted warnings, command-format blocks. They
+    say nothing about one run, so no rule reads them as evidence.
+    `orchestrator`: the agent that opens at least `ORCHESTRATOR_SHARE` of the runs, in teams
+    whose agents keep their names across runs (MetaGPT's `Team Leader`); its turns hand the task
+    over, and the work starts with the first agent it hands over to.
+    """
+
+    runs: int = 0
+    boilerplate: frozenset[str] = frozenset()
+    orchestrator: str | None = None
+
+    def is_boilerplate(self, line: str) -> bool:
+        return bool(self.boilerplate) and _line_key(line) in self.boilerplate
+
+
+EMPTY_PROFILE = SystemProfile()
+
+
+def _line_key(line: str) -> str:
+    """A line as boilerplate is counted: whitespace squashed, lower case, digits as 0 (version
+    numbers, exit codes and timestamps vary where the banner does not)."""
+    return re.sub(r"\d+", "0", " ".join(line.split()).lower())
+
+
+def system_key(run: Run) -> tuple[str, str]:
+    """Runs of the same system: the same import format (or outcome source) and root agent."""
+    root = run.root
+    fmt = root.attributes.get(SOURCE_PREFIX + "format") if root is not None else None
+    return (str(fmt or run.source or ""), str(run.agent or (root.agent if root else "") or ""))
+
+
+def _opening_agent(run: Run) -> str | None:
+    for _, spans in _turn_groups(run):
+        agent = spans[0].agent
+        if agent:
+            return agent
+    return None
+
+
+def learn_profile(runs: Sequence[Run]) -> SystemProfile:
+    """The profile of one system from its runs (successful ones too; outcomes are not read)."""
+    runs = list(runs)
+    if len(runs) < MIN_PROFILE_RUNS:
+        return SystemProfile(runs=len(runs))
+    frequency: Counter[str] = Counter()
+    openers: Counter[str] = Counter()
+    agents_per_run: list[set[str]] = []
+    for run in runs:
+        keys: set[str] = set()
+        names: set[str] = set()
+        for _, spans in _turn_groups(run):
+            for span in spans:
+                text, _ = _span_text(span)
+                keys.update(_line_key(line) for line in text.splitlines() if line.strip())
+                if span.agent:
+                    names.add(span.agent)
+        frequency.update(keys)
+        agents_per_run.append(names)
+        opener = _opening_agent(run)
+        if opener:
+            openers[opener] += 1
+    need = BOILERPLATE_SHARE * len(runs)
+    boilerplate = frozenset(k for k, n in frequency.items() if n >= need)
+    orchestrator = None
+    if openers:
+        name, count = openers.most_common(1)[0]
+        # a team (the opener is not alone in most runs) whose opener is the same agent
+        teamed = sum(1 for names in agents_per_run if name in names and len(names) > 1)
+        if count >= ORCHESTRATOR_SHARE * len(runs) and teamed >= ORCHESTRATOR_SHARE * len(runs):
+            orchestrator = name
+    return SystemProfile(runs=len(runs), boilerplate=boilerplate, orchestrator=orchestrator)
+
+
+def learn_profiles(runs: Iterable[Run]) -> dict[tuple[str, str], SystemProfile]:
+    """A profile per system (`system_key`) among `runs`."""
+    by_system: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        by_system.setdefault(system_key(run), []).append(run)
+    return {key: learn_profile(members) for key, members in by_system.items()}
+
+
+def _shingles(text: str) -> set[tuple[str, ...]]:
+    tokens = _TOKEN.findall(text.lower())
+    width = _SHINGLE
+    return {tuple(tokens[i : i + width]) for i in range(max(0, len(tokens) - width + 1))}
+
+
+def _mark_boilerplate(turns: list[Turn], profile: SystemProfile, question: str) -> None:
+    """Set each turn's evidence, boilerplate share and template flag."""
+    seen = _shingles(question)
+    for turn in turns:
+        lines = [line for line in turn.text.splitlines() if line.strip()]
+        total = sum(len(line) for line in lines)
+        common = sum(len(line) for line in lines if profile.is_boilerplate(line))
+        turn.boilerplate = common / total if total else 0.0
+        kept = [line for line in turn.prose.splitlines() if not profile.is_boilerplate(line)]
+        turn.evidence = "\n".join(kept)
+        body = "\n".join(line for line in lines if not profile.is_boilerplate(line))
+        shingles = _shingles(body)
+        new = len(shingles - seen) / len(shingles) if shingles else 0.0
+        seen |= shingles
+        turn.template = (
+            turn.boilerplate >= TEMPLATE_BOILERPLATE
+            and new < TEMPLATE_NEW
+            and not turn.tool_result
+            and not turn.call_ids
+        )
+
+
+_NOTE_OPERATIONS = frozenset({sc.OP_MEMORY_UPDATE, sc.OP_MEMORY_DELETE})
+
+
+def _mark_end(turns: list[Turn]) -> None:
+    """The notes an agent writes to its memory once the conversation is over (the trailing
+    memory writes of a run) are written after the run: flagged, and no rule picks them."""
+    for turn in reversed(turns):
+        if not turn.spans or not all(s.operation in _NOTE_OPERATIONS for s in turn.spans):
+            break
+        turn.after_end = True
+
+
+def build_turns(run: Run, profile: SystemProfile | None = None) -> list[Turn]:
+    """The run's turns. Reads content, names, roles, tool calls and statuses; never labels.
+
+    With a `profile` of the run's system, the system's boilerplate lines are left out of each
+    turn's `evidence` and turns that are mostly boilerplate with nothing new are `template`s.
+    """
+    profile = profile or EMPTY_PROFILE
     groups = _turn_groups(run)
     names = {s.agent for _, spans in groups for s in spans if s.agent}
     roles = {s.role for _, spans in groups for s in spans if s.role}
@@ -222,7 +400,7 @@ def build_turns(run: Run) -> list[Turn]:
                 role=role,
                 text=text,
                 prose=_FENCE.sub(" ", text),
-                writes_code=bool(ids) or "```" in text,
+                writes_code=bool(ids) or bool(_FENCE.search(text)),
                 call_ids=tuple(ids),
                 tool_result=tool_result,
                 execution=tool_result,
@@ -232,6 +410,9 @@ def build_turns(run: Run) -> list[Turn]:
             )
         )
     _mark_executions(turns)
+    root = run.root
+    _mark_boilerplate(turns, profile, (root.input if root is not None else None) or "")
+    _mark_end(turns)
     return turns
 
 
@@ -335,6 +516,29 @@ def _is_float(text: str) -> bool:
     return True
 
 
+_ERROR_LINE = re.compile(
+    r"^\s*(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b.*|(?:error|fatal|failed)\b.+)$",
+    re.IGNORECASE,
+)
+_EXEC_BANNER = re.compile(r"^\s*(exit\s*code:.*|code output:\s*)$", re.IGNORECASE)
+
+
+def _error_quote(turn: Turn, profile: SystemProfile = EMPTY_PROFILE) -> str:
+    """The line of a failed execution that says what went wrong: the last error line (a
+    traceback ends with the exception), else its first line that is neither the executor's
+    banner nor the system's boilerplate, else the recorded error type."""
+    lines = [line.strip() for line in turn.text.splitlines() if line.strip()]
+    errors = [line for line in lines if _ERROR_LINE.match(line)]
+    if errors:
+        return errors[-1]
+    for line in lines:
+        line = re.sub(r"^code output:\s*", "", line, flags=re.IGNORECASE)
+        if line and not _EXEC_BANNER.match(line) and not profile.is_boilerplate(line):
+            return line
+    kinds = [s.error_type for s in turn.spans if s.error_type]
+    return kinds[0] if kinds else "no output"
+
+
 def _squash(text: str) -> str:
     return " ".join(text.split())
 
@@ -354,6 +558,7 @@ class _Context:
     question: str
     task_turn: Turn | None  # the opening turn that restates the question
     requester_role: str | None  # "user" where the run is one agent serving a user
+    profile: SystemProfile = EMPTY_PROFILE
 
     def requester(self, turn: Turn) -> bool:
         return self.requester_role is not None and turn.role == self.requester_role
@@ -368,8 +573,19 @@ class _Context:
             if not t.execution
             and not self.requester(t)
             and t.role != "system"
+            and not t.template
+            and not t.after_end
             and _TERMINATION.sub("", t.text).strip()
         ]
+
+    def action_start(self, turn: Turn) -> Turn:
+        """Where the action of `turn` starts: the prompt template its agent was given just
+        before it, when the system logs one (the template and the reply are one step)."""
+        if turn.index > 0:
+            before = self.turns[turn.index - 1]
+            if before.template and before.agent == turn.agent and not before.after_end:
+                return before
+        return turn
 
 
 @dataclass
@@ -380,8 +596,8 @@ class _Decision:
     confidence: float
 
 
-def _context(run: Run) -> _Context:
-    turns = build_turns(run)
+def _context(run: Run, profile: SystemProfile = EMPTY_PROFILE) -> _Context:
+    turns = build_turns(run, profile)
     root = run.root
     question = (root.input if root is not None else None) or ""
     names = {t.agent for t in turns if t.agent and not t.execution}
@@ -394,7 +610,7 @@ def _context(run: Run) -> _Context:
         head = _squash(question)[:200]
         if requester is None or (head and head in _squash(opening.text)):
             task_turn = opening
-    return _Context(run, turns, question, task_turn, requester)
+    return _Context(run, turns, question, task_turn, requester, profile)
 
 
 def _rule_off_task(ctx: _Context) -> _Decision | None:
@@ -402,7 +618,7 @@ def _rule_off_task(ctx: _Context) -> _Decision | None:
     if turn is None:
         return None
     asked = _content_words(ctx.question)
-    stated = _content_words(turn.prose)
+    stated = _content_words(turn.evidence)
     if len(asked) < 4 or len(stated) < 20:
         return None
     coverage = len(asked & stated) / len(asked)
@@ -428,8 +644,8 @@ def _rule_failed_execution(ctx: _Context) -> _Decision | None:
         what = f"{_tool(turn)} call" if turn.tool_result else "code"
         reason = (
             f"the first failed execution is at step {turn.step} "
-            f"({_excerpt(turn.text, 80)!r}); the {what} came from {author.agent} at step "
-            f"{author.step}"
+            f"({_excerpt(_error_quote(turn, ctx.profile), 100)!r}); the {what} came from "
+            f"{author.agent} at step {author.step}"
         )
         return _Decision(author, "failed_execution", reason, CONFIDENCE["failed_execution"])
     return None
@@ -464,11 +680,16 @@ def _rule_ungrounded_claim(ctx: _Context) -> _Decision | None:
     seen: dict[str, None] = dict.fromkeys(sorted(_all_numbers(ctx.question)))  # in seen order
     for turn in ctx.turns:
         claimant = not (
-            turn.execution or ctx.requester(turn) or turn.role == "system" or turn is ctx.task_turn
+            turn.execution
+            or ctx.requester(turn)
+            or turn.role == "system"
+            or turn is ctx.task_turn
+            or turn.template
+            or turn.after_end
         )
         if claimant:
             code = " ".join(_FENCE.findall(turn.text))
-            fresh = sorted(_numbers(turn.prose) - seen.keys() - _all_numbers(code))
+            fresh = sorted(_numbers(turn.evidence) - seen.keys() - _all_numbers(code))
             if fresh:
                 recent = [float(n) for n in list(seen)[-_ARITHMETIC_WINDOW:] if _is_float(n)]
                 fresh = [n for n in fresh if not _derived(n, recent)]
@@ -499,22 +720,42 @@ def _rule_first_write(ctx: _Context) -> _Decision | None:
     return None
 
 
+def _rule_handover(ctx: _Context) -> _Decision | None:
+    """In a system whose runs an orchestrator opens (SystemProfile.orchestrator), the work
+    starts with the first agent it hands the task to: that agent's first step (its prompt
+    template, when the system logs one before the reply)."""
+    boss = ctx.profile.orchestrator
+    if boss is None or ctx.requester_role is not None:
+        return None
+    turns = ctx.substantive()
+    worker = next((t for t in turns if t.agent != boss), None)
+    if worker is None:
+        return None
+    start = ctx.action_start(worker)
+    reason = (
+        f"{boss} opens the run and hands the task over; the work starts with {worker.agent}'s "
+        f"first step, step {start.step} ({_excerpt(worker.evidence, 70)!r})"
+    )
+    return _Decision(start, "handover", reason, CONFIDENCE["handover"])
+
+
 def _rule_first_action(ctx: _Context) -> _Decision | None:
     turns = ctx.substantive()
     if not turns:
         return None
     turn = turns[0]
+    start = ctx.action_start(turn)
     opening = "the task statement" if ctx.task_turn is not None else "the start"
     reason = (
         f"no error or answer trace to follow; the first substantive step after {opening} is "
-        f"{turn.agent}'s at step {turn.step} ({_excerpt(turn.prose, 70)!r})"
+        f"{turn.agent}'s at step {start.step} ({_excerpt(turn.evidence, 70)!r})"
     )
-    return _Decision(turn, "first_action", reason, CONFIDENCE["first_action"])
+    return _Decision(start, "first_action", reason, CONFIDENCE["first_action"])
 
 
 def _rule_last_turn(ctx: _Context) -> _Decision | None:
     for turn in reversed(ctx.turns):
-        if not turn.execution and not ctx.requester(turn):
+        if not turn.execution and not ctx.requester(turn) and not turn.after_end:
             reason = f"nothing else to go on: the run's last agent step is {turn.agent}'s"
             return _Decision(turn, "last_turn", reason, CONFIDENCE["last_turn"])
     return None
@@ -528,6 +769,7 @@ RULES: tuple[Any, ...] = (
     FINDINGS,
     _rule_first_write,
     _rule_ungrounded_claim,
+    _rule_handover,
     _rule_first_action,
 )
 
@@ -597,6 +839,7 @@ def attribute(
     findings: Iterable[Any] = (),
     *,
     min_finding_confidence: float = MIN_FINDING_CONFIDENCE,
+    profile: SystemProfile | None = None,
 ) -> Attribution:
     """The decisive step and responsible agent of `run` (meant for failed runs).
 
@@ -604,7 +847,7 @@ def attribute(
     `min_finding_confidence` takes its place among the rules (see the module docstring).
     Deterministic; never reads `run.labels` or `tracegym.label.*` attributes.
     """
-    ctx = _context(run)
+    ctx = _context(run, profile or EMPTY_PROFILE)
     run_id = source_run_id(run)
     findings = list(findings)
     decision = None
@@ -637,10 +880,21 @@ def attribute_runs(
     findings_by_trace: Mapping[str, Sequence[Any]] | None = None,
     **options: Any,
 ) -> list[Attribution]:
-    """`attribute` for every failed run (`run.success is False`), in the given order."""
+    """`attribute` for every failed run (`run.success is False`), in the given order.
+
+    Each system's profile (boilerplate, orchestrator) is learnt from all of `runs` of that
+    system, successful ones included; pass `profiles` (from `learn_profiles`) to reuse one.
+    """
+    runs = list(runs)
     findings_by_trace = findings_by_trace or {}
+    profiles = options.pop("profiles", None) or learn_profiles(runs)
     return [
-        attribute(run, findings_by_trace.get(run.trace_id, ()), **options)
+        attribute(
+            run,
+            findings_by_trace.get(run.trace_id, ()),
+            profile=profiles.get(system_key(run)),
+            **options,
+        )
         for run in runs
         if run.failed
     ]

@@ -16,6 +16,7 @@ name the speaker by role: `assistant`, `user`); a step hit needs the same step i
 reads the gold from the imported outcome labels; the attribution code never does.
 
 The rules were chosen by looking at even task ids only ("dev"); odd task ids are "held-out".
+The system profile (boilerplate lines) is learnt from every run imported, without labels.
 No published non-LLM numbers exist for this set; the baselines are here to compare against.
 """
 
@@ -140,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (args.data / "tau_dataset_failed.json").is_file():
         print(f"no data at {args.data}", file=sys.stderr)
         return 2
-    from tracegym.analysis.attribution import attribute
+    from tracegym.analysis.attribution import attribute, learn_profiles, system_key
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as home:
@@ -152,12 +153,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     findings, note = (None, "detectors off") if args.no_detectors else detector_findings(everything)
     loaded = time.perf_counter()
-    rules = {r.trace_id: attribute(r) for r in failed}
+    profiles = learn_profiles(everything)  # boilerplate and orchestrator, from every run
+
+    def profile(run: Any) -> Any:
+        return profiles.get(system_key(run))
+
+    rules = {r.trace_id: attribute(r, profile=profile(r)) for r in failed}
     systems: dict[str, Callable[[Any], tuple[str | None, int | None]]] = {
         "tracegym rules": lambda r: (rules[r.trace_id].agent, rules[r.trace_id].step)
     }
     if findings is not None:
-        with_findings = {r.trace_id: attribute(r, findings.get(r.trace_id, ())) for r in failed}
+        with_findings = {
+            r.trace_id: attribute(r, findings.get(r.trace_id, ()), profile=profile(r))
+            for r in failed
+        }
         systems["tracegym rules + detectors"] = lambda r: (
             with_findings[r.trace_id].agent,
             with_findings[r.trace_id].step,

@@ -13,7 +13,10 @@ predicted name; a step hit when the predicted step equals the gold `mistake_step
 imported outcome labels; the attribution code never reads them.
 
 The rules were chosen by looking at the even-numbered files only ("dev"); the odd-numbered files
-("held-out") were scored once the rules were fixed. Both halves and the whole are printed.
+("held-out") were scored once the rules were fixed. Both halves and the whole are printed. The
+system profile (boilerplate lines, orchestrator) is learnt from all the runs, without labels, as
+`tracegym attribute` does. benchmarks/diagnosis_generalization.py puts this set next to the
+others (AgenTracer, AgentRx) with exact and +-1 step accuracy.
 """
 
 from __future__ import annotations
@@ -141,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.data.is_dir():
         print(f"no data at {args.data}", file=sys.stderr)
         return 2
-    from tracegym.analysis.attribution import attribute
+    from tracegym.analysis.attribution import attribute, learn_profiles, system_key
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as home:
@@ -159,13 +162,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     findings, note = (None, "detectors off") if args.no_detectors else detector_findings(runs)
     loaded = time.perf_counter()
 
-    rules = {r.trace_id: attribute(r) for r in failed}
+    profiles = learn_profiles(runs)  # boilerplate and orchestrator, from every run
+
+    def profile(run: Any) -> Any:
+        return profiles.get(system_key(run))
+
+    rules = {r.trace_id: attribute(r, profile=profile(r)) for r in failed}
     systems: dict[str, Callable[[Any], tuple[str | None, int | None]]] = {
         "tracegym rules": lambda r: (rules[r.trace_id].agent, rules[r.trace_id].step)
     }
     with_findings = None
     if findings is not None:
-        with_findings = {r.trace_id: attribute(r, findings.get(r.trace_id, ())) for r in failed}
+        with_findings = {
+            r.trace_id: attribute(r, findings.get(r.trace_id, ()), profile=profile(r))
+            for r in failed
+        }
         systems["tracegym rules + detectors"] = lambda r: (
             with_findings[r.trace_id].agent,
             with_findings[r.trace_id].step,

@@ -17,6 +17,7 @@ from tracegym.analysis.attribution import (
     attribute,
     attribute_runs,
     build_turns,
+    learn_profile,
     source_run_id,
     to_json_line,
 )
@@ -27,6 +28,7 @@ from tracegym.tracer import semconv as sc
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 WHOWHEN = DATA / "whowhen-algorithm-generated"
 AGENTRX = DATA / "agentrx-tau-retail"
+AGENTRACER = "agentracer-tracertraj-code/tracertraj-code-test.json"
 KEYS = {"run", "trace_id", "agent", "step", "reason", "confidence"}
 
 QUESTION = "How many gold medals did Norway win at the 1994 Winter Olympics in Lillehammer?"
@@ -469,3 +471,307 @@ def test_agentrx_end_to_end(tmp_path: Path) -> None:
         assert set(record) == KEYS
         assert 0 <= record["step"] < expected[record["run"]]
         assert record["agent"] in {"assistant", "user"}
+
+
+# System profiles: what recurs in every run of a system is not evidence --------------------------
+
+WARNING = (
+    "/usr/lib/python3/site-packages/autogen/oai/client.py:392: UserWarning: Resolved model "
+    "mismatch: gpt-4o-2024-08-06 != gpt-4o-2024-05-13. Model mapping may be incorrect."
+)
+QUESTIONS = [
+    ("How many gold medals did Norway win at the 1994 Winter Olympics?", "medal table"),
+    ("Which river flows through the capital of Hungary?", "river atlas"),
+    ("Who wrote the novel that the 1939 film about Kansas was based on?", "film catalogue"),
+    ("What is the tallest mountain in the Alps by prominence?", "mountain list"),
+    ("Which element has the chemical symbol W?", "periodic table"),
+]
+
+
+def _warned_runs() -> list[Run]:
+    """Team runs whose step 1 pastes the same library warning (numbers included)."""
+    runs = []
+    for i, (question, source) in enumerate(QUESTIONS):
+        runs.append(team_run(
+            [
+                ("Planner_Expert", f"# Task\n{question}\n## Plan\n1. Look it up in the {source}."),
+                ("Search_Expert", f"{WARNING}\nI will look it up in the {source} now."),
+                ("Checker_Expert", f"Please check the {source} again before answering."),
+            ],
+            question=question, trace=f"t-warned-{i}",
+        ))  # fmt: skip
+    return runs
+
+
+def test_boilerplate_lines_are_learnt_from_the_systems_runs() -> None:
+    runs = _warned_runs()
+    profile = learn_profile(runs)
+    assert profile.runs == len(runs)
+    assert profile.is_boilerplate(WARNING)
+    assert profile.is_boilerplate(WARNING.replace("05-13", "11-20"))  # digits vary, not banners
+    assert not profile.is_boilerplate("I will look it up in the river atlas now.")
+    assert profile.orchestrator == "Planner_Expert"  # it opens every run of this team
+    assert learn_profile(runs[:2]).boilerplate == frozenset()  # too few runs to tell
+
+
+def test_a_pasted_warning_is_not_an_ungrounded_claim() -> None:
+    runs = _warned_runs()
+    alone = attribute(runs[0])  # no profile: the warning's numbers look like a claim
+    assert (alone.rule, alone.step) == ("ungrounded_claim", 1)
+    for result in attribute_runs(runs):
+        assert result.rule != "ungrounded_claim"
+        assert "2024" not in result.reason
+    profile = learn_profile(runs)
+    turns = build_turns(runs[0], profile)
+    assert "UserWarning" not in turns[1].evidence and "look it up" in turns[1].evidence
+
+
+def _metagpt_run(i: int, question: str, code: str) -> Run:
+    """A MetaGPT-shaped team: the Team Leader's prompt template, plan and message, then the
+    Engineer's prompt template (boilerplate) before each reply."""
+    template = (
+        "{who} thinking: \n# Past Experience\n<experience>\n\n# Tool State\n\n# Current Plan\n"
+        "[GOAL] {goal}\nNo Plan\n\n# Current Task\n\n# Response Language\nyou must respond in "
+        "English.\nPay close attention to the Example provided, you can reuse the example.\n"
+        "In your response, include at least one command. If you want to stop, use end.\n"
+        "Output should adhere to the following format.\n```json\n[\n    {{\n        "
+        '"command_name": "ClassName.method_name",\n        "args": {{"arg_name": arg_value}}\n'
+        "    }}\n]\n```\nNotice: your output JSON data section must start with **```json [**"
+    )
+    message = f"Please implement the solution: {question}"
+    return team_run(
+        [
+            ("Team Leader", template.format(who="Team Leader", goal=question)),
+            ("Team Leader", f"Team Leader thinking: I will assign the task to Alex.\n```json\n"
+             f'[{{"command_name": "TeamLeader.publish_message", "args": {{"content": '
+             f'"{message}", "send_to": "Alex"}}}}]\n```'),
+            ("Team Leader", f"Team Leader sends to Alex: {message}"),
+            ("Engineer", template.format(who="Engineer", goal=message)),
+            ("Engineer", f"Engineer thinking: I will write the function.\n```json\n"
+             f'[{{"command_name": "Editor.write", "args": {{"path": "solution.py", '
+             f'"content": "{code}"}}}}]\n```'),
+            ("Engineer", template.format(who="Engineer", goal=message)),
+            ("Engineer", f"Engineer thinking: `{code[4:code.index('(')]}` is written in "
+             "solution.py; I mark the task finished."
+             '\n```json\n[{"command_name": "Plan.finish_current_task", "args": {}}]\n```'),
+            ("Team Leader", f"Team Leader thinking: Alex has completed: {question}\n```json\n"
+             '[{"command_name": "end"}]\n```'),
+        ],
+        question=question, trace=f"t-metagpt-{i}",
+    )  # fmt: skip
+
+
+def _metagpt_runs() -> list[Run]:
+    codes = [
+        "def area(w, h):\\n    return w + h",
+        "def is_even(n):\\n    return n % 2 == 1",
+        "def first(xs):\\n    return xs[1]",
+        "def total(xs):\\n    return sum(xs) + 1",
+        "def square(x):\\n    return x * 3",
+    ]
+    questions = [
+        "Write a function that returns the area of a rectangle of width w and height h.",
+        "Write a function that tells whether an integer n is even.",
+        "Write a function that returns the first item of a non-empty list.",
+        "Write a function that returns the sum of a list of numbers.",
+        "Write a function that returns the square of a number.",
+    ]
+    return [_metagpt_run(i, q, c) for i, (q, c) in enumerate(zip(questions, codes, strict=True))]
+
+
+def test_prompt_templates_and_the_orchestrator_are_learnt() -> None:
+    runs = _metagpt_runs()
+    profile = learn_profile(runs)
+    assert profile.orchestrator == "Team Leader"
+    turns = build_turns(runs[0], profile)
+    assert [t.step for t in turns if t.template] == [0, 3, 5]  # the logged prompts
+    assert not any(t.template for t in build_turns(runs[0]))  # nothing learnt, no templates
+
+
+def test_handover_blames_the_first_worker_at_the_start_of_its_action() -> None:
+    runs = _metagpt_runs()
+    for result in attribute_runs(runs):
+        # the Engineer's first action: its prompt template (step 3) and reply (step 4)
+        assert (result.agent, result.step, result.rule) == ("Engineer", 3, "handover")
+        assert "Team Leader" in result.reason
+    # a single run gives no profile: no orchestrator to hand over from
+    assert attribute(runs[0]).rule != "handover"
+    assert attribute(runs[0], profile=learn_profile(runs)).rule == "handover"
+
+
+def test_backticks_inside_a_json_string_do_not_open_a_fence() -> None:
+    prd = (
+        'Product Manager thinking: I will write the PRD.\n```json\n[{"command_name": '
+        '"Editor.write", "args": {"content": "## Chart\\n```mermaid\\nquadrantChart\\n'
+        '\\"Product A\\": [0.35, 0.62]\\n```\\n## Open questions"}}]\n```'
+    )
+    run = team_run([("Sports_Expert", TASK), ("Product_Expert", prd)])
+    result = attribute(run)
+    assert result.rule != "ungrounded_claim"
+    turn = build_turns(run)[1]
+    assert "0.35" not in turn.prose and turn.writes_code
+
+
+def test_the_note_written_after_the_run_is_never_decisive() -> None:
+    conversation = [
+        ("user", "Where is my order W123?"),
+        ("assistant", "Your order W123 is on its way."),
+    ]
+
+    def native(run: Run) -> Run:  # traced by tracegym itself: no source step indexes
+        for s in run.steps:
+            s.step_index = None
+        return run
+
+    run = native(tool_run(conversation, trace="t-note"))
+    note = _step(
+        len(run.steps), run.trace_id, operation=sc.OP_MEMORY_UPDATE, agent="tau-bench",
+        step_index=None, name="update_memory customer-notes",
+        output="Customer asked about W123; promised a refund of 48.75 by Friday.",
+    )  # fmt: skip
+    run.steps.append(note)
+    turns = build_turns(run)
+    assert turns[-1].after_end and not any(t.after_end for t in turns[:-1])
+    result = attribute(run)
+    assert result.position != note.position and "48.75" not in result.reason
+    without = attribute(native(tool_run(conversation, trace="t-note")))
+    assert (result.step, result.agent, result.rule) == (without.step, without.agent, without.rule)
+
+
+def test_failed_execution_quotes_the_error_line() -> None:
+    result = attribute(failed_code_run())
+    assert "ModuleNotFoundError: No module named 'medals'" in result.reason
+    empty = tool_run(
+        [
+            ("user", "Cancel order W9."),
+            ("assistant", ("", [("c1", "cancel_pending_order", '{"order_id": "W9"}')])),
+            ("tool", ("c1", "cancel_pending_order", "Error: order W9 is already delivered")),
+        ],
+        trace="t-quote",
+    )
+    assert "Error: order W9 is already delivered" in attribute(empty).reason
+
+
+def test_profiles_never_read_labels_or_ids() -> None:
+    runs = _metagpt_runs()
+    plain = [to_json_line(a) for a in attribute_runs(runs)]
+    for run in runs:
+        run.labels = _Untouchable({"mistake_agent": "Engineer"})
+        for s in run.steps:
+            s.attributes = _GuardedAttributes(s.attributes)
+    guarded = [to_json_line(a) for a in attribute_runs(runs)]
+    assert [json.loads(g)["step"] for g in guarded] == [json.loads(p)["step"] for p in plain]
+
+
+# The AgenTracer importer ------------------------------------------------------------------------
+
+
+def _agentracer_document() -> list[dict[str, Any]]:
+    history = [
+        {"step": 0, "name": "Team Leader", "role": "assistant",
+         "content": "Team Leader thinking: I will ask Alex to write q_attacked_solution.py."},
+        {"step": 1, "name": "Team Leader", "role": "assistant",
+         "content": "Team Leader sends to Alex: please implement add(a, b)."},
+        {"step": 2, "name": "Engineer", "role": "assistant",
+         "content": "Engineer thinking: writing def add(a, b): return a - b"},
+    ]  # fmt: skip
+    return [
+        {
+            "question_ID": "Demo_1_I", "question": "Implement add(a, b).",
+            "ground_truth": "def add(a, b): return a + b", "history": history,
+            "mistake_agent": "Engineer", "mistake_step": "2",
+            "mistake_reason": "subtracts instead of adding",
+        },
+        {
+            "question_ID": "Demo_2_I", "question": "Implement neg(x).",
+            "ground_truth": "def neg(x): return -x", "history": repr(history[:2]),
+            "mistake_agent": "Team Leader", "mistake_step": "1", "mistake_reason": "vague",
+        },
+    ]  # fmt: skip
+
+
+def test_agentracer_importer_converts_each_run(tmp_path: Path) -> None:
+    from tracegym.store.importers import agentracer
+    from tracegym.tracer.semconv import OUTCOME_SPAN_NAME
+
+    path = tmp_path / "tracertraj.json"
+    path.write_text(json.dumps(_agentracer_document()))
+    records = agentracer.convert(path, path.read_bytes())
+    outcomes = [r for r in records if r["name"] == OUTCOME_SPAN_NAME]
+    spans = [r for r in records if r["name"] != OUTCOME_SPAN_NAME]
+    assert len(outcomes) == 2 and len({r["trace_id"] for r in spans}) == 2
+    assert all(o["attributes"]["tracegym.outcome.success"] is False for o in outcomes)
+    steps = [r for r in spans if r["attributes"].get(sc.STEP_INDEX) is not None]
+    assert len(steps) == 5  # 3 entries, then 2 from the literal string
+    first = [r for r in steps if r["trace_id"] == spans[0]["trace_id"]]
+    assert [r["attributes"][sc.AGENT_NAME] for r in first] == ["Team Leader"] * 2 + ["Engineer"]
+    labelled = [r for r in first if r["attributes"].get("tracegym.label.root_cause")]
+    assert [r["attributes"][sc.STEP_INDEX] for r in labelled] == [2]
+    assert records == agentracer.convert(path, path.read_bytes())  # stable ids
+
+
+def test_agentracer_importer_end_to_end_and_ids_unread(tmp_path: Path) -> None:
+    from tracegym.store.importers import FORMATS
+
+    FORMATS.setdefault("agentracer", ("tracegym.store.importers.agentracer", (".json",)))
+    document = _agentracer_document()
+    document[0]["is_corrected"] = False
+    path = tmp_path / "tracertraj.json"
+    path.write_text(json.dumps(document))
+    runs = _import("agentracer", path, tmp_path / "home")
+    assert len(runs) == 2 and all(r.failed for r in runs)
+    by_id = {source_run_id(r): r for r in runs}
+    assert set(by_id) == {"Demo_1_I", "Demo_2_I"}
+    assert by_id["Demo_1_I"].labels["mistake_step_index"] == 2
+    results = attribute_runs(runs)
+    scrubbed = json.loads(json.dumps(document).replace("attacked", "plain"))
+    scrubbed[0]["question_ID"] = scrubbed[1]["question_ID"] = "renamed"
+    path.write_text(json.dumps(scrubbed))
+    again = attribute_runs(_import("agentracer", path, tmp_path / "home2"))
+    assert [(a.agent, a.step, a.rule) for a in results] == [
+        (a.agent, a.step, a.rule) for a in again
+    ]
+
+
+def test_agentracer_importer_rejects_malformed_input(tmp_path: Path) -> None:
+    from tracegym.store.importers import ImportFormatError, agentracer
+
+    path = tmp_path / "bad.json"
+    for document, message in (
+        ({"history": []}, "question"),
+        ([{"question": "q", "history": "[{'content': "}], "Python literal"),
+        ([{"question": "q", "history": [{"name": "A"}]}], "content"),
+        ([{"question": "q", "history": [], "is_correct": "no"}], "true or false"),
+        ("runs", "list"),
+    ):
+        path.write_text(json.dumps(document))
+        with pytest.raises(ImportFormatError, match=message):
+            agentracer.convert(path, path.read_bytes())
+    corrected = [{"question": "q", "history": [{"content": "x"}], "is_corrected": True}]
+    path.write_text(json.dumps(corrected))
+    records = agentracer.convert(path, path.read_bytes())
+    assert records[-1]["attributes"]["tracegym.outcome.success"] is True
+
+
+def test_agentracer_end_to_end() -> None:
+    if not (DATA / AGENTRACER).is_file():
+        pytest.skip(f"shared data absent: {DATA / AGENTRACER} (AgenTracer TracerTraj-code)")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as home:
+        from tracegym.store.importers import FORMATS
+
+        FORMATS.setdefault("agentracer", ("tracegym.store.importers.agentracer", (".json",)))
+        runs = _import("agentracer", DATA / AGENTRACER, Path(home))
+    results = attribute_runs(runs)
+    assert len(results) == len(runs) == 127
+    lengths = {r.trace_id: sum(1 for s in r.steps if s.step_index is not None) for r in runs}
+    gold = {r.trace_id: r.labels for r in runs}
+    agents = steps = 0
+    for result in results:
+        assert set(json.loads(to_json_line(result))) == KEYS
+        assert 0 <= result.step < lengths[result.trace_id]
+        agents += gold[result.trace_id]["mistake_agent"] in (result.agent or "")
+        steps += result.step == gold[result.trace_id]["mistake_step_index"]
+    # a regression guard on the whole set (the untuned half alone is in the benchmark)
+    assert agents / 127 > 0.7 and steps / 127 > 0.3
