@@ -1,9 +1,18 @@
-"""What every `tracegym` command shares: the --home option and a console for tables."""
+"""What every `tracegym` command shares: the --home option, the checks on it, and a console for
+tables.
+
+Homes: a command that reads a home (traces, sql, show, compact, summary, outcome, analyze,
+attribute, synthesize, envs ..., train, evaluate, adapters ..., nightly, dashboard) refuses one
+that does not exist or is not a directory (`existing_home`: a one-line error, exit code 2),
+rather than answering from an empty store: a mistyped --home must not look like "no runs".
+The commands that put data into a home (demo, import, collect) create it (`writable_home`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -16,6 +25,36 @@ HomeOption = Annotated[
         show_default=False,
     ),
 ]
+
+Fail = Callable[[str], NoReturn]
+
+
+def existing_home(home: Path, fail: Fail) -> Path:
+    """`home` when it is a directory; else `fail` with a one-line error saying what to do."""
+    try:
+        exists, is_dir = home.exists(), home.is_dir()
+    except OSError as exc:  # e.g. a parent folder we may not search
+        fail(f"cannot read tracegym home {home}: {exc.strerror or exc}")
+    if not exists:
+        fail(
+            f"no tracegym home at {home} (run `tracegym demo`, or point --home / "
+            "TRACEGYM_HOME at an existing one)"
+        )
+    if not is_dir:
+        fail(f"tracegym home {home} is not a directory")
+    return home
+
+
+def writable_home(home: Path, fail: Fail) -> Path:
+    """`home`, created when missing (the commands that bring data in); `fail` when it is a
+    file or cannot be created."""
+    if home.exists() and not home.is_dir():
+        fail(f"tracegym home {home} is not a directory")
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"cannot create tracegym home {home}: {exc.strerror or exc}")
+    return home
 
 
 def table_console() -> Console:

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 from rich.table import Table
-from tracegym.cli_options import HomeOption, table_console
+from tracegym.cli_options import HomeOption, existing_home, table_console
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 ModelOption = Annotated[
@@ -107,10 +107,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
     """Add `nightly`, `train`, `evaluate` and the `adapters` group to `app`."""
 
     def _home(ctx: typer.Context, home: Path | None) -> Path:
-        target = home_of(ctx, home)
-        if not target.is_dir():
-            fail(f"no tracegym home at {target}")
-        return target
+        return existing_home(home_of(ctx, home), fail)
 
     @app.command()
     def nightly(
@@ -127,7 +124,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         home: HomeOption = None,
     ) -> None:
         """Compaction -> analysis -> synthesis -> training -> evaluation -> report (resumable)."""
-        from tracegym.training.nightly import NightlyBusy, NightlyConfig
+        from tracegym.training.nightly import NightlyBusy, NightlyConfig, NightlyStageError
         from tracegym.training.nightly import nightly as run
 
         target = _home(ctx, home)
@@ -152,6 +149,9 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         night = bar.add_task("nightly", total=len(STAGES))
 
         def progress(stage: str, message: str) -> None:
+            if message.startswith("failed "):  # one environment; the stage goes on
+                bar.console.print(f"[yellow]{stage}[/]: {escape(message)}", highlight=False)
+                return
             bar.update(night, description=f"{stage}: {escape(message)}")
             if message != "running" and not message.startswith(("training ", "evaluating ")):
                 bar.console.print(f"[bold]{stage}[/]: {escape(message)}", highlight=False)
@@ -168,6 +168,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             fail(str(exc), 3)
         except ModelError as exc:
             fail(f"{exc} (completed stages are kept: rerun to resume)")
+        except NightlyStageError as exc:
+            fail(f"{exc} (completed stages are kept: rerun to resume)", 1)
         if as_json:
             _dump(result)
             return
@@ -205,7 +207,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         """Train (and evaluate) the LoRA adapter of one environment's capability."""
         from tracegym.synthesis import registry
         from tracegym.training.model import ModelError, ensure_model
-        from tracegym.training.sft import default_config, train_capability
+        from tracegym.training.sft import NoTrainingData, default_config, train_capability
 
         target = _home(ctx, home)
         if mode not in ("sft", "grpo"):
@@ -231,16 +233,19 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             overrides["targets"] = [t.strip() for t in targets.split(",") if t.strip()]
         config = default_config(model, **overrides)
         bar, on_step = train_progress(quiet=as_json)
-        with bar:
-            meta = train_capability(
-                target,
-                env,
-                folder,
-                config,
-                eval_seeds=eval_seeds,
-                evaluate=not no_eval,
-                on_step=on_step,
-            )
+        try:
+            with bar:
+                meta = train_capability(
+                    target,
+                    env,
+                    folder,
+                    config,
+                    eval_seeds=eval_seeds,
+                    evaluate=not no_eval,
+                    on_step=on_step,
+                )
+        except NoTrainingData as exc:
+            fail(str(exc))
         if as_json:
             _dump(meta)
             return
@@ -324,7 +329,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         """The registered adapters."""
         from tracegym.training import adapters
 
-        items = adapters.list_adapters(home_of(ctx, home))
+        items = adapters.list_adapters(_home(ctx, home))
         if as_json:
             _dump(items)
             return
@@ -367,7 +372,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         from tracegym.training import adapters
 
         try:
-            meta = adapters.show(home_of(ctx, home), adapter_id)
+            meta = adapters.show(_home(ctx, home), adapter_id)
         except adapters.AdapterError as exc:
             fail(str(exc))
         if as_json:

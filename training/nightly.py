@@ -21,6 +21,12 @@ renamed; after a kill, the next run of the same night skips the stages that comp
 the one that was interrupted (adapters already saved with matching inputs are not retrained).
 Each night is appended to `<home>/nightly/history.jsonl`.
 
+One environment's failure does not stop the night: an environment that cannot be trained (no
+training examples, a broken spec ...) or an adapter that cannot be evaluated is listed under the
+stage's `failed` (id and reason), the stage's status is `partial`, and the night goes on with the
+others. A whole stage that fails (analysis, synthesis, loading the base model ...) stops the night
+with `NightlyStageError` naming the stage; the stages completed before it are kept.
+
 The `fault` argument (tests) raises `NightlyFault` at a named point: a stage name (just before
 its marker is written) or `train:after-adapter` (after the first adapter is saved).
 """
@@ -37,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.training.adapters import write_json_atomic
+from tracegym.training.model import ModelError
 
 STAGES = ("compact", "analyze", "synthesize", "train", "evaluate", "report")
 
@@ -47,6 +54,21 @@ class NightlyBusy(RuntimeError):
 
 class NightlyFault(RuntimeError):
     """An injected failure (tests)."""
+
+
+class NightlyStageError(RuntimeError):
+    """A whole stage failed (not one environment of it). The night stops there; the stages
+    completed before it are kept, so a rerun resumes at this one."""
+
+    def __init__(self, stage: str, error: BaseException) -> None:
+        super().__init__(f"the {stage} stage failed: {_reason(error)}")
+        self.stage = stage
+        self.error = error
+
+
+# Raised as they are: a simulated kill, a busy lock, a model that cannot be had (its message
+# already says what to do). Anything else a stage raises becomes a NightlyStageError.
+_PASS_THROUGH: tuple[type[BaseException], ...] = (NightlyFault, NightlyBusy, ModelError)
 
 
 @dataclass
@@ -152,6 +174,21 @@ def _tree_fingerprint(folder: Path) -> str | None:
     return _hash_json(items)
 
 
+def _reason(error: BaseException) -> str:
+    """An exception as one line for a report: its type and the first line of its message."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def _failure(item: str, error: BaseException, **ids: str) -> dict[str, str]:
+    """One environment's (or adapter's) failure as recorded in a stage's `failed` list."""
+    return {**ids, "item": item, "error": type(error).__name__, "reason": _reason(error)}
+
+
+def _status(failed: list[Any]) -> str:
+    return "partial" if failed else "done"
+
+
 def _read(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
@@ -197,13 +234,28 @@ class _Night:
                 continue
             self.progress(stage, "running")
             started = time.perf_counter()
-            result = getattr(self, f"stage_{stage}")()
+            result = self.run_stage(stage)
             result["seconds"] = round(time.perf_counter() - started, 3)
             self.inject(stage)
             write_json_atomic(self.marker(stage), result)
             self.results[stage] = result
             self.progress(stage, result.get("status", "done"))
         return self.results["report"]
+
+    def run_stage(self, stage: str) -> dict[str, Any]:
+        """One stage; a failure of the whole stage is raised as NightlyStageError."""
+        try:
+            return getattr(self, f"stage_{stage}")()
+        except _PASS_THROUGH:
+            raise
+        except Exception as exc:
+            raise NightlyStageError(stage, exc) from exc
+
+    def failed(self, stage: str, item: str, error: BaseException, **ids: str) -> dict[str, str]:
+        """Record one environment's (or adapter's) failure and say so; the stage goes on."""
+        entry = _failure(item, error, **ids)
+        self.progress(stage, f"failed {item}: {entry['reason']}")
+        return entry
 
     # Stages --------------------------------------------------------------------------------
     def stage_compact(self) -> dict[str, Any]:
@@ -289,28 +341,49 @@ class _Night:
         folder = self._model_folder()
         base_hash = weights_hash(folder)
         config = default_config(self.config.model, **self.config.train)
-        trained, kept = [], []
+        replay = self._replay()
+        trained: list[str] = []
+        kept: list[str] = []
+        failed: list[dict[str, str]] = []
         for item in envs:
-            env = registry.load(self.home, item["env_id"])
-            adapter_id = adapters.adapter_id_for(env.env_id)
-            key = self._train_key(env, base_hash, config)
+            env_id = item["env_id"]
             try:
-                existing = adapters.show(self.home, adapter_id)
-            except adapters.AdapterError:
-                existing = None
-            if existing is not None and existing.get("train_key") == key:
-                # trained earlier tonight (a resumed run) or on an earlier night
-                (trained if existing.get("night") == self.date else kept).append(adapter_id)
+                env = registry.load(self.home, env_id)
+                adapter_id = adapters.adapter_id_for(env.env_id)
+                key = self._train_key(env, base_hash, config)
+                existing = self._adapter(adapter_id)
+                if existing is not None and existing.get("train_key") == key:
+                    # trained earlier tonight (a resumed run) or on an earlier night
+                    (trained if existing.get("night") == self.date else kept).append(adapter_id)
+                    continue
+                self.progress("train", f"training {adapter_id}")
+                train_capability(
+                    self.home, env, folder, config, evaluate=False, on_step=self.on_step,
+                    replay=replay,
+                )  # fmt: skip
+                adapters.update(self.home, adapter_id, train_key=key, night=self.date)
+            except _PASS_THROUGH:
+                raise
+            except Exception as exc:  # this environment only: record it, train the others
+                failed.append(self.failed("train", env_id, exc, env_id=env_id))
                 continue
-            self.progress("train", f"training {adapter_id}")
-            train_capability(
-                self.home, env, folder, config, evaluate=False, on_step=self.on_step,
-                replay=self._replay(),
-            )  # fmt: skip
-            adapters.update(self.home, adapter_id, train_key=key, night=self.date)
             trained.append(adapter_id)
             self.inject("train:after-adapter")
-        return {"status": "done", "trained": trained, "kept": kept, "model": str(folder)}
+        return {
+            "status": _status(failed),
+            "trained": trained,
+            "kept": kept,
+            "failed": failed,
+            "model": str(folder),
+        }
+
+    def _adapter(self, adapter_id: str) -> dict[str, Any] | None:
+        from tracegym.training import adapters
+
+        try:
+            return adapters.show(self.home, adapter_id)
+        except adapters.AdapterError:
+            return None
 
     def stage_evaluate(self) -> dict[str, Any]:
         from tracegym.synthesis import registry
@@ -353,32 +426,43 @@ class _Night:
             return rounded(router.weights(env.make_task(seed).instruction))
 
         rows = []
+        failed: list[dict[str, str]] = []
         for adapter_id in todo:
-            meta = adapters.show(self.home, adapter_id)
-            env = registry.load(self.home, meta["capability"]["env_id"])
-            h0, h1 = env.spec.heldout_seeds
-            seeds = list(range(h0, min(h1, h0 + self.config.eval_seeds)))
-            self.progress("evaluate", f"evaluating {adapter_id}")
-            row = evaluate_capability(
-                model,
-                policy.tokenizer,
-                env,
-                adapter_id,
-                seeds,
-                name=policy.name,
-                route=route if router is not None and self.config.route else None,
-                max_new_tokens=self.config.max_new_tokens,
-            )
-            adapters.update(
-                self.home, adapter_id, eval=row, promoted=row["promoted"], promotion=row["reason"]
-            )
+            try:
+                meta = adapters.show(self.home, adapter_id)
+                env = registry.load(self.home, meta["capability"]["env_id"])
+                h0, h1 = env.spec.heldout_seeds
+                seeds = list(range(h0, min(h1, h0 + self.config.eval_seeds)))
+                self.progress("evaluate", f"evaluating {adapter_id}")
+                row = evaluate_capability(
+                    model,
+                    policy.tokenizer,
+                    env,
+                    adapter_id,
+                    seeds,
+                    name=policy.name,
+                    route=route if router is not None and self.config.route else None,
+                    max_new_tokens=self.config.max_new_tokens,
+                )
+                adapters.update(
+                    self.home,
+                    adapter_id,
+                    eval=row,
+                    promoted=row["promoted"],
+                    promotion=row["reason"],
+                )
+            except _PASS_THROUGH:
+                raise
+            except Exception as exc:  # this adapter only: record it, evaluate the others
+                failed.append(self.failed("evaluate", adapter_id, exc, adapter_id=adapter_id))
+                continue
             rows.append(row)
         routing = None
         if router is not None:
             routing = routing_accuracy(
                 router, heldout_tasks(self.home, all_ids, self.config.eval_seeds)
             )
-        return {"status": "done", "rows": rows, "routing": routing}
+        return {"status": _status(failed), "rows": rows, "routing": routing, "failed": failed}
 
     def stage_report(self) -> dict[str, Any]:
         from tracegym.training import adapters
@@ -412,6 +496,8 @@ class _Night:
                 f"{k}={v}" for k, v in r.items() if k in ("trained", "kept", "environments")
             )
             lines.append(f"- **{stage}**: {r.get('status')} {('- ' + extra) if extra else ''}")
+            for entry in r.get("failed") or []:
+                lines.append(f"  - failed {entry['item']}: {entry['reason']}")
         lines += ["", "## Evaluation (held-out success, 95% Wilson intervals)", ""]
         lines.append(render_markdown(rows) if rows else "No adapter was evaluated tonight.\n")
         routing = report["routing"]
@@ -510,6 +596,7 @@ __all__ = [
     "NightlyBusy",
     "NightlyConfig",
     "NightlyFault",
+    "NightlyStageError",
     "lock",
     "nightly",
     "nightly_dir",

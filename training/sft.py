@@ -42,6 +42,12 @@ from tracegym.training.rollout import (
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+class NoTrainingData(ValueError):
+    """An environment gave nothing to learn from (no passing demonstration, or none with an
+    assistant token within `max_length`): a property of that environment and these settings,
+    so a caller training many environments can record it and go on with the others."""
+
+
 @dataclass
 class TrainConfig:
     """LoRA and optimisation settings (see `default_config` for per-model defaults)."""
@@ -213,6 +219,16 @@ def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int, device
     }
 
 
+def _why_none(conversations: Sequence[Sequence[dict[str, str]]], config: TrainConfig) -> str:
+    """Why `encode_examples` kept nothing, in words a nightly report can show."""
+    if not conversations:
+        return "no demonstration passed the verifier (and no sampled rollout was kept)"
+    return (
+        f"none of {len(conversations)} conversations has an assistant token within "
+        f"max_length={config.max_length} tokens (the prompt alone is longer)"
+    )
+
+
 # Training --------------------------------------------------------------------------------------
 def attach_lora(model: Any, config: TrainConfig, adapter_name: str) -> Any:
     """`model` with a fresh LoRA adapter `adapter_name` (a PeftModel; added if it is one)."""
@@ -272,7 +288,9 @@ def train_adapter(
 
     examples = encode_examples(policy.tokenizer, conversations, config.max_length)
     if not examples:
-        raise ValueError(f"no training examples for {adapter_name}")
+        raise NoTrainingData(
+            f"no training examples for {adapter_name}: {_why_none(conversations, config)}"
+        )
     model = attach_lora(policy.model, config, adapter_name)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
@@ -510,6 +528,7 @@ def train_grpo(
 __all__ = [
     "ALL_LINEAR",
     "CapabilityData",
+    "NoTrainingData",
     "SampledEpisode",
     "StepCallback",
     "TrainConfig",
