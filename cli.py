@@ -8,7 +8,9 @@
     tracegym [--home DIR] dashboard                                     (dashboards/commands.py)
 
 Every command works on one data directory: `--home` (before or after the command name), else
-$TRACEGYM_HOME, else ./.tracegym. Bad input ends with a one-line message and exit code 2.
+$TRACEGYM_HOME, else ./.tracegym. Bad input ends with a one-line message and exit code 2; so
+does a home that is missing or not a directory, for every command that reads one (demo, import
+and collect create theirs: see cli_options.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from tracegym.analysis.commands import register as register_analysis_commands
-from tracegym.cli_options import HomeOption
+from tracegym.cli_options import HomeOption, existing_home, writable_home
 from tracegym.dashboards.commands import register as register_dashboard_commands
 from tracegym.store.commands import register as register_store_commands
 from tracegym.synthesis.commands import register as register_synthesis_commands
@@ -53,24 +55,11 @@ def _home(ctx: typer.Context, home: Path | None) -> Path:
 
 
 def _existing_home(home: Path) -> Path:
-    if not home.exists():
-        _fail(
-            f"no tracegym home at {home} (run `tracegym demo`, or point --home / "
-            "TRACEGYM_HOME at an existing one)"
-        )
-    if not home.is_dir():
-        _fail(f"tracegym home {home} is not a directory")
-    return home
+    return existing_home(home, _fail)
 
 
 def _writable_home(home: Path) -> Path:
-    if home.exists() and not home.is_dir():
-        _fail(f"tracegym home {home} is not a directory")
-    try:
-        home.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        _fail(f"cannot create tracegym home {home}: {exc.strerror or exc}")
-    return home
+    return writable_home(home, _fail)
 
 
 @app.callback()
@@ -343,6 +332,42 @@ def _labels(pairs: list[str]) -> dict[str, str]:
     return labels
 
 
+def _warn(message: str) -> None:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"[bold yellow]warning:[/] {escape(message)}"
+    )
+
+
+def _run_known(home: Path, run_id: str) -> bool:
+    """Whether any span under `home` has `run_id` as its run id or trace id. Read without
+    compacting (recording an outcome writes nothing else); True when it cannot be told."""
+    try:
+        from tracegym.store.store import Store
+    except ImportError:  # the bare, tracer-only install: the spool is the whole store
+        return _run_in_spool(home, run_id)
+    try:
+        with Store(home, compact_on_open=False) as store:
+            query = "SELECT count(*) FROM spans WHERE run_id = $id OR trace_id = $id"
+            return store.sql(query, {"id": run_id}).fetchall()[0][0] > 0
+    except Exception:  # an unreadable store is for the queries to report, not this check
+        return True
+
+
+def _run_in_spool(home: Path, run_id: str) -> bool:
+    from tracegym.tracer import semconv as sc
+    from tracegym.tracer.spool import iter_spool
+
+    try:
+        return any(
+            record.get("trace_id") == run_id
+            or (record.get("attributes") or {}).get(sc.RUN_ID) == run_id
+            for record in iter_spool(home)
+            if record.get("name") != sc.OUTCOME_SPAN_NAME
+        )
+    except Exception:
+        return True
+
+
 @app.command()
 def outcome(
     ctx: typer.Context,
@@ -370,6 +395,11 @@ def outcome(
         _fail(f"--reward must be a finite number, got {reward}")
     labels = _labels(label or [])
     target = _existing_home(_home(ctx, home))
+    if not _run_known(target, run_id):
+        _warn(
+            f"no run with run id or trace id {run_id!r} under {target} yet; recording the "
+            "outcome anyway (it joins the run when the run's spans arrive)"
+        )
     if tg.init(service="tracegym-cli", home=target) is None:
         _fail("tracing is off (OTEL_SDK_DISABLED or TRACEGYM_SPOOL=0): nowhere to record to")
     tg.record_outcome(run_id, success=success, reward=reward, source=source, labels=labels or None)

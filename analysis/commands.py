@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from tracegym.cli_options import HomeOption, table_console
+from tracegym.cli_options import HomeOption, existing_home, table_console
 
 
 def render_gaps(console: Console, document: dict[str, Any]) -> None:
@@ -41,6 +43,27 @@ def render_gaps(console: Console, document: dict[str, Any]) -> None:
                       f"{escape(error)}")  # fmt: skip
 
 
+def write_document(path: Path, document: dict[str, Any]) -> Path:
+    """Write a gaps document to `path` atomically (a reader never sees half of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _written(target: Path, where: str, output: Path | None) -> str:
+    """What the analysis left on disk, for the line on stderr."""
+    if output is not None:
+        return f"wrote {output}"
+    if where:
+        return (
+            f"filtered by --where: not written ({target / 'gaps.json'}, the whole store's, "
+            "which the dashboard and synthesize read, is unchanged; --output FILE keeps this one)"
+        )
+    return f"wrote {target / 'gaps.json'}"
+
+
 def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
     """Add `analyze` and `attribute` to `app`."""
 
@@ -53,10 +76,23 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         min_stability: Annotated[int, typer.Option(min=0)] = 8,
         resamples: Annotated[int, typer.Option(min=1)] = 10,
         seed: Annotated[int, typer.Option()] = 0,
-        where: Annotated[str, typer.Option(help="SQL condition over the traces view.")] = "",
+        where: Annotated[
+            str,
+            typer.Option(
+                help="SQL condition over the traces view. A filtered analysis never replaces "
+                "<home>/gaps.json: it is written only with --output."
+            ),
+        ] = "",
+        output: Annotated[
+            Path | None,
+            typer.Option("--output", "-o", help="Write the gaps here, not to <home>/gaps.json."),
+        ] = None,
         home: HomeOption = None,
     ) -> None:
-        """Find the capability gaps behind failed runs; writes <home>/gaps.json."""
+        """Find the capability gaps behind failed runs; writes <home>/gaps.json.
+
+        With --where (a subset of the runs) or --output, <home>/gaps.json is left as it is:
+        the dashboard and synthesize read it as the analysis of the whole store."""
         from tracegym.analysis.gaps import Thresholds
         from tracegym.analysis.pipeline import analyze as run_analysis
         from tracegym.store.store import check_read_only
@@ -68,20 +104,29 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 check_read_only(f"SELECT * FROM traces WHERE {where}")
             except ValueError as exc:
                 fail(f"--where: {exc}")
-        target = home_of(ctx, home)
-        if not target.is_dir():
-            fail(f"no tracegym home at {target}")
+        target = existing_home(home_of(ctx, home), fail)
         thresholds = Thresholds(min_coverage, min_delta, resamples, min_stability, seed)
+        store_wide = not where and output is None
         try:
-            result = run_analysis(target, thresholds=thresholds, where=where)
+            result = run_analysis(target, thresholds=thresholds, where=where, write=store_wide)
         except Exception as exc:
             fail(f"analysis failed: {exc}")
         document = result.gaps_document()
+        if where:
+            document["where"] = where
+        if output is not None:
+            try:
+                write_document(output, document)
+            except OSError as exc:
+                fail(f"cannot write {output}: {exc.strerror or exc}")
         if as_json:
             sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
-            return
-        render_gaps(table_console(), document)
-        Console(stderr=True).print(f"wrote {target / 'gaps.json'}", style="dim")
+        else:
+            render_gaps(table_console(), document)
+        if not as_json or not store_wide:
+            Console(stderr=True, soft_wrap=True).print(
+                escape(_written(target, where, output)), style="dim", highlight=False
+            )
 
     @app.command()
     def attribute(ctx: typer.Context, home: HomeOption = None) -> None:
@@ -92,9 +137,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         from tracegym.analysis.runs import load_runs
         from tracegym.store.store import Store
 
-        target = home_of(ctx, home)
-        if not target.is_dir():
-            fail(f"no tracegym home at {target}")
+        target = existing_home(home_of(ctx, home), fail)
         with Store(target) as store:
             runs = load_runs(store)
         findings, _ = run_detectors(default_detector_set(), runs)

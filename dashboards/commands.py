@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from tracegym.cli_options import HomeOption
+from tracegym.cli_options import HomeOption, existing_home
 
 DEFAULT_PORT = 8765
 
@@ -62,9 +62,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         home: HomeOption = None,
     ) -> None:
         """Serve the web dashboard: runs, failures, gaps, environments and adapters."""
-        target = home_of(ctx, home)
-        if not Path(target).is_dir():
-            fail(f"no tracegym home at {target} (run `tracegym demo`, or point --home at one)")
+        target = existing_home(home_of(ctx, home), fail)
         try:
             import duckdb  # noqa: F401
             import jinja2  # noqa: F401

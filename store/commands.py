@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
-from tracegym.cli_options import HomeOption, table_console
+from tracegym.cli_options import HomeOption, existing_home, table_console, writable_home
 
 
 class OutputFormat(str, Enum):
@@ -85,7 +85,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         """Run read-only SQL over spans, traces, tool_calls, llm_calls, memory_ops, outcomes."""
         from tracegym.store.store import ReadOnlyError
 
-        store = _open_store(home_of(ctx, home), fail)
+        store = _open_store(existing_home(home_of(ctx, home), fail), fail)
         try:
             relation = store.sql(query)
         except ReadOnlyError as exc:
@@ -122,7 +122,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         home: HomeOption = None,
     ) -> None:
         """List the most recent runs: agent, duration, counts, errors, outcome."""
-        store = _open_store(home_of(ctx, home), fail)
+        store = _open_store(existing_home(home_of(ctx, home), fail), fail)
         where = "WHERE success = false" if failed else ""
         relation = store.sql(
             "SELECT left(trace_id, 12) AS trace, agent, strftime(start_time, '%m-%d %H:%M:%S') "
@@ -141,7 +141,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         home: HomeOption = None,
     ) -> None:
         """Print one run as an indented tree with durations, errors and outcome."""
-        store = _open_store(home_of(ctx, home), fail)
+        store = _open_store(existing_home(home_of(ctx, home), fail), fail)
         ids = store.sql(
             "SELECT DISTINCT trace_id FROM traces WHERE trace_id LIKE $p || '%' OR run_id = $id",
             {"p": trace.lower(), "id": trace},
@@ -155,7 +155,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
     @app.command()
     def compact(ctx: typer.Context, home: HomeOption = None) -> None:
         """Move complete spool files into the Parquet lake (queries also do this first)."""
-        target = home_of(ctx, home)
+        target = existing_home(home_of(ctx, home), fail)
         store = _open_store(target, fail)
         report = store.last_compaction
         typer.echo(
@@ -180,7 +180,9 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         ] = None,
         home: HomeOption = None,
     ) -> None:
-        """Import recorded runs of other agents as traces with outcomes (all or nothing)."""
+        """Import recorded runs of other agents as traces with outcomes (all or nothing).
+
+        Creates the home when it is missing."""
         from tracegym.store.importers import FORMATS, ImportFormatError, import_path
 
         if fmt not in FORMATS:
@@ -189,7 +191,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             fail(f"{path}: no such file or folder")
         if labels is not None and not labels.is_file():
             fail(f"--labels {labels}: no such file")
-        target = home_of(ctx, home)
+        target = writable_home(home_of(ctx, home), fail)
         try:
             report = import_path(fmt, path, target, labels=labels)
         except (ImportFormatError, ValueError, OSError) as exc:
@@ -220,13 +222,23 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 envvar="TRACEGYM_COLLECT_TOKEN", help="Require 'Authorization: Bearer TOKEN'."
             ),
         ] = None,
+        no_redact: Annotated[
+            bool,
+            typer.Option(
+                "--no-redact",
+                help="Store received spans as they are: received spans are redacted by default.",
+            ),
+        ] = False,
         home: HomeOption = None,
     ) -> None:
-        """Receive OTLP/HTTP traces (protobuf or JSON at /v1/traces) into the spool."""
+        """Receive OTLP/HTTP traces (protobuf or JSON at /v1/traces) into the spool.
+
+        Received spans are redacted by default (secrets replaced before anything is written;
+        --no-redact turns that off). Creates the home when it is missing."""
         from tracegym.store.receiver import Receiver
 
-        target = home_of(ctx, home)
-        receiver = Receiver(target, host=host, port=port, token=token)
+        target = writable_home(home_of(ctx, home), fail)
+        receiver = Receiver(target, host=host, port=port, token=token, redact=not no_redact)
         typer.echo(f"receiving OTLP at http://{host}:{port}/v1/traces into {target} (Ctrl-C stops)")
         try:
             receiver.serve_forever()

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from tracegym.cli_options import HomeOption, table_console
+from tracegym.cli_options import HomeOption, existing_home, table_console
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 
@@ -109,9 +109,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         from tracegym.synthesis.pipeline import GapsFileError
         from tracegym.synthesis.pipeline import synthesize as run
 
-        target = home_of(ctx, home)
-        if not target.is_dir():
-            fail(f"no tracegym home at {target}")
+        target = existing_home(home_of(ctx, home), fail)
         factory = None
         if policy:
             try:
@@ -143,7 +141,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
     def _registry(ctx: typer.Context, home: Path | None) -> tuple[Path, Any]:
         from tracegym.synthesis import registry
 
-        return home_of(ctx, home), registry
+        return existing_home(home_of(ctx, home), fail), registry
 
     @envs.command("list")
     def list_(ctx: typer.Context, as_json: JsonOption = False, home: HomeOption = None) -> None:
