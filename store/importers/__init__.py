@@ -6,7 +6,9 @@ Each format is a module with one function,
 
 returning spool records (`tracegym.store.records.span_record` / `outcome_record`) for one
 source file, or raising `ImportFormatError` that names the file and the record. The driver
-here converts every file first and writes nothing if any fails (nothing half-imported); each
+here converts every file first and writes nothing if any fails (nothing half-imported); input
+nested deeper than Python can recurse (a few KB of `[[[...]]]`), or too big for memory, is such
+a format error too, whichever importer meets it (`_convert`). Each
 source file then becomes one spool file, written atomically, named after the hash of its bytes,
 and remembered under `<home>/imports/`, so importing the same file twice adds nothing.
 Span and trace ids derive from the file hash and positions, so they are stable too.
@@ -65,10 +67,16 @@ def _files(path: Path, suffixes: tuple[str, ...]) -> list[Path]:
     raise FileNotFoundError(f"{path}: no such file or folder")
 
 
+TOO_DEEP = "nested too deeply to import (deeper than Python's recursion limit)"
+TOO_BIG = "too large to import (out of memory)"
+
+
 def load_json(path: Path, data: bytes) -> Any:
     """Parse JSON, turning errors into ImportFormatError with the position."""
     try:
         return json.loads(data)
+    except RecursionError:
+        raise ImportFormatError(path, f"JSON {TOO_DEEP}") from None
     except UnicodeDecodeError as exc:
         raise ImportFormatError(path, f"not UTF-8 text ({exc.reason})") from None
     except json.JSONDecodeError as exc:
@@ -84,6 +92,8 @@ def iter_json_lines(path: Path, data: bytes) -> Iterator[tuple[int, Any]]:
             continue
         try:
             yield number, json.loads(line)
+        except RecursionError:
+            raise ImportFormatError(path, f"JSON {TOO_DEEP}", record=f"line {number}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ImportFormatError(path, f"invalid JSON: {exc}", record=f"line {number}") from None
 
@@ -93,6 +103,20 @@ def converter(fmt: str) -> Callable[..., list[dict[str, Any]]]:
         raise ValueError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     module = importlib.import_module(FORMATS[fmt][0])
     return module.convert if fmt != "tau2-bench" else module.convert_tau2
+
+
+def _convert(convert: Callable[..., list[dict[str, Any]]], file: Path, data: bytes,
+             kwargs: dict[str, Any]) -> list[dict[str, Any]]:  # fmt: skip
+    """`convert(file, data)`, with hostile shapes turned into the format error naming the file:
+    json and every importer recurse over nested input, so a few KB of brackets would otherwise
+    end the command in a RecursionError traceback. (Records are encoded later, when written:
+    what a converter keeps nested is shallower than what parsed, so that cannot recurse.)"""
+    try:
+        return convert(file, data, **kwargs)
+    except RecursionError:
+        raise ImportFormatError(file, TOO_DEEP) from None
+    except MemoryError:
+        raise ImportFormatError(file, TOO_BIG) from None
 
 
 def _known_traces(registry: Path) -> set[str]:
@@ -127,7 +151,7 @@ def import_path(
         if (registry / digest).exists():
             report.already_imported.append(file)
             continue
-        records = convert(file, data, **kwargs)
+        records = _convert(convert, file, data, kwargs)
         runs = {r["trace_id"] for r in records if r["name"] != OUTCOME}
         repeated = runs & known
         if repeated:
