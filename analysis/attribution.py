@@ -261,10 +261,16 @@ class SystemProfile:
 EMPTY_PROFILE = SystemProfile()
 
 
+_VOLATILE = re.compile(
+    r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?|\b0x[0-9a-f]+\b", re.IGNORECASE
+)
+
+
 def _line_key(line: str) -> str:
-    """A line as boilerplate is counted: whitespace squashed, lower case, digits as 0 (version
-    numbers, exit codes and timestamps vary where the banner does not)."""
-    return re.sub(r"\d+", "0", " ".join(line.split()).lower())
+    """A line as boilerplate is counted: whitespace squashed, lower case, timestamps and memory
+    addresses blanked (they change from run to run where the banner does not). Other numbers
+    stay: a reply that differs from another only by its amounts says something of its own."""
+    return _VOLATILE.sub("#", " ".join(line.split()).lower())
 
 
 def system_key(run: Run) -> tuple[str, str]:

@@ -224,8 +224,15 @@ def random_expectation(runs: Sequence[Any], gold: Callable[[Any], Any]) -> tuple
 def baselines() -> dict[str, Predict]:
     from tracegym.analysis.attribution import _author, _context
 
+    contexts: dict[str, Any] = {}
+
+    def context(run: Any) -> Any:  # each run's turns are built once for all the baselines
+        if run.trace_id not in contexts:
+            contexts[run.trace_id] = _context(run)
+        return contexts[run.trace_id]
+
     def speakers(run: Any) -> list[Any]:
-        ctx = _context(run)
+        ctx = context(run)
         return [t for t in ctx.turns if not t.execution and not ctx.requester(t)
                 and t.role != "system"]  # fmt: skip
 
@@ -245,7 +252,7 @@ def baselines() -> dict[str, Predict]:
         return (turns[-1].agent, turns[-1].step) if turns else (None, None)
 
     def first_error(run: Any) -> tuple[str | None, int | None]:
-        ctx = _context(run)
+        ctx = context(run)
         for turn in ctx.turns:
             if turn.execution and turn.failed:
                 author = _author(ctx.turns, turn) or turn
@@ -317,7 +324,7 @@ def evaluate(labelled: LabelledSet, findings: dict[str, list[Any]] | None) -> di
 def print_table(labelled: LabelledSet, systems: dict[str, Predict]) -> None:
     names = list(labelled.splits)
     width = 50
-    head = f"{'':{width}}" + "".join(f"{n + f' n={len(labelled.splits[n])}':>27}" for n in names)
+    head = f"{'':{width}}" + "".join(f"{n + f' n={len(labelled.splits[n])}':>31}" for n in names)
     print(head)
     print(f"{'':{width}}" + "".join(f"{'agent  step  step+-1':>31}" for _ in names))
     print("-" * len(head))
