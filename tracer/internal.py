@@ -8,6 +8,7 @@ internal failure is caught at the boundary, counted here, and logged once per si
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,6 +41,50 @@ def report_error(where: str, exc: BaseException) -> None:
             )
     except Exception:  # pragma: no cover - logging itself failed; nothing left to do
         pass
+
+
+def _own_code_dirs() -> tuple[str, ...]:
+    """Where tracegym's tracer and the OpenTelemetry packages live (for `swallow`)."""
+    dirs = [os.path.dirname(os.path.abspath(__file__))]
+    try:
+        import opentelemetry
+
+        dirs.extend(os.path.abspath(p) for p in opentelemetry.__path__)
+    except Exception:  # pragma: no cover - opentelemetry is a dependency
+        pass
+    return tuple(d + os.sep for d in dirs)
+
+
+_OWN_CODE = _own_code_dirs()
+
+
+def _landed_in_own_code(exc: BaseException) -> bool:
+    """True when the innermost frame of `exc` is tracegym's or OpenTelemetry's code."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.startswith(_OWN_CODE)
+
+
+def swallow(where: str, exc: BaseException) -> None:
+    """Count what a user value raised while tracegym inspected it (`__repr__`, `__len__`, a
+    property, a `records=` callback), so that the user's function still runs as undecorated.
+
+    Anything the value raised is swallowed, SystemExit and KeyboardInterrupt included: a value
+    is no reason to skip the user's call. The exception: a non-Exception (in practice a Ctrl-C)
+    whose innermost frame is tracegym's or OpenTelemetry's own code was delivered by a signal
+    while tracegym ran, not raised by the value; it is re-raised, as it would have reached the
+    agent without tracegym. Ordinary exceptions only count in `values_unrepresentable` (a
+    hostile value is not a tracegym bug); the others are reported as internal errors at `where`.
+    """
+    if isinstance(exc, Exception):
+        add("values_unrepresentable")
+        return
+    if _landed_in_own_code(exc):
+        raise exc
+    report_error(where, exc)
 
 
 def add(counter: str, n: int = 1) -> None:

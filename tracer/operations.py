@@ -14,6 +14,7 @@ import copy
 import functools
 import inspect
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,10 +26,12 @@ from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.config import settings as _default_settings
 from tracegym.tracer.context import Scope
+from tracegym.tracer.serialize import truncate
 
 F = TypeVar("F", bound=Callable[..., Any])
 _UNSET: Any = object()
 _GENERATOR_KEEP = 100  # yielded items kept for the span's output
+_STATUS_LENGTH = 1024  # characters of "Type: message" kept as the span's status description
 
 
 class _State:
@@ -39,6 +42,15 @@ class _State:
 
 
 state = _State()
+
+
+def _caught(where: str, exc: BaseException) -> None:
+    """What every catch site does: an Exception is tracegym's own failure (an internal error);
+    anything else came from a user value, or is a Ctrl-C that `internal.swallow` re-raises."""
+    if isinstance(exc, Exception):
+        internal.report_error(where, exc)
+    else:
+        internal.swallow(where, exc)
 
 
 def _flow() -> tuple[int, int]:
@@ -111,8 +123,8 @@ class Handle:
     def set_attribute(self, key: str, value: Any) -> None:
         try:
             self.span.set_attribute(key, value)
-        except Exception as exc:
-            internal.report_error("set_attribute", exc)
+        except BaseException as exc:
+            _caught("set_attribute", exc)
 
     def set_usage(self, input_tokens: int | None = None, output_tokens: int | None = None) -> None:
         """Record LLM token usage on this span and charge it to the run's budgets."""
@@ -130,8 +142,8 @@ def _record_usage(span: trace.Span, input_tokens: Any, output_tokens: Any) -> No
             total += output_tokens
         if total:
             scope_context.charge_tokens(total)
-    except Exception as exc:
-        internal.report_error("usage", exc)
+    except BaseException as exc:  # the counts are the user's values: int subclasses may raise
+        _caught("usage", exc)
 
 
 def _error_type(exc: BaseException) -> str:
@@ -140,6 +152,38 @@ def _error_type(exc: BaseException) -> str:
         kind.__qualname__
         if kind.__module__ == "builtins"
         else f"{kind.__module__}.{kind.__qualname__}"
+    )
+
+
+def _message(exc: BaseException) -> str:
+    """str(exc), or a placeholder when the user's exception cannot say what it is."""
+    try:
+        return str(exc)
+    except BaseException as inner:
+        internal.swallow("inspect", inner)
+        return f"<unprintable {type(exc).__qualname__}>"
+
+
+def _record_exception(span: trace.Span, exc: BaseException, error_type: str) -> None:
+    """The SDK's exception event; built by hand when the exception's __str__ raises."""
+    try:
+        span.record_exception(exc, escaped=True)
+        return
+    except BaseException as inner:
+        internal.swallow("inspect", inner)
+    try:
+        stacktrace = "".join(traceback.format_exception(exc))
+    except BaseException as inner:
+        internal.swallow("inspect", inner)
+        stacktrace = ""
+    span.add_event(
+        "exception",
+        {
+            "exception.type": error_type,
+            "exception.message": _message(exc),
+            "exception.stacktrace": stacktrace,
+            "exception.escaped": "True",
+        },
     )
 
 
@@ -197,19 +241,19 @@ class Operation:
                 attrs[sc.AGENT_NAME] = parent.agent
             self.call_attributes(attrs, arguments, capture)
             span = self.start_span(attrs, parent)
-        except Exception as exc:
-            internal.report_error(f"begin.{self.operation}", exc)
+        except BaseException as exc:
+            _caught(f"begin.{self.operation}", exc)
             return None
         try:
             handle = Handle(self, span, self.open_scope(span, parent, arguments), arguments)
             handle.activate()
             return handle
-        except Exception as exc:  # the span exists: end it rather than leak it
-            internal.report_error(f"begin.{self.operation}", exc)
+        except BaseException as exc:  # the span exists: end it rather than leak it
             try:
                 span.end()
-            except Exception as inner:
-                internal.report_error("end", inner)
+            except BaseException as inner:
+                _caught("end", inner)
+            _caught(f"begin.{self.operation}", exc)
             return None
 
     def finish(self, handle: Handle | None, result: Any = _UNSET) -> None:
@@ -217,40 +261,48 @@ class Operation:
         if handle is None:
             return
         try:
-            if result is _UNSET:
-                result = handle.result
-            if result is not _UNSET:
-                self.on_result(handle, result, self._capture())
-            self.on_end(handle)
-        except Exception as exc:
-            internal.report_error(f"finish.{self.operation}", exc)
-        self._close(handle)
+            try:
+                if result is _UNSET:
+                    result = handle.result
+                if result is not _UNSET:
+                    self.on_result(handle, result, self._capture())
+                self.on_end(handle)
+            except BaseException as exc:
+                _caught(f"finish.{self.operation}", exc)
+        finally:  # even for a Ctrl-C re-raised above: the agent's context must be restored
+            self._close(handle)
 
     def fail(self, handle: Handle | None, exc: BaseException) -> None:
         """Record the user's exception on the span (type, status, event). Never raises."""
         if handle is None:
             return
         try:
-            span = handle.span
-            error_type = _error_type(exc)
-            span.set_attribute(sc.ERROR_TYPE, error_type)
-            span.set_status(Status(StatusCode.ERROR, f"{error_type}: {exc}"[:1024]))
-            span.record_exception(exc, escaped=True)
-            self.on_end(handle)
-        except Exception as inner:
-            internal.report_error(f"fail.{self.operation}", inner)
-        self._close(handle)
+            try:
+                span = handle.span
+                error_type = _error_type(exc)
+                span.set_attribute(sc.ERROR_TYPE, error_type)
+                # truncate() marks the cut, so the redactor knows a secret may run past it
+                status = truncate(f"{error_type}: {_message(exc)}", _STATUS_LENGTH)
+                span.set_status(Status(StatusCode.ERROR, status))
+                _record_exception(span, exc, error_type)
+                self.on_end(handle)
+            except BaseException as inner:
+                _caught(f"fail.{self.operation}", inner)
+        finally:
+            self._close(handle)
 
     def _close(self, handle: Handle) -> None:
         try:
-            if handle._tokens:
-                handle.deactivate()
-        except Exception as exc:
-            internal.report_error("detach", exc)
-        try:
-            handle.span.end()
-        except Exception as exc:
-            internal.report_error("end", exc)
+            try:
+                if handle._tokens:
+                    handle.deactivate()
+            except BaseException as exc:
+                _caught("detach", exc)
+        finally:
+            try:
+                handle.span.end()
+            except BaseException as exc:
+                _caught("end", exc)
 
     @property
     def _span_name(self) -> str:
@@ -376,8 +428,8 @@ class _Yielded:
         if handle is not None:
             try:
                 handle.span.set_attribute(sc.GENERATOR_ITEMS, self.count)
-            except Exception as exc:
-                internal.report_error("generator", exc)
+            except BaseException as exc:
+                _caught("generator", exc)
 
     def finish(self, op: Operation, handle: Handle | None, result: Any = None) -> None:
         self._count(handle)

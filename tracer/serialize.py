@@ -4,6 +4,10 @@ Agents pass whatever they like to tools: dataclasses, pydantic models, bytes, so
 graphs, 50 MB strings. `to_json` walks the value with limits on depth, items and string length
 (so the work is bounded too, not only the output), replaces what JSON cannot hold with a short
 description, and caps the final text at `max_length` characters with a visible marker.
+
+Every look at a user value (repr, len, iteration, properties, `__class__`) is guarded against
+anything it may raise, BaseException included (see `internal.swallow`): a value that cannot be
+inspected becomes a `<TypeName>` placeholder, and the user's function runs as undecorated.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from tracegym.tracer import internal
 
 TRUNCATION_MARKER = "…[truncated {} chars]"
 MAX_DEPTH = 8
@@ -36,18 +42,33 @@ def truncate(text: str, max_length: int) -> str:
 def _describe(value: Any) -> str:
     try:
         return f"<{type(value).__qualname__}>"
-    except Exception:
+    except BaseException as exc:  # a metaclass with a hostile __qualname__
+        internal.swallow("inspect", exc)
         return "<unrepresentable>"
+
+
+def _unrepresentable(value: Any, exc: BaseException) -> str:
+    """The placeholder for a value that raised while inspected; the failure is counted."""
+    internal.swallow("inspect", exc)
+    return _describe(value)
 
 
 def _repr(value: Any, max_length: int) -> str:
     try:
         text = repr(value)
-    except Exception:
-        return _describe(value)
-    if not isinstance(text, str):
-        return _describe(value)
-    return truncate(text, max_length)
+    except BaseException as exc:
+        return _unrepresentable(value, exc)
+    # repr() returns a str or a str subclass; the exact copy cannot lie about its length.
+    return truncate(str.__str__(text), max_length)
+
+
+def _more(value: Any) -> str:
+    """What a container summary says about the items left out."""
+    try:
+        return f"+{len(value) - MAX_ITEMS} more items"
+    except BaseException as exc:
+        internal.swallow("inspect", exc)
+        return "+more items"
 
 
 def _plain(value: Any, max_length: int, depth: int, seen: set[int]) -> Any:
@@ -61,6 +82,14 @@ def _plain(value: Any, max_length: int, depth: int, seen: set[int]) -> Any:
         return value if math.isfinite(value) else str(value)
     if depth >= MAX_DEPTH:
         return _describe(value)
+    try:
+        return _plain_object(value, max_length, depth, seen)
+    except BaseException as exc:  # the value's own methods raised: a placeholder for it
+        return _unrepresentable(value, exc)
+
+
+def _plain_object(value: Any, max_length: int, depth: int, seen: set[int]) -> Any:
+    """`_plain` for everything but exact scalars; may raise whatever the value raises."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         data = bytes(value[: max_length // 2 + 1])
         text = data.decode("utf-8", "backslashreplace")
@@ -81,8 +110,8 @@ def _plain(value: Any, max_length: int, depth: int, seen: set[int]) -> Any:
         if isinstance(value, Mapping):
             out: dict[str, Any] = {}
             for i, (key, item) in enumerate(value.items()):
-                if i >= MAX_ITEMS:
-                    out["…"] = f"+{len(value) - MAX_ITEMS} more items"
+                if i >= MAX_ITEMS:  # stops the walk: a million items cost a hundred
+                    out["…"] = _more(value)
                     break
                 name = key if type(key) is str else _repr(key, 200)
                 out[name] = _plain(item, max_length, depth + 1, seen)
@@ -91,7 +120,7 @@ def _plain(value: Any, max_length: int, depth: int, seen: set[int]) -> Any:
             items = []
             for i, item in enumerate(value):
                 if i >= MAX_ITEMS:
-                    items.append(f"…+{len(value) - MAX_ITEMS} more items")
+                    items.append(f"…{_more(value)}")
                     break
                 items.append(_plain(item, max_length, depth + 1, seen))
             return items
@@ -110,8 +139,8 @@ def to_plain(value: Any, max_length: int) -> Any:
     """A JSON-safe, bounded copy of `value`; never raises."""
     try:
         return _plain(value, max_length, 0, set())
-    except Exception:
-        return _describe(value)
+    except BaseException as exc:
+        return _unrepresentable(value, exc)
 
 
 def _default(value: Any) -> Any:
@@ -161,8 +190,8 @@ def to_json(value: Any, max_length: int = 8192) -> str:
             except (_Unusual, ValueError, TypeError, RecursionError):
                 pass
         return _encodable(truncate(_encode(_plain(value, max_length, 0, set())), max_length))
-    except Exception:
-        return _describe(value)
+    except BaseException as exc:
+        return _unrepresentable(value, exc)
 
 
 _SMALL_ITEMS = 64  # items a container may hold and still take the fast path
@@ -225,5 +254,5 @@ def content_hash(value: Any) -> str:
         else:
             data = _encode_sorted(_plain(value, 1 << 20, 0, set())).encode("utf-8", "surrogatepass")
         return hashlib.sha256(data).hexdigest()[:32]
-    except Exception:
-        return hashlib.sha256(_describe(value).encode()).hexdigest()[:32]
+    except BaseException as exc:
+        return hashlib.sha256(_unrepresentable(value, exc).encode()).hexdigest()[:32]
