@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import time
@@ -12,9 +13,10 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link
+from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.context import Budget, Run, Scope, current
-from tracegym.tracer.operations import Handle, Operation, _record_usage, state
+from tracegym.tracer.operations import Handle, Operation, _caught, _record_usage, state
 from tracegym.tracer.serialize import content_hash, to_json
 
 # Call ids come from a generator of our own: drawing from `random` would shift the agent's own
@@ -24,6 +26,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(16)))
 
 
+# Records of one memory read whose ids and content hashes are recorded: hashing is the costly
+# part (a million records cost 9.5 s on the agent's thread); the rest are counted in
+# tracegym.memory.result.omitted.
+MEMORY_RESULT_LIMIT = 1000
+
+
 def _json(value: Any) -> str:
     return to_json(value, state.settings.max_value_length)
 
@@ -31,6 +39,17 @@ def _json(value: Any) -> str:
 def _record_id(value: Any) -> str:
     """A record id as text: strings as they are, anything else safely serialised."""
     return value if type(value) is str else to_json(value, 256)
+
+
+def _text(value: Any) -> str | None:
+    """str(value) for a user-given id, or None (counted) when its __str__ raises."""
+    if type(value) is str:
+        return value
+    try:
+        return str.__str__(str(value))
+    except BaseException as exc:
+        internal.swallow("inspect", exc)
+        return None
 
 
 def _input_of(op: Operation, arguments: dict[str, Any]) -> Any:
@@ -90,9 +109,15 @@ class Agent(Operation):
             attrs[sc.INPUT] = _json(_input_of(self, arguments))
         run_id = self.run_id
         if callable(run_id):
-            run_id = run_id(**arguments)
+            try:
+                run_id = run_id(**arguments)
+            except BaseException as exc:  # the user's callback: the run still gets an id
+                _caught("run_id", exc)
+                run_id = None
         if run_id is not None:
-            attrs[sc.RUN_ID] = str(run_id)
+            run_id = _text(run_id)
+            if run_id is not None:
+                attrs[sc.RUN_ID] = run_id
 
     def start_span(self, attrs: dict[str, Any], parent: Scope | None) -> trace.Span:
         if parent is not None:  # a sub-agent: a child in the same run
@@ -152,7 +177,8 @@ class Tool(Operation):
 
 
 def _usage_of(result: Any) -> tuple[Any, Any] | None:
-    """Token usage from the response shapes of common clients (OpenAI, Anthropic, dicts)."""
+    """Token usage from the response shapes of common clients (OpenAI, Anthropic, dicts).
+    Reads the user's result (properties, __getattr__): the caller guards it."""
     usage = result.get("usage") if isinstance(result, Mapping) else getattr(result, "usage", None)
     if usage is None:
         return None
@@ -227,23 +253,57 @@ class LLM(Operation):
 
     def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
         model = arguments.get("model")
-        if isinstance(model, str):
+        if type(model) is str:
             attrs[sc.REQUEST_MODEL] = model
+        elif model is not None:
+            model = _text_if_str(model)
+            if model is not None:
+                attrs[sc.REQUEST_MODEL] = model
         if self._messages_on(capture):
             attrs[sc.INPUT_MESSAGES] = _json(arguments.get("messages", arguments))
 
     def on_result(self, handle: Handle, result: Any, capture: bool) -> None:
         span = handle.span
-        usage = self.usage(result) if self.usage is not None else _usage_of(result)
+        try:
+            usage = self.usage(result) if self.usage is not None else _usage_of(result)
+        except BaseException as exc:  # the user's callback, or the result's own properties
+            if self.usage is not None:
+                _caught("usage", exc)
+            else:
+                internal.swallow("inspect", exc)
+            usage = None
         if usage is not None:
-            _record_usage(span, *usage)
-        model = (
-            result.get("model") if isinstance(result, Mapping) else getattr(result, "model", None)
-        )
-        if isinstance(model, str):
+            try:
+                input_tokens, output_tokens = usage
+            except BaseException as exc:
+                internal.swallow("inspect", exc)
+            else:
+                _record_usage(span, input_tokens, output_tokens)
+        try:
+            model = (
+                result.get("model")
+                if isinstance(result, Mapping)
+                else getattr(result, "model", None)
+            )
+            model = _text_if_str(model)
+        except BaseException as exc:
+            internal.swallow("inspect", exc)
+            model = None
+        if model is not None:
             span.set_attribute(sc.RESPONSE_MODEL, model)
         if self._messages_on(capture):
             span.set_attribute(sc.OUTPUT_MESSAGES, _json(result))
+
+
+def _text_if_str(value: Any) -> str | None:
+    """`value` as exact text when it is a str (or a subclass), else None; never raises."""
+    if type(value) is str:
+        return value
+    try:
+        return str.__str__(value) if isinstance(value, str) else None
+    except BaseException as exc:  # isinstance looked up a hostile __class__
+        internal.swallow("inspect", exc)
+        return None
 
 
 class _Memory(Operation):
@@ -318,32 +378,84 @@ class MemoryDelete(_Memory):
             attrs[sc.MEMORY_RECORD] = _record_id(record)
 
 
-def _records(result: Any, query: Any) -> list[tuple[Any, Any]]:
-    """(record id, content) pairs from what a memory read returned.
+def _pair(item: Any) -> tuple[Any, Any]:
+    """(record id, content) of one item of a memory read's result."""
+    try:
+        if isinstance(item, tuple) and len(item) == 2:
+            return item[0], item[1]
+        if isinstance(item, Mapping) and "id" in item:
+            content = next((item[k] for k in ("content", "text", "value") if k in item), item)
+            return item["id"], content
+    except BaseException as exc:  # the item's own methods raised: an anonymous record
+        internal.swallow("inspect", exc)
+    return None, item
+
+
+def _size(value: Any) -> int | None:
+    try:
+        return len(value)
+    except BaseException as exc:
+        internal.swallow("inspect", exc)
+        return None
+
+
+def _is_sequence(value: Any) -> bool:
+    if type(value) is list or type(value) is tuple:
+        return True
+    try:
+        return isinstance(value, (list, tuple))
+    except BaseException as exc:  # a hostile __class__: taken as a single record
+        internal.swallow("inspect", exc)
+        return False
+
+
+def _records(result: Any, query: Any, limit: int) -> tuple[list[tuple[Any, Any]], int]:
+    """The first `limit` (record id, content) pairs of what a memory read returned, and how
+    many records it returned in all.
 
     A list of (id, content) pairs or of dicts with an "id" key give their own ids; a list of
     anything else gives anonymous records; a single value is the record stored under the query
     key (so `remember(k, v)` then `recall(k) -> v` links up); None is nothing found.
     """
     if result is None:
-        return []
-    if isinstance(result, (list, tuple)):
-        pairs = []
-        for item in result:
-            if isinstance(item, tuple) and len(item) == 2:
-                pairs.append((item[0], item[1]))
-            elif isinstance(item, Mapping) and "id" in item:
-                content = next((item[k] for k in ("content", "text", "value") if k in item), item)
-                pairs.append((item["id"], content))
-            else:
-                pairs.append((None, item))
-        return pairs
-    return [(query, result)]
+        return [], 0
+    if _is_sequence(result):
+        pairs = [_pair(item) for item in itertools.islice(result, limit)]
+        total = _size(result)
+        return pairs, len(pairs) if total is None else max(total, len(pairs))
+    return [(query, result)], 1
+
+
+def _given_records(records: Iterable[Any], limit: int) -> tuple[list[tuple[Any, Any]], int]:
+    """`_records` for what a `records=` callback returned: an iterable of (id, content)."""
+    iterator = iter(records)
+    pairs = []
+    for item in itertools.islice(iterator, limit):
+        try:
+            record_id, content = item
+        except BaseException as exc:
+            internal.swallow("inspect", exc)
+            record_id, content = None, item
+        pairs.append((record_id, content))
+    total = _size(records) if hasattr(type(records), "__len__") else None
+    if total is None:  # an iterator: the rest is counted, not serialised or hashed
+        total = len(pairs) + sum(1 for _ in iterator)
+    return pairs, max(total, len(pairs))
+
+
+def _walked(walk: Callable[..., tuple[list[tuple[Any, Any]], int]], *args: Any):
+    """`walk(*args)`, or no records when iterating the user's result raised."""
+    try:
+        return walk(*args)
+    except BaseException as exc:
+        internal.swallow("inspect", exc)
+        return [], 0
 
 
 class MemoryRead(_Memory):
     """`search_memory {store}`: the query, and the ids and content hashes of what came back,
-    so analysis can link this read to the write that produced each record."""
+    so analysis can link this read to the write that produced each record. Only the first
+    MEMORY_RESULT_LIMIT records are hashed; how many more there were is recorded."""
 
     operation = sc.OP_MEMORY_SEARCH
 
@@ -364,6 +476,17 @@ class MemoryRead(_Memory):
         if query is not None and capture:
             attrs[sc.MEMORY_QUERY] = _json(query)
 
+    def _pairs(self, handle: Handle, result: Any) -> tuple[list[tuple[Any, Any]], int]:
+        """At most MEMORY_RESULT_LIMIT records of `result`, and the count of all of them."""
+        if self.records is None:
+            return _walked(_records, result, self._query_of(handle.arguments), MEMORY_RESULT_LIMIT)
+        try:
+            given = self.records(result)
+        except BaseException as exc:  # the user's callback raised: a bug to show them
+            _caught("memory.records", exc)
+            return [], 0
+        return _walked(_given_records, given, MEMORY_RESULT_LIMIT)
+
     def _query_of(self, arguments: dict[str, Any]) -> Any:
         if self._binder is None:
             return self.call.get("query")
@@ -372,13 +495,14 @@ class MemoryRead(_Memory):
         return next(iter(arguments.values()), None)
 
     def on_result(self, handle: Handle, result: Any, capture: bool) -> None:
-        query = self._query_of(handle.arguments)
-        pairs = list(self.records(result)) if self.records is not None else _records(result, query)
+        pairs, total = self._pairs(handle, result)
         span = handle.span
         span.set_attribute(
             sc.MEMORY_RESULT_IDS, [_record_id(i) if i is not None else "" for i, _ in pairs]
         )
         span.set_attribute(sc.MEMORY_RESULT_HASHES, [content_hash(c) for _, c in pairs])
+        if total > len(pairs):
+            span.set_attribute(sc.MEMORY_RESULT_OMITTED, total - len(pairs))
         if capture:
             span.set_attribute(sc.OUTPUT, _json(result))
 

@@ -58,6 +58,9 @@ MEMORY_CONTENT = "tracegym.memory.content"
 MEMORY_CONTENT_HASH = "tracegym.memory.content_hash"
 MEMORY_RESULT_IDS = "tracegym.memory.result.record_ids"
 MEMORY_RESULT_HASHES = "tracegym.memory.result.content_hashes"
+# Records a read returned beyond the first MEMORY_RESULT_LIMIT (kinds.py), whose ids and hashes
+# are left out; absent when none were.
+MEMORY_RESULT_OMITTED = "tracegym.memory.result.omitted"
 GENERATOR_ITEMS = "tracegym.generator.items"
 OUTCOME_TARGET = "tracegym.outcome.target"
 OUTCOME_SUCCESS = "tracegym.outcome.success"
