@@ -18,46 +18,138 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Status
 from tracegym.tracer import internal
 from tracegym.tracer.processors import FanOutSpanProcessor
+from tracegym.tracer.serialize import TRUNCATION_MARKER
 
 REDACTED = "[REDACTED]"
 
-# Secrets with a recognisable shape of their own.
-_TOKEN_PATTERNS = [
-    r"sk-(?:ant-|proj-)?[A-Za-z0-9_\-]{16,}",  # OpenAI / Anthropic API keys
-    r"(?:ghp|gho|ghu|ghs|ghr|github_pat)_[A-Za-z0-9_]{20,}",  # GitHub tokens
-    r"xox[abposr]-[A-Za-z0-9\-]{10,}",  # Slack tokens
-    r"AKIA[0-9A-Z]{16}",  # AWS access key ids
-    r"AIza[0-9A-Za-z_\-]{35}",  # Google API keys
-    r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",  # JWTs
-    r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----",
-    r"(?<=[Bb]earer )[A-Za-z0-9_\-\.=+/]{8,}",  # Authorization: Bearer <token>
-    r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)",  # user:password@ in URLs
-]
-# Secrets named by a key: password=..., "api_key": "...", token: ... A quoted value may hold
-# spaces and its quotes may be escaped (JSON text inside a JSON attribute: \"password\": \"x\").
-_KEYED = (
-    r"(?i)(?P<key>\b(?:password|passwd|pwd|secret|client_secret|api[_-]?key|"
-    r"access[_-]?token|auth[_-]?token|refresh[_-]?token|private[_-]?key|authorization)"
-    r"\\?[\"']?\s*[:=]\s*)"
-    r"(?:(?P<quote>\\?[\"'])(?P<quoted>.{1,2000}?)(?P=quote)|(?P<bare>[^\"'\s,;&}\]\\]{3,}))"
-)
-# Every secret above contains one of these (lower-cased): clean text costs a few substring tests.
-_TRIGGERS = (
-    "sk-", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "akia", "aiza", "eyj",
-    "private key", "bearer", "://", "password", "passwd", "pwd", "secret", "api_key", "api-key",
-    "apikey", "_token", "-token", "accesstoken", "authtoken", "refreshtoken", "privatekey",
-    "private_key", "private-key",
-    "authorization",
+# Where `serialize.truncate` cut a value. Truncation runs on the agent's thread, redaction later
+# on the export thread; so every rule below that recognises a secret by its start also treats a
+# secret that runs into this marker as a secret up to the marker, rather than leaving the part
+# before the cut on disk (a PEM block without its END line, an unclosed quoted password).
+_CUT = r"\d+".join(re.escape(part) for part in TRUNCATION_MARKER.split("{}"))
+_CUT_AHEAD = f"(?={_CUT})"
+
+# Prefixes of tokens with a recognisable shape: a run of token characters from one of them
+# into the truncation marker is redacted whatever its length.
+_TOKEN_PREFIXES = (
+    "sk-", "sk_live_", "sk_test_", "rk_live_", "rk_test_", "whsec_", "ghp_", "gho_", "ghu_",
+    "ghs_", "ghr_", "github_pat_", "glpat-", "gldt-", "glrt-", "glptt-", "xoxa-", "xoxb-",
+    "xoxp-", "xoxo-", "xoxs-", "xoxr-", "xoxe-", "xapp-", "AKIA", "ASIA", "ABIA", "ACCA", "AIza",
+    "GOCSPX-", "ya29.", "SG.", "npm_", "pypi-", "hf_", "api_org_", "gsk_", "lsv2_", "hvs.",
+    "PMAK-", "dop_v1_", "doo_v1_", "dor_v1_", "xai-", "eyJ",
 )  # fmt: skip
+
+# Secrets with a recognisable shape of their own (gitleaks / detect-secrets rule shapes).
+_TOKEN_PATTERNS = [
+    r"(?<![A-Za-z0-9])sk-(?:ant-|proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{16,}",  # OpenAI/Anthropic
+    r"(?<![A-Za-z0-9])[sr]k_(?:live|test)_[A-Za-z0-9]{10,}",  # Stripe secret / restricted keys
+    r"whsec_[A-Za-z0-9]{20,}",  # Stripe webhook secrets
+    r"(?:ghp|gho|ghu|ghs|ghr|github_pat)_[A-Za-z0-9_]{20,}",  # GitHub tokens
+    r"gl(?:pat|dt|rt|ptt)-[A-Za-z0-9_\-]{20,}",  # GitLab tokens
+    r"xox[abposre]-[A-Za-z0-9\-]{10,}",  # Slack tokens
+    r"xapp-\d-[A-Za-z0-9\-]{10,}",  # Slack app-level tokens
+    r"(?<=hooks\.slack\.com/services/)[A-Za-z0-9_/\-]{20,}",  # Slack webhooks
+    r"(?<![A-Z0-9])(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Z0-9])",  # AWS key ids
+    r"AIza[0-9A-Za-z_\-]{35}",  # Google API keys
+    r"GOCSPX-[A-Za-z0-9_\-]{20,}",  # Google OAuth client secrets
+    r"ya29\.[0-9A-Za-z_\-]{20,}",  # Google OAuth access tokens
+    r"(?<![A-Za-z0-9_~.\-])[A-Za-z0-9_~.]{3}\dQ~[A-Za-z0-9_~.\-]{31,34}",  # Azure AD secrets
+    r"(?<=[?&]sig=)[A-Za-z0-9%+/=]{16,}",  # Azure SAS signatures
+    r"(?<![A-Za-z0-9])SK[0-9a-fA-F]{32}(?![A-Za-z0-9])",  # Twilio API keys
+    r"SG\.[A-Za-z0-9_\-]{16,32}\.[A-Za-z0-9_\-]{16,64}",  # SendGrid API keys
+    r"npm_[A-Za-z0-9]{36}",  # npm tokens
+    r"pypi-AgE[A-Za-z0-9_\-]{50,}",  # PyPI upload tokens
+    r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{30,}",  # Hugging Face tokens
+    r"api_org_[A-Za-z0-9]{30,}",  # Hugging Face organisation tokens
+    r"gsk_[A-Za-z0-9]{40,}",  # Groq
+    r"lsv2_(?:pt|sk)_[A-Za-z0-9_]{30,}",  # LangSmith
+    r"hvs\.[A-Za-z0-9_\-]{24,}",  # HashiCorp Vault
+    r"PMAK-[A-Za-z0-9\-]{40,}",  # Postman
+    r"do[opr]_v1_[a-f0-9]{64}",  # DigitalOcean
+    r"xai-[A-Za-z0-9]{40,}",  # xAI
+    r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",  # JWTs
+    # PEM private keys (RSA, EC, DSA, OPENSSH, ENCRYPTED, PGP ... BLOCK), also when cut short
+    r"-----BEGIN[ A-Z0-9_\-]{0,100}PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
+    rf"(?:-----END[ A-Z0-9_\-]{{0,100}}PRIVATE KEY(?: BLOCK)?-----|{_CUT_AHEAD}|\Z)",
+    rf"PuTTY-User-Key-File-\d[\s\S]*?(?:Private-MAC: [0-9a-fA-F]+|{_CUT_AHEAD}|\Z)",  # PuTTY
+    # Authorization: Bearer <token> (with a digit, or long: not "Bearer authentication")
+    r"(?:(?<=[Bb]earer )|(?<=BEARER ))"
+    r"(?:(?=[A-Za-z0-9_\-.=+/]*\d)[A-Za-z0-9_\-.=+/]{8,}|[A-Za-z0-9_\-.=+/]{20,})",
+    r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)",  # user:password@ in URLs
+    rf"(?<=://)[^/\s:@]+:[^/\s@]*{_CUT_AHEAD}",  # ... cut before the @
+    # any of the shapes above cut short by truncation
+    r"(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, _TOKEN_PREFIXES)) + r")"
+    rf"[A-Za-z0-9_\-./+=~]*{_CUT_AHEAD}",
+]
+
+# The value of a secret-named key: quoted (its quotes may be escaped: JSON text inside a JSON
+# attribute, \"password\": \"x\"; it may hold spaces), quoted but unclosed (cut by truncation:
+# redacted to the cut or the end of the line), or bare (optionally after an auth scheme word).
+_VALUE = (
+    r"(?:(?P<quote>\\*[\"'])(?P<quoted>(?:\\.|[^\\\n]){0,16384}?)(?P=quote)"
+    rf"|(?P<open>\\*[\"'])[^\n]*?(?={_CUT}|\n|\Z)"
+    r"|(?!(?i:null|true|false|none)\b)(?:(?i:bearer|basic|token|bot|digest)\s+)?"
+    r"(?:\[REDACTED\]|[^\"'\s,;&}\]\\]{3,}))"
+)
+# Keys that name a secret, as JSON/YAML keys, kwargs, headers, query parameters or env
+# variables: the name ends in one of these words (so `"token"`, `db_password`,
+# `AWS_SECRET_ACCESS_KEY`, `X-Api-Key`; not `input_tokens`, `token_count`, `"key"`).
+_SECRET_NAMES = (
+    r"password|passwd|pwd|passphrase|secret|token|credentials?|authorization|apikey|"
+    r"(?:api|secret|private|access|auth|account|client|encryption|signing|master|session|"
+    r"service|db|database)[_\-]?key|key[_\-]?pass(?:word)?"
+)
+_KEYED = (
+    rf"(?i)(?P<key>(?<![\w.\-])[\w.\-]*?(?:{_SECRET_NAMES})"
+    r"\\*[\"']?\s*(?:=>|:=|[:=])\s*)" + _VALUE
+)
+# Environment assignments (`export DB_PASSWORD=...`, `.env` files) whose upper-case name holds
+# one of these words anywhere: SECRET_KEY_BASE=..., DB_PASSWORD_PROD=...
+_ENV = (
+    r"(?P<key>(?<![\w.\-])(?:[A-Z0-9]+_)*"
+    r"(?:PASSWORDS?|PASSWD|PASSPHRASE|SECRETS?|TOKEN|CREDENTIALS?|KEY|APIKEY)"
+    r"(?:_[A-Z0-9]+)*\s*=\s*)" + _VALUE
+)
+# A bare AWS secret access key (40 base64 characters) after "aws" or "secret" on the same line:
+# with an upper-case letter and a digit or / or +, so git commit hashes never match.
+_CONTEXT = (
+    r"(?P<context>(?i:aws|secret)[^\n]{0,100}?)(?<![A-Za-z0-9/+=])"
+    r"(?:(?=[A-Za-z0-9/+]*[A-Z])(?=[A-Za-z0-9/+]*[0-9/+])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])"
+    rf"|[A-Za-z0-9/+]{{8,39}}{_CUT_AHEAD})"
+)
+# Every secret above contains a match of one of these: clean text costs one fast scan per
+# trigger and no redaction regex at all. Each starts with a literal, which the regex engine finds
+# faster than `in` does; one alternation of them all would cost ten times more. The lower-case
+# ones run on the lower-cased text, the cased ones on the text as it is.
+_TRIGGERS = (
+    "sk-", r"k_(?:live|test)_", "whsec_", r"gh[pousr]_", "github_pat_", r"gl(?:pat|dt|rt|ptt)-",
+    "xox", "xapp-", r"hooks\.slack\.com", r"ya29\.", "q~", "sig=", "npm_", "hf_", "api_org_",
+    "gsk_", "lsv2_", r"hvs\.", "pmak-", "_v1_", "xai-", "eyj", "private key",
+    "putty-user-key-file", "bearer", "://", r"pass(?:word|wd|phrase)", "pwd", "secret",
+    "credential", "authorization", "aws", r"token[\"'=:\\ \t]", r"key[\"'=:\\ \t]",
+)  # fmt: skip
+_CASED_TRIGGERS = (
+    r"A(?:KIA|SIA|BIA|CCA|3T|Iza)", "GOCSPX-", r"SK[0-9a-fA-F]{32}", r"SG\.", "pypi-",
+)  # fmt: skip
+_TRIGGER_SEARCHES = tuple(re.compile(p).search for p in _TRIGGERS)
+_CASED_SEARCHES = tuple(re.compile(p).search for p in _CASED_TRIGGERS)
 # Attribute keys whose whole value is a secret.
 _SECRET_KEY = re.compile(
-    r"(?i)(password|passwd|secret|api[_-]?key|authorization|auth[_-]?token|access[_-]?token)"
+    r"(?i)(password|passwd|passphrase|secret|api[_-]?key|authorization|credential|"
+    r"auth[_-]?token|access[_-]?token|private[_-]?key|(?:^|[._-])token$)"
 )
 
 
 def _keyed_replacement(match: re.Match[str]) -> str:
+    """Keep the key and the quotes, replace the value."""
     quote = match.group("quote") or ""
-    return f"{match.group('key')}{quote}{REDACTED}{quote}"
+    if quote:
+        return f"{match.group('key')}{quote}{REDACTED}{quote}"
+    return f"{match.group('key')}{match.group('open') or ''}{REDACTED}"
+
+
+def _context_replacement(match: re.Match[str]) -> str:
+    return f"{match.group('context')}{REDACTED}"
 
 
 class Redactor:
@@ -68,6 +160,8 @@ class Redactor:
         tokens = [*_TOKEN_PATTERNS, *extra_patterns]
         self._tokens = re.compile("|".join(f"(?:{p})" for p in tokens))
         self._keyed = re.compile(_KEYED)
+        self._env = re.compile(_ENV)
+        self._context = re.compile(_CONTEXT)
         # Extra patterns have no known trigger, so they disable the cheap pre-check.
         self._always = bool(extra_patterns)
         self._key_cache: dict[str, bool] = {}
@@ -76,14 +170,20 @@ class Redactor:
         """Cheap pre-check: False means `text` certainly holds no built-in secret shape."""
         if self._always:
             return True
-        return any(map(text.lower().__contains__, _TRIGGERS))
+        lowered = text.lower()
+        for search in _TRIGGER_SEARCHES:
+            if search(lowered):
+                return True
+        return any(search(text) for search in _CASED_SEARCHES)
 
     def redact(self, text: str) -> str:
         """`text` with every secret replaced by [REDACTED]."""
         if not self.might_hold_secret(text):
             return text
         text = self._tokens.sub(REDACTED, text)
-        return self._keyed.sub(_keyed_replacement, text)
+        text = self._keyed.sub(_keyed_replacement, text)
+        text = self._env.sub(_keyed_replacement, text)
+        return self._context.sub(_context_replacement, text)
 
     def _secret_key(self, key: str) -> bool:
         known = self._key_cache.get(key)
