@@ -13,7 +13,6 @@ from typing import Any, TypeVar, overload
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from tracegym.tracer import context as scope_context
-from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.kinds import (
     LLM,
@@ -25,7 +24,7 @@ from tracegym.tracer.kinds import (
     Subtask,
     Tool,
 )
-from tracegym.tracer.operations import Operation, _record_usage, state
+from tracegym.tracer.operations import Operation, _caught, _record_usage, state
 from tracegym.tracer.serialize import to_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -161,5 +160,5 @@ def record_outcome(
             sc.OUTCOME_SPAN_NAME, context=otel_context.Context(), attributes=attrs
         )
         span.end()
-    except Exception as exc:
-        internal.report_error("record_outcome", exc)
+    except BaseException as exc:  # run, labels...: the user's values, whose __str__ may raise
+        _caught("record_outcome", exc)

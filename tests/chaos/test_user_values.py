@@ -411,3 +411,13 @@ def test_ctrl_c_landing_in_tracegym_code_still_interrupts(cap, monkeypatch):
     assert cap.one("execute_tool work").end_time is not None
     assert not trace.get_current_span().get_span_context().is_valid  # context restored
     assert tg.stats().internal_errors == 0
+
+
+def test_record_outcome_and_set_usage_with_hostile_values(cap):
+    tg.record_outcome(BadRepr(SystemExit), success=True)  # never raises
+    tg.record_outcome("run-1", labels=[BadRepr(KeyboardInterrupt)])
+    with tg.llm("m"):
+        tg.set_usage(BadClass(), 3)
+    outcome = a(cap.one("tracegym.outcome"))
+    assert outcome[sc.OUTCOME_LABELS] == '["<BadRepr>"]'
+    assert tg.stats().errors.get("record_outcome") == 1
