@@ -80,6 +80,7 @@ class FindingsModel:
         self.db = db
         self.sample_runs = sample_runs
         self.detectors: list[Any] | None = None
+        self.profiles: dict[Any, Any] = {}  # per-system attribution profiles, from the sample
         self.error: str | None = None
         self.fitted_on = 0
         self._ready = threading.Event()
@@ -110,6 +111,9 @@ class FindingsModel:
                 except Exception:  # a detector that cannot fit on the sample is left out
                     continue
             self.detectors = detectors
+            from tracegym.analysis.attribution import learn_profiles
+
+            self.profiles = learn_profiles(sample)
             self.fitted_on = len(sample)
         except Exception as exc:  # no analysis extra, a broken lake: the page says so
             self.error = f"{type(exc).__name__}: {exc}"
@@ -138,9 +142,10 @@ class FindingsModel:
         out["findings"] = [f.to_dict() for f in findings]
         if run.success is False:
             try:
-                from tracegym.analysis.attribution import attribute
+                from tracegym.analysis.attribution import attribute, system_key
 
-                attribution = attribute(run, findings)
+                # the system's profile as `tracegym attribute` learns it, so both agree
+                attribution = attribute(run, findings, profile=self.profiles.get(system_key(run)))
                 out["attribution"] = {
                     **attribution.to_dict(),
                     "rule": attribution.rule,
