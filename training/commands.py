@@ -150,7 +150,9 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
 
         def progress(stage: str, message: str) -> None:
             if message.startswith("failed "):  # one environment; the stage goes on
-                bar.console.print(f"[yellow]{stage}[/]: {escape(message)}", highlight=False)
+                bar.console.print(
+                    f"[yellow]{stage}[/]: {escape(message)}", highlight=False, soft_wrap=True
+                )  # one line in a log, however long the reason
                 return
             bar.update(night, description=f"{stage}: {escape(message)}")
             if message != "running" and not message.startswith(("training ", "evaluating ")):
