@@ -30,7 +30,7 @@ _CUT = r"\d+".join(re.escape(part) for part in TRUNCATION_MARKER.split("{}"))
 _CUT_AHEAD = f"(?={_CUT})"
 
 # Prefixes of tokens with a recognisable shape: a run of token characters from one of them
-# into the truncation marker is redacted whatever its length.
+# into the truncation marker is redacted whatever its length (`_redact_cut_tokens`).
 _TOKEN_PREFIXES = (
     "sk-", "sk_live_", "sk_test_", "rk_live_", "rk_test_", "whsec_", "ghp_", "gho_", "ghu_",
     "ghs_", "ghr_", "github_pat_", "glpat-", "gldt-", "glrt-", "glptt-", "xoxa-", "xoxb-",
@@ -77,9 +77,6 @@ _TOKEN_PATTERNS = [
     r"(?:(?=[A-Za-z0-9_\-.=+/]*\d)[A-Za-z0-9_\-.=+/]{8,}|[A-Za-z0-9_\-.=+/]{20,})",
     r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)",  # user:password@ in URLs
     rf"(?<=://)[^/\s:@]+:[^/\s@]*{_CUT_AHEAD}",  # ... cut before the @
-    # any of the shapes above cut short by truncation
-    r"(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, _TOKEN_PREFIXES)) + r")"
-    rf"[A-Za-z0-9_\-./+=~]*{_CUT_AHEAD}",
 ]
 
 # The value of a secret-named key: quoted (its quotes may be escaped: JSON text inside a JSON
@@ -140,6 +137,38 @@ _SECRET_KEY = re.compile(
 )
 
 
+_CUT_RE = re.compile(_CUT)
+_CUT_START = TRUNCATION_MARKER.split("{}")[0]
+_CUT_PREFIX = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, _TOKEN_PREFIXES)) + ")")
+_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-./+=~")
+_CUT_WINDOW = 512  # characters before a marker searched for the start of a cut token
+
+
+def _redact_cut_tokens(text: str) -> str:
+    """Redact a token that runs into a truncation marker, however little of it is left.
+
+    Anchored at each marker and walking back over at most _CUT_WINDOW token characters, so
+    the work is linear in the text (a regex run forward from every prefix would be quadratic
+    on hostile text)."""
+    if _CUT_START not in text:
+        return text
+    pieces: list[str] = []
+    last = 0
+    for marker in _CUT_RE.finditer(text):
+        end = start = marker.start()
+        floor = max(last, end - _CUT_WINDOW)
+        while start > floor and text[start - 1] in _TOKEN_CHARS:
+            start -= 1
+        found = _CUT_PREFIX.search(text, start, end)
+        if found is not None:
+            pieces += (text[last : found.start()], REDACTED)
+            last = end
+    if not pieces:
+        return text
+    pieces.append(text[last:])
+    return "".join(pieces)
+
+
 def _keyed_replacement(match: re.Match[str]) -> str:
     """Keep the key and the quotes, replace the value."""
     quote = match.group("quote") or ""
@@ -180,7 +209,7 @@ class Redactor:
         """`text` with every secret replaced by [REDACTED]."""
         if not self.might_hold_secret(text):
             return text
-        text = self._tokens.sub(REDACTED, text)
+        text = _redact_cut_tokens(self._tokens.sub(REDACTED, text))
         text = self._keyed.sub(_keyed_replacement, text)
         text = self._env.sub(_keyed_replacement, text)
         return self._context.sub(_context_replacement, text)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,15 @@ def test_innocent_corpus_reaches_the_spool_intact(tracer_setup, tmp_path):
     for text in INNOCENT:  # as the spool encodes it
         assert json.dumps(text, ensure_ascii=False)[1:-1].encode() in raw
     assert tg.stats().spans_redacted == 0
+
+
+def test_hostile_text_costs_the_redactor_linear_time():
+    """Runs of token prefixes with no truncation marker made a forward-scanning rule quadratic
+    (about 100 ms per 8 KB value, 4x that at 16 KB); the cut-token rule now walks back from
+    each marker instead."""
+    redactor = Redactor()
+    hostile = [p * (16384 // len(p)) for p in ("hf_.", "sk-.", "eyJ.", "AKIA.", "aws ", "secret")]
+    start = time.perf_counter()
+    for text in hostile:
+        redactor.redact(text)
+    assert time.perf_counter() - start < 0.5
