@@ -270,12 +270,15 @@ def demo(
         console.print(f"[bold]{name}[/]")
 
     from tracegym.training.model import ModelError
+    from tracegym.training.nightly import NightlyStageError
 
     try:
         with bar:
             report = run_demo(target, config, progress=progress, stage=stage)
     except ModelError as exc:
         _fail(str(exc))
+    except NightlyStageError as exc:
+        _fail(f"{exc} (completed stages are kept: rerun to resume)", code=1)
     from tracegym.examples.demo import render_markdown
 
     typer.echo(render_markdown(report))
