@@ -6,12 +6,24 @@ written to a staging folder by DuckDB, fsynced, then renamed into the lake; only
 spool file removed. A crash anywhere leaves the spool file in place, and the rerun rewrites
 the very same part names: every span ends up in the lake exactly once. Files still held by a
 live writer (see `tracegym.tracer.spool.is_complete`) are left alone and read live instead.
+
+One compaction at a time per home: an exclusive `flock` on `lake/.compact.lock` is held while
+the spool is listed and moved, so two processes (the nightly and a query that compacts first)
+never move the same file twice. A second compactor waits for it (`wait=True`, the batch job and
+`Store.compact()`) or skips (`wait=False`, what `Store` does on open: the views read the lake
+plus the spool in place, exactly once, whatever the compaction in flight has done so far).
+Staging folders are unique to each run (defence in depth), and the lock's holder clears what
+crashed runs left there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import secrets
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +35,7 @@ LAKE_DIR = "lake"
 SPANS_DIR = "spans"
 OUTCOMES_DIR = "outcomes"  # outcome records, kept apart so `spans` needs no filter
 STAGING_DIR = "_staging"
+LOCK_FILE = ".compact.lock"
 
 
 def lake_dir(home: Path) -> Path:
@@ -46,6 +59,7 @@ class CompactionReport:
     parts: int = 0
     truncated_lines: int = 0
     skipped_live: list[Path] = field(default_factory=list)
+    busy: bool = False  # skipped: another process was compacting (wait=False)
 
 
 def _fsync(path: Path) -> None:
@@ -96,15 +110,37 @@ def _stem_of_part(name: str) -> str:
     return name[len("part-") :].rsplit("-", 1)[0]
 
 
+@contextlib.contextmanager
+def compaction_lock(home: Path, *, wait: bool = True) -> Iterator[bool]:
+    """Hold `lake/.compact.lock` (an exclusive flock); yields False, holding nothing, when
+    `wait` is off and another compactor has it. The kernel drops the lock of a killed process."""
+    lake_dir(home).mkdir(parents=True, exist_ok=True)
+    fd = os.open(lake_dir(home) / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True  # closing the descriptor below releases the lock
+    finally:
+        os.close(fd)
+
+
+def _new_staging(home: Path, stem: str) -> Path:
+    """A staging folder no other run shares (pid and random suffix)."""
+    staging = lake_dir(home) / STAGING_DIR / f"{stem}-{os.getpid()}-{secrets.token_hex(4)}"
+    staging.mkdir(parents=True)
+    return staging
+
+
 def compact_batch(con: duckdb.DuckDBPyConnection, home: Path, paths: list[Path]) -> tuple[int, int]:
     """Move complete spool files into the lake in one DuckDB pass; returns (spans, parts).
 
     Parts are named after their source file, so a rerun after a crash rewrites the same names;
     parts a previous attempt left under a source's name and this one did not write are removed.
     """
-    staging = lake_dir(home) / STAGING_DIR / paths[0].stem
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = _new_staging(home, paths[0].stem)
     spans = 0
     nonempty = [str(p) for p in paths if p.stat().st_size]
     if nonempty:
@@ -149,14 +185,41 @@ def _sql_path(path: Path) -> str:
 
 
 def compact(
-    home: Path, con: duckdb.DuckDBPyConnection | None = None, *, batch_files: int = 64
+    home: Path,
+    con: duckdb.DuckDBPyConnection | None = None,
+    *,
+    batch_files: int = 64,
+    wait: bool = True,
 ) -> CompactionReport:
-    """Compact every complete spool file under `home` into the lake, `batch_files` at a time."""
+    """Compact every complete spool file under `home` into the lake, `batch_files` at a time.
+
+    Holds the home's compaction lock throughout; with `wait` off, returns at once (`busy`)
+    when another process holds it."""
     home = Path(home)
     report = CompactionReport()
     ready, report.skipped_live = complete_spool_files(home)
-    if not ready:
+    if not ready:  # nothing to do: take no lock, create no lake
         return report
+    with compaction_lock(home, wait=wait) as held:
+        if not held:
+            report.busy = True
+            return report
+        shutil.rmtree(lake_dir(home) / STAGING_DIR, ignore_errors=True)  # crashed runs' leftovers
+        ready, report.skipped_live = complete_spool_files(home)  # again: now nobody else moves
+        _compact_locked(home, con, ready, batch_files, report)
+    return report
+
+
+def _compact_locked(
+    home: Path,
+    con: duckdb.DuckDBPyConnection | None,
+    ready: list[Path],
+    batch_files: int,
+    report: CompactionReport,
+) -> None:
+    """The compaction proper, under the lock: `ready` in batches, counts into `report`."""
+    if not ready:
+        return
     own = con is None
     con = con or duckdb.connect()
     try:
@@ -171,4 +234,3 @@ def compact(
     finally:
         if own:
             con.close()
-    return report

@@ -40,6 +40,9 @@ def check_read_only(query: str) -> None:
 class Store:
     """The trace store under `home`: compacts the spool on open, then serves the views.
 
+    Compacting on open skips when another process is compacting (the views read the lake plus
+    the spool exactly once either way); `compact()` waits for it.
+
     store = Store()                                  # $TRACEGYM_HOME or ./.tracegym
     store.sql("SELECT tool, count(*) FROM tool_calls GROUP BY tool").show()
     df = store.pl("SELECT * FROM traces")              # a Polars DataFrame
@@ -47,16 +50,18 @@ class Store:
 
     def __init__(self, home: str | Path | None = None, *, compact_on_open: bool = True) -> None:
         self.home = resolve_home(home)
-        self.last_compaction: CompactionReport | None = None
         self.con = duckdb.connect()
-        if compact_on_open:
-            self.compact()
-        else:
-            register_views(self.con, self.home)
+        self.last_compaction: CompactionReport | None = (
+            compact(self.home, self.con, wait=False)  # never queue behind the nightly's
+            if compact_on_open
+            else None
+        )
+        register_views(self.con, self.home)
 
-    def compact(self) -> CompactionReport:
-        """Move complete spool files into the lake, then refresh the views."""
-        self.last_compaction = compact(self.home, self.con)
+    def compact(self, *, wait: bool = True) -> CompactionReport:
+        """Move complete spool files into the lake, then refresh the views. `wait`: queue
+        behind another process's compaction, else skip it (`last_compaction.busy`)."""
+        self.last_compaction = compact(self.home, self.con, wait=wait)
         register_views(self.con, self.home)
         return self.last_compaction
 
@@ -76,7 +81,8 @@ class Store:
             "status_message, attributes, resource"
         )
         query = f"SELECT {columns} FROM spans UNION ALL SELECT {columns} FROM _outcome_spans"
-        cursor = self.con.execute(query)  # temp views live on this connection only
+        # The temp views live on this connection only.
+        cursor = self.con.execute(query)
         names = [d[0] for d in cursor.description]
         while batch := cursor.fetchmany(4096):
             for row in batch:
