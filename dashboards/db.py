@@ -6,6 +6,10 @@ Each connection may only read files under `<home>/lake` and `<home>/spool`, and 
 configuration is locked, so even a SELECT typed into the SQL box cannot read `/etc/passwd`,
 load an extension or turn the sandbox off. One lock per connection: DuckDB connections are not
 safe to share between threads, and every query already uses all cores.
+
+Another process may compact the spool at any time: a query whose spool files vanished under it
+(an IO error) runs again over freshly listed views, and the views never count a spool file
+and its parts both (see store/views.py).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 import duckdb
 from tracegym.store.lake import lake_dir
 from tracegym.store.store import ReadOnlyError
-from tracegym.store.views import register_views
+from tracegym.store.views import LiveViews
 from tracegym.tracer.spool import spool_dir
 
 REFRESH_S = 10.0  # how often the views are rebuilt to pick up new spool files
@@ -40,7 +44,6 @@ class Result:
 
 def _sandboxed(home: Path, memory_limit: str | None) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
-    register_views(con, home)
     allowed = [str(lake_dir(home)) + "/", str(spool_dir(home)) + "/"]
     con.execute("SET allowed_directories = $dirs", {"dirs": allowed})
     if memory_limit:
@@ -60,12 +63,13 @@ class Database:
         self.home = Path(home)
         self._lock = threading.Lock()
         self._con = _sandboxed(self.home, memory_limit)
+        self._views = LiveViews(self._con, self.home)
         self._refreshed = time.monotonic()
 
     def _refresh(self) -> None:
         """Re-read the spool's file list now and then (the lake glob sees new parts itself)."""
         if time.monotonic() - self._refreshed > REFRESH_S:
-            register_views(self._con, self.home)
+            self._views.refresh()
             self._refreshed = time.monotonic()
 
     def query(
@@ -74,12 +78,18 @@ class Database:
         """Run one parameterised query; trace content only ever travels as a parameter."""
         with self._lock:
             self._refresh()
-            cursor = self._con.execute(sql, params or {})
-            columns = [d[0] for d in cursor.description or []]
-            if cap is None:
-                return Result(columns, cursor.fetchall())
-            rows = cursor.fetchmany(cap + 1)
-            return Result(columns, rows[:cap], truncated=len(rows) > cap)
+            # Spool files compacted away by another process: list them again, run it again.
+            return self._views.run(lambda: self._fetch(sql, params, cap))
+
+    def _fetch(
+        self, sql: str, params: dict[str, Any] | Sequence[Any] | None, cap: int | None
+    ) -> Result:
+        cursor = self._con.execute(sql, params or {})
+        columns = [d[0] for d in cursor.description or []]
+        if cap is None:
+            return Result(columns, cursor.fetchall())
+        rows = cursor.fetchmany(cap + 1)
+        return Result(columns, rows[:cap], truncated=len(rows) > cap)
 
     def interrupt(self) -> None:
         self._con.interrupt()

@@ -9,7 +9,7 @@ from typing import Any
 
 import duckdb
 from tracegym.store.lake import CompactionReport, compact
-from tracegym.store.views import VIEWS, register_views
+from tracegym.store.views import VIEWS, LiveViews
 from tracegym.tracer.config import resolve_home
 
 # Statement types a read-only entry point accepts.
@@ -41,7 +41,9 @@ class Store:
     """The trace store under `home`: compacts the spool on open, then serves the views.
 
     Compacting on open skips when another process is compacting (the views read the lake plus
-    the spool exactly once either way); `compact()` waits for it.
+    the spool exactly once either way); `compact()` waits for it. A query whose spool files
+    another process compacted away meanwhile runs again over fresh views (when it fails at bind
+    time, see `LiveViews`).
 
     store = Store()                                  # $TRACEGYM_HOME or ./.tracegym
     store.sql("SELECT tool, count(*) FROM tool_calls GROUP BY tool").show()
@@ -56,19 +58,19 @@ class Store:
             if compact_on_open
             else None
         )
-        register_views(self.con, self.home)
+        self._views = LiveViews(self.con, self.home)
 
     def compact(self, *, wait: bool = True) -> CompactionReport:
         """Move complete spool files into the lake, then refresh the views. `wait`: queue
         behind another process's compaction, else skip it (`last_compaction.busy`)."""
         self.last_compaction = compact(self.home, self.con, wait=wait)
-        register_views(self.con, self.home)
+        self._views.refresh()
         return self.last_compaction
 
     def sql(self, query: str, params: Any = None) -> duckdb.DuckDBPyRelation:
         """A DuckDB relation for a read-only query (`.fetchall()`, `.pl()`, `.df()` ...)."""
         check_read_only(query)
-        return self.con.sql(query, params=params)
+        return self._views.run(lambda: self.con.sql(query, params=params))
 
     def pl(self, query: str, params: Any = None) -> Any:
         """The query's result as a Polars DataFrame."""
@@ -82,7 +84,7 @@ class Store:
         )
         query = f"SELECT {columns} FROM spans UNION ALL SELECT {columns} FROM _outcome_spans"
         # The temp views live on this connection only.
-        cursor = self.con.execute(query)
+        cursor = self._views.run(lambda: self.con.execute(query))
         names = [d[0] for d in cursor.description]
         while batch := cursor.fetchmany(4096):
             for row in batch:

@@ -3,16 +3,31 @@
 `spans` is the lake (Parquet, hive-partitioned by day) plus the live spool not yet compacted,
 read through the same row expression; outcome records live in a table of their own, and every
 other view is defined over these two.
+
+Exactly once around a compaction (of this process or another): the spool files are listed when
+the views are (re)created, and the lake half leaves out every part named after a listed file
+(`part-<stem>-<i>.parquet`, DuckDB prunes them by file name). A file whose parts a compaction
+has renamed in, or a killed one left behind, is read from the spool alone until it is gone; once
+it is gone the views fail with an IO error and the reader recreates them (see `Store.sql`,
+`dashboards.db.Database.query`), and its parts are read instead.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 from tracegym.store.lake import complete_spool_files, lake_dir
 from tracegym.store.schema import empty_source, read_json_source, row_select
 from tracegym.tracer import semconv as sc
+
+T = TypeVar("T")
+
+# A lake part's file name -> the stem of the spool file it came from (see store/lake.py).
+PART_STEM = r"/part-(.+)-[0-9]+\.parquet$"
 
 VIEWS = ["spans", "traces", "tool_calls", "llm_calls", "memory_ops", "outcomes", "nightly"]
 
@@ -21,25 +36,31 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _lake_part(directory: Path) -> str | None:
+def _lake_part(directory: Path, listed: list[str]) -> str | None:
+    """The lake's parts under `directory`, less those of the spool files `listed` (stems)."""
     if not directory.is_dir() or not any(directory.rglob("*.parquet")):
         return None
     glob = _literal(str(directory / "**" / "*.parquet"))
-    return f"SELECT * FROM read_parquet({glob}, hive_partitioning=true)"
+    if not listed:
+        return f"SELECT * FROM read_parquet({glob}, hive_partitioning=true)"
+    stems = ", ".join(_literal(stem) for stem in listed)
+    return (
+        f"SELECT * EXCLUDE (filename) FROM read_parquet({glob}, hive_partitioning=true, "
+        f"filename=true) WHERE regexp_extract(filename, {_literal(PART_STEM)}, 1) "
+        f"NOT IN ({stems})"
+    )
 
 
-def _table_sql(home: Path, table: str, live: str | None) -> str:
+def _table_sql(home: Path, table: str, live: str | None, listed: list[str]) -> str:
     """One lake table (`spans` or `outcomes`) plus its rows from the live spool."""
-    parts = [p for p in (_lake_part(lake_dir(home) / table), live) if p]
+    parts = [p for p in (_lake_part(lake_dir(home) / table, listed), live) if p]
     if not parts:  # an empty store still has typed, queryable views
         parts.append(f"SELECT * EXCLUDE (_table) FROM ({row_select(empty_source())})")
     return "\nUNION ALL BY NAME\n".join(f"({p})" for p in parts)
 
 
-def _live_sql(home: Path) -> str | None:
+def _live_sql(pending: list[Path]) -> str | None:
     """Spool files not compacted yet (complete or still being written), read in place."""
-    ready, live = complete_spool_files(home)
-    pending = ready + live
     if not pending:
         return None
     files = "[" + ", ".join(_literal(str(p)) for p in pending) + "]"
@@ -166,15 +187,54 @@ VIEW_SQL = {
 }
 
 
-def register_views(con: duckdb.DuckDBPyConnection, home: Path) -> None:
-    """(Re)create the views over `home` on `con`."""
+def register_views(con: duckdb.DuckDBPyConnection, home: Path) -> list[Path]:
+    """(Re)create the views over `home` on `con`; returns the spool files they read."""
     home = Path(home)
-    live = _live_sql(home)
+    ready, writing = complete_spool_files(home)
+    pending = ready + writing
+    live, listed = _live_sql(pending), [p.stem for p in pending]
     for view, table in (("spans", "spans"), ("_outcome_spans", "outcomes"),
                         ("_nightly_spans", "nightly")):  # fmt: skip
         live_rows = (
             f"SELECT * EXCLUDE (_table) FROM ({live}) WHERE _table = '{table}'" if live else None
         )
-        con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS {_table_sql(home, table, live_rows)}")
+        body = _table_sql(home, table, live_rows, listed)
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS {body}")
     for name in ["outcomes", "traces", "tool_calls", "llm_calls", "memory_ops", "nightly"]:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEW_SQL[name]}")
+    return pending
+
+
+class LiveViews:
+    """The views on one connection, recreated when the spool moves under them.
+
+    `run(fn)` retries `fn` over fresh views while it fails with an IO error and the spool's
+    file list has changed since the views were made (another process compacted files they read;
+    their parts are in the lake now). Any other IO error is raised as it is.
+    """
+
+    TRIES = 10  # each retry needs a file to have vanished: a compaction moving on
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, home: Path) -> None:
+        self.con, self.home = con, Path(home)
+        self.listed: list[Path] = []
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recreate the views; again if a file they list vanishes while they are created."""
+        for _ in range(self.TRIES - 1):
+            with contextlib.suppress(duckdb.IOException):
+                self.listed = register_views(self.con, self.home)
+                return
+        self.listed = register_views(self.con, self.home)
+
+    def run(self, fn: Callable[[], T]) -> T:
+        for _ in range(self.TRIES - 1):
+            try:
+                return fn()
+            except duckdb.IOException:
+                before = self.listed
+                self.refresh()
+                if self.listed == before:
+                    raise
+        return fn()

@@ -1,0 +1,146 @@
+"""Issue 13, item 2: readers around a compaction. A compaction killed between renaming its parts
+and unlinking its spool files made a reader that does not compact count both (349,998 rows for
+300,000 spans), and a dashboard whose spool files another process compacted away answered 500
+(`No files found that match the pattern`) until its next refresh. Now the views leave out the
+parts of every spool file they read, and a reader whose files vanished lists them again."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("duckdb")
+
+from tracegym.dashboards.db import Database
+from tracegym.store import lake
+from tracegym.store.records import outcome_record, span_record, stable_id, write_spool_file
+from tracegym.store.store import Store
+from tracegym.tracer.spool import spool_dir
+
+BASE_NS = 1_764_460_800_000_000_000  # 2025-11-30T00:00:00Z
+COUNTS = "SELECT (SELECT count(*) FROM spans), (SELECT count(DISTINCT span_id) FROM spans), " \
+         "(SELECT count(*) FROM _outcome_spans)"  # fmt: skip
+
+# Compaction in a child that SIGKILLs itself at one point: `unlink` (every part renamed into the
+# lake, no spool file removed yet) or `replace` (four of nine parts renamed: the three outcome
+# parts and one of spans, the others still in staging).
+KILLED_COMPACTION = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    from tracegym.store import lake
+    home, point = sys.argv[1], sys.argv[2]
+    real_unlink, real_replace, renamed = Path.unlink, os.replace, []
+    def unlink(self, *args, **kwargs):
+        if point == "unlink" and self.suffix == ".jsonl":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_unlink(self, *args, **kwargs)
+    def replace(src, dst):
+        if point == "replace" and len(renamed) == 4:
+            os.kill(os.getpid(), signal.SIGKILL)
+        renamed.append(dst)
+        return real_replace(src, dst)
+    Path.unlink, os.replace = unlink, replace
+    lake.compact(home)
+    """
+)
+
+
+def write_spool(home: Path, files: int, spans_per_file: int) -> int:
+    """Complete spool files of tool spans over two days, one outcome each; the span count."""
+    for f in range(files):
+        records = []
+        for i in range(spans_per_file):
+            start = BASE_NS + (f * spans_per_file + i) * 1_000_000 + (i % 2) * 86_400 * 10**9
+            records.append(
+                span_record(
+                    trace_id=stable_id("t", f, i // 10),
+                    span_id=stable_id("s", f, i, width=16),
+                    name="execute_tool lookup",
+                    start_ns=start,
+                    end_ns=start + 500_000,
+                    attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "q"},
+                )
+            )
+        records.append(outcome_record(stable_id("t", f, 0), time_ns=BASE_NS + f, success=True))
+        write_spool_file(home, records, f"20251130T000000-host-{f}-{f:08x}")
+    return files * spans_per_file
+
+
+def counts(home: Path) -> tuple[tuple, tuple]:
+    """What a Store that does not compact and a dashboard Database each count."""
+    with Store(home, compact_on_open=False) as store:
+        from_store = store.sql(COUNTS).fetchall()[0]
+    db = Database(home)
+    try:
+        return from_store, db.query(COUNTS).rows[0]
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("point", ["unlink", "replace"])
+def test_readers_after_a_killed_compaction_count_every_span_once(tmp_path: Path, point: str):
+    total = write_spool(tmp_path, files=3, spans_per_file=2000)
+    proc = subprocess.run([sys.executable, "-c", KILLED_COMPACTION, str(tmp_path), point])
+    assert proc.returncode == -9
+    parts = list(lake.lake_dir(tmp_path).glob("*/day=*/*.parquet"))
+    assert parts and len(list(spool_dir(tmp_path).glob("*.jsonl"))) == 3  # both halves there
+    assert counts(tmp_path) == ((total, total, 3),) * 2  # was 2000 more: spool + its parts
+    with Store(tmp_path) as store:  # the next compaction finishes the job
+        assert store.sql(COUNTS).fetchall()[0] == (total, total, 3)
+    assert not list(spool_dir(tmp_path).glob("*.jsonl"))
+    assert counts(tmp_path) == ((total, total, 3),) * 2
+
+
+def test_readers_whose_spool_files_were_compacted_away_still_answer(tmp_path: Path):
+    total = write_spool(tmp_path, files=3, spans_per_file=500)
+    db = Database(tmp_path)  # lists the three spool files
+    store = Store(tmp_path, compact_on_open=False)
+    try:
+        assert db.query(COUNTS).rows[0] == (total, total, 3)
+        script = f"from tracegym.store import lake; lake.compact({str(tmp_path)!r})"
+        subprocess.run([sys.executable, "-c", script], check=True)  # another process compacts
+        assert not list(spool_dir(tmp_path).glob("*.jsonl"))
+        assert db.query(COUNTS).rows[0] == (total, total, 3)  # was IO Error: No files found
+        assert store.sql(COUNTS).fetchall()[0] == (total, total, 3)
+        assert sum(1 for _ in store.records()) == total + 3
+    finally:
+        db.close()
+        store.close()
+
+
+def test_a_dashboard_reading_during_compactions_always_counts_exactly(tmp_path: Path):
+    total = write_spool(tmp_path, files=8, spans_per_file=2500)
+    db = Database(tmp_path)
+    answers: list[tuple] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                answers.append(db.query(COUNTS).rows[0])
+                os.sched_yield()
+            except Exception as exc:  # reported below
+                errors.append(exc)
+                return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:  # one file a batch: eight rename-then-unlink windows for the reader to hit
+        script = f"from tracegym.store import lake; lake.compact({str(tmp_path)!r}, batch_files=1)"
+        subprocess.run([sys.executable, "-c", script], check=True)
+        answers_during = len(answers)
+    finally:
+        done.set()
+        reader.join(timeout=30)
+        db.close()
+    assert not errors, errors
+    assert answers_during >= 3, answers_during
+    assert set(answers) == {(total, total, 8)}
