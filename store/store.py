@@ -12,38 +12,104 @@ from tracegym.store.lake import CompactionReport, compact
 from tracegym.store.views import VIEWS, LiveViews
 from tracegym.tracer.config import resolve_home
 
-# Statement types a read-only entry point accepts.
-_READ_ONLY = {"SELECT", "EXPLAIN", "PRAGMA"}
+# PRAGMAs that only read (the catalog, the version); every other one sets or runs something.
+_READ_PRAGMAS = {"show_tables", "show_tables_expanded", "table_info", "database_list", "version"}
+_ANALYZE = {"ANALYZE", "ANALYSE"}
 
 
 class ReadOnlyError(ValueError):
     """A statement that would write, drop, attach, copy or configure was refused."""
 
 
-def check_read_only(query: str) -> None:
-    """Raise ReadOnlyError unless every statement in `query` only reads."""
+def _refused(kind: str) -> ReadOnlyError:
+    return ReadOnlyError(
+        f"refused {kind} statement: the SQL entry points are read-only "
+        f"(one SELECT over the views {', '.join(VIEWS)})"
+    )
+
+
+def _parse(query: str) -> list[duckdb.Statement]:
+    """DuckDB's own parse of `query` into statements; ValueError when it does not parse."""
     try:
         statements = duckdb.extract_statements(query)
     except duckdb.Error as exc:
-        raise ValueError(f"cannot parse SQL: {exc}") from None
+        raise ValueError(f"cannot parse SQL: {str(exc).strip().splitlines()[0]}") from None
     if not statements:
         raise ValueError("empty SQL statement")
-    for statement in statements:
-        kind = statement.type.name
-        if kind not in _READ_ONLY or (kind == "PRAGMA" and "=" in statement.query):
-            raise ReadOnlyError(
-                f"refused {kind} statement: the SQL entry points are read-only "
-                f"(SELECT over the views {', '.join(VIEWS)})"
-            )
+    return statements
+
+
+def _tokens(text: str) -> list[tuple[int, str]]:
+    """(offset, text) of each of DuckDB's tokens of `text`."""
+    starts = [start for start, _ in duckdb.tokenize(text)]
+    ends = [*starts[1:], len(text)]
+    return [(s, text[s:e].strip()) for s, e in zip(starts, ends, strict=True)]
+
+
+def _single(text: str) -> duckdb.Statement | None:
+    """`text` as exactly one statement, else None."""
+    try:
+        statements = duckdb.extract_statements(text)
+    except duckdb.Error:
+        return None
+    return statements[0] if len(statements) == 1 else None
+
+
+def explained(query: str) -> duckdb.Statement | None:
+    """The statement an EXPLAIN runs: after EXPLAIN, an optional ANALYZE and an optional
+    option list `(FORMAT json)`; None when it cannot be told (the caller refuses)."""
+    tokens = _tokens(query)
+    i = 2 if len(tokens) > 1 and tokens[1][1].upper() in _ANALYZE else 1
+    if i >= len(tokens):
+        return None
+    inner = _single(query[tokens[i][0] :])
+    if inner is not None or tokens[i][1] != "(":
+        return inner
+    depth = 0
+    for j in range(i, len(tokens) - 1):  # skip the option list, then parse what follows
+        depth += tokens[j][1].count("(") - tokens[j][1].count(")")
+        if depth == 0:
+            return _single(query[tokens[j + 1][0] :])
+    return None
+
+
+def _check_pragma(query: str) -> None:
+    """Only a read-only PRAGMA, and never an assignment (`PRAGMA x = y` sets a setting)."""
+    tokens = [text for _, text in _tokens(query)]
+    name = tokens[1].lower() if len(tokens) > 1 else ""
+    if name not in _READ_PRAGMAS or "=" in tokens:
+        raise _refused(f"PRAGMA {name}".strip())
+
+
+def check_read_only(query: str) -> None:
+    """Raise ReadOnlyError unless `query` is one statement that only reads: a SELECT (SHOW,
+    DESCRIBE, SUMMARIZE, FROM ... included), an EXPLAIN [ANALYZE] of one, or a catalog PRAGMA.
+    EXPLAIN ANALYZE runs its statement, so that statement is what is checked."""
+    statements = _parse(query)
+    if len(statements) > 1:
+        raise ReadOnlyError(
+            f"refused {len(statements)} statements: one statement at a time "
+            "(the SQL entry points are read-only)"
+        )
+    statement = statements[0]
+    kind = statement.type.name
+    if kind == "PRAGMA":
+        _check_pragma(statement.query)
+    elif kind == "EXPLAIN":
+        inner = explained(statement.query)
+        if inner is None or inner.type.name != "SELECT":
+            raise _refused(f"EXPLAIN {inner.type.name if inner else '?'}")
+    elif kind != "SELECT":
+        raise _refused(kind)
 
 
 class Store:
     """The trace store under `home`: compacts the spool on open, then serves the views.
 
     Compacting on open skips when another process is compacting (the views read the lake plus
-    the spool exactly once either way); `compact()` waits for it. A query whose spool files
-    another process compacted away meanwhile runs again over fresh views (when it fails at bind
-    time, see `LiveViews`).
+    the spool exactly once either way); `compact()` waits for it. The connection's configuration
+    is locked once the views exist, and a query whose spool files another process compacted
+    away meanwhile runs again over fresh views (when it fails at bind time, see `LiveViews`).
 
     store = Store()                                  # $TRACEGYM_HOME or ./.tracegym
     store.sql("SELECT tool, count(*) FROM tool_calls GROUP BY tool").show()
@@ -59,6 +125,7 @@ class Store:
             else None
         )
         self._views = LiveViews(self.con, self.home)
+        self.con.execute("SET lock_configuration = true")  # no PRAGMA/SET can loosen it now
 
     def compact(self, *, wait: bool = True) -> CompactionReport:
         """Move complete spool files into the lake, then refresh the views. `wait`: queue
