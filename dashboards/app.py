@@ -1,7 +1,9 @@
 """The dashboard's web app (Starlette): routes, templates, static files.
 
-Handlers are plain (sync) functions: Starlette runs them in its thread pool, and the DuckDB
-connections serialise their own queries. Templates autoescape everything they print.
+Handlers are plain (sync) functions: Starlette runs them in its thread pool (anyio's, 40
+threads), and the DuckDB connections serialise their own queries. The SQL box holds at most a
+few of those threads (it answers 503 beyond its small queue), and `/healthz` is async, so it
+never needs one. Templates autoescape everything they print.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from starlette.responses import FileResponse, HTMLResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from tracegym.dashboards import pages
-from tracegym.dashboards.db import Database, SqlBox
+from tracegym.dashboards.db import Database, SqlBox, SqlBoxBusy
 from tracegym.dashboards.findings import FindingsModel
 from tracegym.dashboards.queries import RunFilters
 from tracegym.dashboards.security import Guard
@@ -70,12 +72,20 @@ def _templates() -> Environment:
     return env
 
 
-def create_app(home: str | Path, *, token: str | None = None, loopback: bool = True) -> Starlette:
-    """The dashboard over `home`. `loopback`: only accept Host headers naming loopback."""
+def create_app(
+    home: str | Path,
+    *,
+    token: str | None = None,
+    loopback: bool = True,
+    sql_timeout_s: float = 20.0,
+    sql_waiting: int = 3,
+) -> Starlette:
+    """The dashboard over `home`. `loopback`: only accept Host headers naming loopback.
+    `sql_timeout_s`, `sql_waiting`: the SQL box's time limit and queue (see `SqlBox`)."""
     home = Path(home)
     db = Database(home)
     ctx = pages.Context(home=home, db=db, findings=FindingsModel(db))
-    sql_box = SqlBox(home)
+    sql_box = SqlBox(home, timeout_s=sql_timeout_s, waiting=sql_waiting)
     templates = _templates()
     has_charts = plotly_js() is not None
 
@@ -115,6 +125,8 @@ def create_app(home: str | Path, *, token: str | None = None, loopback: bool = T
         if sql.strip():
             try:
                 data["sql_result"] = sql_box.run(sql)
+            except SqlBoxBusy as exc:  # refused before any page query
+                return PlainTextResponse(str(exc), 503, headers={"retry-after": "10"})
             except ReadOnlyError as exc:
                 data["sql_error"], status = str(exc), 400
             except ValueError as exc:
@@ -157,7 +169,8 @@ def create_app(home: str | Path, *, token: str | None = None, loopback: bool = T
             path, media_type="text/javascript", headers={"cache-control": "public, max-age=86400"}
         )
 
-    def health(request: Request) -> Response:
+    async def health(request: Request) -> Response:
+        """Async: answered on the event loop, whatever the thread pool is busy with."""
         return PlainTextResponse("ok")
 
     routes = [

@@ -9,11 +9,15 @@ safe to share between threads, and every query already uses all cores.
 
 Another process may compact the spool at any time: a query whose spool files vanished under it
 (an IO error) runs again over freshly listed views, and the views never count a spool file
-and its parts both (see store/views.py).
+and its parts both (see store/views.py). The SQL box has a connection of its own, with half the
+cores, one query running and a few waiting: the rest are refused at once (`SqlBoxBusy`, HTTP
+503), and its time limit counts from when its query starts, so it can neither starve the pages
+nor hold more than a few of the server's threads.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -42,12 +46,20 @@ class Result:
         return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
 
 
-def _sandboxed(home: Path, memory_limit: str | None) -> duckdb.DuckDBPyConnection:
+class SqlBoxBusy(RuntimeError):
+    """The SQL box's queue is full (or its turn did not come in time): try again later."""
+
+
+def _sandboxed(
+    home: Path, memory_limit: str | None, threads: int | None
+) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
     allowed = [str(lake_dir(home)) + "/", str(spool_dir(home)) + "/"]
     con.execute("SET allowed_directories = $dirs", {"dirs": allowed})
     if memory_limit:
         con.execute("SET memory_limit = $limit", {"limit": memory_limit})
+    if threads:
+        con.execute("SET threads = $n", {"n": threads})
     con.execute("SET parquet_metadata_cache = true")  # re-read when a file changes
     con.execute("SET enable_external_access = false")
     con.execute("SET autoinstall_known_extensions = false")
@@ -59,10 +71,12 @@ def _sandboxed(home: Path, memory_limit: str | None) -> duckdb.DuckDBPyConnectio
 class Database:
     """A locked, sandboxed connection over the store's views; `query` takes parameters only."""
 
-    def __init__(self, home: Path, memory_limit: str | None = None) -> None:
+    def __init__(
+        self, home: Path, memory_limit: str | None = None, threads: int | None = None
+    ) -> None:
         self.home = Path(home)
         self._lock = threading.Lock()
-        self._con = _sandboxed(self.home, memory_limit)
+        self._con = _sandboxed(self.home, memory_limit, threads)
         self._views = LiveViews(self._con, self.home)
         self._refreshed = time.monotonic()
 
@@ -73,13 +87,31 @@ class Database:
             self._refreshed = time.monotonic()
 
     def query(
-        self, sql: str, params: dict[str, Any] | Sequence[Any] | None = None, cap: int | None = None
+        self,
+        sql: str,
+        params: dict[str, Any] | Sequence[Any] | None = None,
+        cap: int | None = None,
+        *,
+        timeout_s: float | None = None,
+        wait_s: float | None = None,
     ) -> Result:
-        """Run one parameterised query; trace content only ever travels as a parameter."""
-        with self._lock:
+        """Run one parameterised query; trace content only ever travels as a parameter.
+
+        `timeout_s` interrupts the query that long after it starts (not after it queued);
+        `wait_s` bounds the wait for the connection (SqlBoxBusy when it runs out)."""
+        if not self._lock.acquire(timeout=-1 if wait_s is None else wait_s):
+            raise SqlBoxBusy(f"busy: no turn within {wait_s:g} s, try again")
+        timer = threading.Timer(timeout_s, self._con.interrupt) if timeout_s else None
+        try:
             self._refresh()
+            if timer:
+                timer.start()
             # Spool files compacted away by another process: list them again, run it again.
             return self._views.run(lambda: self._fetch(sql, params, cap))
+        finally:
+            if timer:
+                timer.cancel()
+            self._lock.release()
 
     def _fetch(
         self, sql: str, params: dict[str, Any] | Sequence[Any] | None, cap: int | None
@@ -118,27 +150,43 @@ def check_single_select(sql: str) -> None:
 
 
 class SqlBox:
-    """The SQL box's own connection: one SELECT at a time, capped rows, a time limit."""
+    """The SQL box's own connection: one SELECT at a time, capped rows, a time limit from the
+    query's start, and at most `waiting` more queued (each for a bounded time)."""
 
-    def __init__(self, home: Path, max_rows: int = 500, timeout_s: float = 20.0) -> None:
-        self.db = Database(home, memory_limit="2GB")
+    def __init__(
+        self,
+        home: Path,
+        max_rows: int = 500,
+        timeout_s: float = 20.0,
+        waiting: int = 3,
+        threads: int | None = None,
+    ) -> None:
+        threads = threads or max(1, (os.cpu_count() or 2) // 2)  # the other half: the pages
+        self.db = Database(home, memory_limit="2GB", threads=threads)
         self.max_rows = max_rows
         self.timeout_s = timeout_s
+        self.waiting = waiting
+        self._slots = threading.BoundedSemaphore(1 + waiting)
 
     def run(self, sql: str) -> Result:
-        """Raises ReadOnlyError for anything but one SELECT, ValueError for bad SQL."""
+        """Raises ReadOnlyError for anything but one SELECT, ValueError for bad SQL, SqlBoxBusy
+        when one query runs and `waiting` more wait already (or its turn does not come)."""
         check_single_select(sql)
-        timer = threading.Timer(self.timeout_s, self.db.interrupt)
-        timer.start()
+        if not self._slots.acquire(blocking=False):
+            raise SqlBoxBusy(
+                f"the SQL box is busy (1 query running, {self.waiting} waiting): try again"
+            )
         try:
-            return self.db.query(sql, cap=self.max_rows)
+            # Fair turns would take at most `waiting` limits; the lock is not fair, so bound it.
+            wait_s = self.timeout_s * (self.waiting + 1)
+            return self.db.query(sql, cap=self.max_rows, timeout_s=self.timeout_s, wait_s=wait_s)
         except duckdb.InterruptException:
-            raise ValueError(f"query stopped after {self.timeout_s:.0f} s") from None
+            raise ValueError(f"query stopped after {self.timeout_s:g} s") from None
         except duckdb.Error as exc:
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             raise ValueError(message) from None
         finally:
-            timer.cancel()
+            self._slots.release()
 
     def close(self) -> None:
         self.db.close()
