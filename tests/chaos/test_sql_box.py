@@ -95,7 +95,7 @@ class Server:
     """The dashboard on 127.0.0.1, a free port, in a thread."""
 
     def __init__(self, home: Path) -> None:
-        app = create_app(home, sql_timeout_s=2.0, sql_waiting=1)
+        app = create_app(home, sql_timeout_s=1.5, sql_waiting=1)
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
