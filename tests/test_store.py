@@ -262,6 +262,9 @@ def test_writes_are_refused(tmp_path: Path, query: str):
 
 
 def test_reads_are_allowed_and_bad_sql_is_a_clear_error(tmp_path: Path):
-    check_read_only("SELECT * FROM spans; EXPLAIN SELECT 1")
+    check_read_only("SELECT * FROM spans")
+    check_read_only("EXPLAIN SELECT 1")
+    with pytest.raises(ReadOnlyError, match="one statement"):
+        check_read_only("SELECT * FROM spans; EXPLAIN SELECT 1")
     with pytest.raises(ValueError, match="cannot parse SQL"):
         check_read_only("SELEC nonsense")
