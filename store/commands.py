@@ -158,6 +158,9 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         target = existing_home(home_of(ctx, home), fail)
         store = _open_store(target, fail)
         report = store.last_compaction
+        if report is not None and report.busy:  # opening skips a running one: queue behind it
+            typer.echo("another process is compacting this store: waiting for it", err=True)
+            report = store.compact(wait=True)
         typer.echo(
             f"compacted {report.files} spool files, {report.spans} spans, {report.parts} parts"
             f" under {target}; {len(report.skipped_live)} files still being written"
@@ -170,7 +173,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             str,
             typer.Argument(
                 metavar="FORMAT",
-                help="tau-bench, tau2-bench, whowhen, swe-agent, openai-chat or otlp-json.",
+                help="tau-bench, tau2-bench, whowhen, agentracer, swe-agent, openai-chat or "
+                "otlp-json.",
             ),
         ],
         path: Annotated[Path, typer.Argument(help="A file or a folder of files.")],

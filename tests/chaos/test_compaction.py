@@ -142,3 +142,26 @@ def test_staging_folders_are_unique_and_crash_leftovers_are_cleared(tmp_path: Pa
     lake.compact(tmp_path)
     assert not list((lake.lake_dir(tmp_path) / lake.STAGING_DIR).iterdir())
     assert_lake_exact(tmp_path, total)
+
+
+def test_the_compact_command_waits_for_a_running_compaction(tmp_path: Path):
+    import threading
+
+    total = write_spool(tmp_path, files=3, spans_per_file=100)
+    locked, release = threading.Event(), threading.Event()
+
+    def nightly() -> None:
+        with lake.compaction_lock(tmp_path):
+            locked.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=nightly)
+    holder.start()
+    locked.wait(5)
+    threading.Timer(0.5, release.set).start()
+    result = CliRunner().invoke(cli, ["--home", str(tmp_path), "compact"])
+    holder.join(5)
+    assert result.exit_code == 0, result.output
+    assert "waiting" in result.output  # said why it did not return at once
+    assert "compacted 3 spool files" in result.output  # not "compacted 0" while it was busy
+    assert_lake_exact(tmp_path, total)
