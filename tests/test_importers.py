@@ -827,6 +827,49 @@ def test_whowhen_fixture_and_missing_fields(tmp_path: Path) -> None:
             whowhen.convert(path, path.read_bytes())
 
 
+def test_whowhen_hand_crafted_half_reads_is_corrected_and_is_a_failure_by_default(
+    tmp_path: Path,
+) -> None:
+    """The Magentic-One half spells the outcome `is_corrected`; a log saying neither fails."""
+    history = [
+        {"content": "Plan: look it up.", "role": "Orchestrator (thought)"},
+        {"content": "I found 3.", "role": "WebSurfer"},
+    ]
+    base = {
+        "question": "How many?",
+        "history": history,
+        "mistake_agent": "WebSurfer",
+        "mistake_step": "1",
+    }
+    for extra, success in (({"is_corrected": True}, True), ({}, False)):
+        path = tmp_path / "1.json"
+        path.write_text(json.dumps({**base, **extra}))
+        records = whowhen.convert(path, path.read_bytes())
+        (outcome,) = _outcomes(records)
+        assert outcome["attributes"][sc.OUTCOME_SUCCESS] is success
+        assert _spans(records)[0]["name"] == "invoke_agent Magentic-One"
+    path.write_text(json.dumps({**base, "is_corrected": "yes"}))
+    with pytest.raises(ImportFormatError, match="is_corrected should be"):
+        whowhen.convert(path, path.read_bytes())
+
+
+def test_agentracer_is_a_registered_format(tmp_path: Path) -> None:
+    step = {"step": 0, "name": "Engineer", "role": "assistant", "content": "def f(): return 1"}
+    run = {
+        "question_ID": "q1",
+        "question": "Write f.",
+        "ground_truth": "def f(): ...",
+        "history": repr([step]),  # a Python literal, as the source writes it
+        "mistake_agent": "Engineer",
+        "mistake_step": "0",
+        "mistake_reason": "wrong",
+    }
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps([run]))
+    report = import_path("agentracer", path, tmp_path / "home")
+    assert (report.runs, report.files) == (1, 1)
+
+
 # Any JSON at all: an ImportFormatError or records, never another exception -------------------
 
 _json_values = st.recursive(

@@ -32,6 +32,7 @@ FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
     "tau-bench": ("tracegym.store.importers.tau", (".json",)),
     "tau2-bench": ("tracegym.store.importers.tau", (".json",)),
     "whowhen": ("tracegym.store.importers.whowhen", (".json",)),
+    "agentracer": ("tracegym.store.importers.agentracer", (".json",)),
     "swe-agent": ("tracegym.store.importers.swe_agent", (".traj", ".json")),
     "openai-chat": ("tracegym.store.importers.openai_chat", (".json", ".jsonl")),
     "otlp-json": ("tracegym.store.importers.otlp_json", (".json", ".jsonl")),

@@ -2,15 +2,19 @@
 
 One file is one multi-agent run: `{is_correct, question, question_ID, level, ground_truth,
 history[{content, role, name}], mistake_agent, mistake_step, mistake_reason, system_prompt}`.
+The Hand-Crafted half (Magentic-One) spells the outcome `is_corrected`; either is read.
 
-- root: `invoke_agent CaptainAgent` (the orchestrator the Algorithm-Generated half ran), input =
+- root: `invoke_agent CaptainAgent` (the orchestrator the Algorithm-Generated half ran), or
+  `invoke_agent Magentic-One` when an `Orchestrator...` speaks in the history (the Hand-Crafted
+  half), so the two systems keep apart where attribution learns a system's boilerplate; input =
   the question;
 - history entry `j` -> a child `invoke_agent {name}` span with `gen_ai.agent.name = name` (the
   speaking agent, kept as written: `Computer_terminal` included), `tracegym.step.index = j`,
   output = the content;
-- outcome: success = `is_correct`, labels `{mistake_agent, mistake_step, mistake_step_index,
-  mistake_reason, ground_truth}`; the span at `mistake_step` (0-based, as in the source) carries
-  `tracegym.label.*` attributes.
+- outcome: success = `is_correct` (or `is_corrected`); every Who&When log is a failure by
+  construction, so a file that says neither is a failure; labels `{mistake_agent,
+  mistake_step, mistake_step_index, mistake_reason, ground_truth}`; the span at
+  `mistake_step` (0-based, as in the source) carries `tracegym.label.*` attributes.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from tracegym.store.importers.chat import (
 from tracegym.tracer import semconv as sc
 
 ORCHESTRATOR = "CaptainAgent"
+MAGENTIC_ONE = "Magentic-One"  # the Hand-Crafted half's system: its lead is "Orchestrator (...)"
+OUTCOME_FIELDS = ("is_correct", "is_corrected")
 
 
 def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict[str, Any]]:
@@ -60,9 +66,12 @@ def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict
             raise ImportFormatError(path, "missing field 'content'", record=f"history {j}")
     if "question" not in doc:
         raise ImportFormatError(path, "missing field 'question'", record="run")
-    correct = doc.get("is_correct")
+    field = next((f for f in OUTCOME_FIELDS if doc.get(f) is not None), OUTCOME_FIELDS[0])
+    correct = doc.get(field)
     if correct is not None and not isinstance(correct, bool):
-        raise ImportFormatError(path, "is_correct should be true or false", record="run")
+        raise ImportFormatError(path, f"{field} should be true or false", record="run")
+    if correct is None:
+        correct = False  # a Who&When log is a failure by construction
     return guarded(path, "run", _run, doc, history, correct, path.stem)
 
 
@@ -75,12 +84,20 @@ def _mistake_index(value: Any, steps: int) -> int | None:
     return None
 
 
+def _system(history: list[Any]) -> str:
+    """The root agent: Magentic-One where its Orchestrator speaks, else CaptainAgent."""
+    for entry in history:
+        if str(entry.get("name") or entry.get("role") or "").startswith("Orchestrator"):
+            return MAGENTIC_ONE
+    return ORCHESTRATOR
+
+
 def _run(
     doc: Mapping[str, Any], history: list[Any], correct: bool | None, stem: str
 ) -> list[dict[str, Any]]:
     key = keyed("whowhen", doc, {})
     question_id = doc.get("question_ID")
-    run = Run("whowhen", key, f"whowhen/{question_id or 'run'}/{key[:8]}", ORCHESTRATOR)
+    run = Run("whowhen", key, f"whowhen/{question_id or 'run'}/{key[:8]}", _system(history))
     start = synthetic_start(key)
     times = boundaries(len(history), start)
     for j, entry in enumerate(history):
@@ -138,12 +155,11 @@ def _run(
                 }
             ]
         )
-    if correct is not None or has_labels:
-        run.outcome(
-            success=correct,
-            reward=None,
-            source="whowhen",
-            labels=labels if has_labels else None,
-            labelled=has_labels,
-        )
+    run.outcome(  # every file has one: its own, else a failure
+        success=correct,
+        reward=None,
+        source="whowhen",
+        labels=labels if has_labels else None,
+        labelled=has_labels,
+    )
     return run.records
