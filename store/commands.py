@@ -214,6 +214,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 else ""
             )
         )
+        for skipped, reason in report.skipped:
+            typer.echo(f"skipped {skipped}: {reason}")
 
     @app.command()
     def collect(

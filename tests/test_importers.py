@@ -611,6 +611,73 @@ def test_swe_agent_missing_action(tmp_path: Path) -> None:
         swe_agent.convert(path, path.read_bytes())
 
 
+def test_swe_agent_folder_skips_a_demonstration_and_names_it(tmp_path: Path) -> None:
+    folder = tmp_path / "trajs"
+    folder.mkdir()
+    (folder / "a__a-1.traj").write_text(json.dumps(_swe_traj()))
+    (folder / "b__b-2.traj").write_text(json.dumps(_swe_traj(resolved=False)))
+    demo = _swe_traj()
+    del demo["trajectory"]  # a demonstration: the chat history only
+    (folder / "demo.traj").write_text(json.dumps(demo))
+    home = tmp_path / "home"
+    report = import_path("swe-agent", folder, home)
+    assert report.files == 2 and report.runs == 2
+    assert [(p.name, "'trajectory'" in why) for p, why in report.skipped] == [("demo.traj", True)]
+    assert Store(home).sql("select count(*) from traces").fetchall() == [(2,)]
+    # a real format error still imports nothing
+    broken = _swe_traj()
+    del broken["trajectory"][0]["action"]
+    (folder / "c__c-3.traj").write_text(json.dumps(broken))
+    with pytest.raises(ImportFormatError, match="c__c-3"):
+        import_path("swe-agent", folder, tmp_path / "other")
+    assert not (tmp_path / "other" / "imports").exists()
+
+
+def test_swe_agent_cli_names_the_skipped_file(tmp_path: Path) -> None:
+    from tracegym.cli import app
+    from typer.testing import CliRunner
+
+    demo = _swe_traj()
+    del demo["trajectory"]
+    (tmp_path / "demo.traj").write_text(json.dumps(demo))
+    (tmp_path / "x__x-1.traj").write_text(json.dumps(_swe_traj()))
+    result = CliRunner().invoke(app, ["--home", str(tmp_path / "h"), "import", "swe-agent",
+                                      str(tmp_path)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "imported 1 runs" in result.output
+    assert f"skipped {tmp_path / 'demo.traj'}: a demonstration" in result.output
+
+
+@pytest.mark.parametrize(
+    ("observation", "error"),
+    [
+        ('Traceback (most recent call last):\n  File "x.py", line 1\nNameError: name', True),
+        ("Your proposed edit has introduced new syntax error(s). Please read this", True),
+        ("E999 IndentationError\nThis is how your edit would have looked: syntax errors", True),
+        ("make: *** [all] Error 2\ncommand exited with code 2", True),
+        ("Exit code: 1", True),
+        ("Exit code: 0", False),
+        ("File updated. Please review the changes.", False),
+        ("242:    raise ValueError('no traceback here')", False),
+    ],
+)
+def test_swe_agent_error_observations_fail_their_span(
+    tmp_path: Path, observation: str, error: bool
+) -> None:
+    doc = _swe_traj()
+    doc["trajectory"][2]["observation"] = observation
+    path = tmp_path / "x.traj"
+    path.write_text(json.dumps(doc))
+    spans = _spans(swe_agent.convert(path, path.read_bytes()))
+    edit = next(s for s in spans if s["name"] == "execute_tool edit")
+    assert (edit["status"] == "ERROR") is error
+    assert (edit["attributes"].get(sc.ERROR_TYPE) is not None) is error
+    others = [s for s in spans if s["name"].startswith("execute_tool ") and s is not edit]
+    assert all(s["status"] != "ERROR" for s in others)
+    if error:
+        assert edit["status_message"] and edit["status_message"] in observation
+
+
 # openai-chat ---------------------------------------------------------------------------------
 
 

@@ -5,7 +5,9 @@ Each format is a module with one function,
     convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict]
 
 returning spool records (`tracegym.store.records.span_record` / `outcome_record`) for one
-source file, or raising `ImportFormatError` that names the file and the record. The driver
+source file, or raising `ImportFormatError` that names the file and the record (`SkipFile`, a
+kind of it, for a file that is of the format but holds no run: the driver imports the others and
+reports it with the reason). The driver
 here converts every file first and writes nothing if any fails (nothing half-imported); input
 nested deeper than Python can recurse (a few KB of `[[[...]]]`), or too big for memory, is such
 a format error too, whichever importer meets it (`_convert`). Each
@@ -49,6 +51,15 @@ class ImportFormatError(ValueError):
         self.record = record
 
 
+class SkipFile(ImportFormatError):
+    """The file is of the format but holds no run (e.g. a SWE-agent demonstration): the driver
+    imports the other files and reports this one, with the reason, in `ImportReport.skipped`."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        super().__init__(path, reason)
+        self.reason = reason
+
+
 @dataclass
 class ImportReport:
     format: str
@@ -57,6 +68,7 @@ class ImportReport:
     spans: int = 0
     repeated_runs: int = 0  # runs another file had already brought in
     already_imported: list[Path] = field(default_factory=list)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # (file, why it holds no run)
     spool_files: list[Path] = field(default_factory=list)
 
 
@@ -152,7 +164,11 @@ def import_path(
         if (registry / digest).exists():
             report.already_imported.append(file)
             continue
-        records = _convert(convert, file, data, kwargs)
+        try:
+            records = _convert(convert, file, data, kwargs)
+        except SkipFile as skip:
+            report.skipped.append((file, skip.reason))
+            continue
         runs = {r["trace_id"] for r in records if r["name"] != OUTCOME}
         repeated = runs & known
         if repeated:

@@ -11,18 +11,26 @@ SWE-agent does not know whether its patch resolves the issue, so there is no out
 `info` says so (`info.resolved`, true or false), or `labels=` names a SWE-bench evaluation report
 (`{"resolved_ids": [...], "unresolved_ids": [...]}`, or `{instance_id: {"resolved": bool}}`).
 The instance id is the file name without `.traj`.
+
+A demonstration file (SWE-agent's `demos/`: a `history` of chat messages and no `trajectory`)
+holds no run: it is skipped with that reason (`SkipFile`), and the folder's other files import.
+An observation that reports an error (a Python traceback, the linter's "syntax error(s)", a
+non-zero exit code) marks its `execute_tool` span as failed: status ERROR, `error.type`
+`ToolError`, the status message the observation's telling line.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tracegym.store.importers import ImportFormatError, load_json
+from tracegym.store.importers import ImportFormatError, SkipFile, load_json
 from tracegym.store.importers.chat import (
     STEP_NS,
+    TOOL_ERROR_TYPE,
     Run,
     as_text,
     content_text,
@@ -37,6 +45,27 @@ from tracegym.tracer import semconv as sc
 
 AGENT = "swe-agent"
 
+# Observations that say the action failed; the first matching line is the status message.
+_ERROR_LINE = re.compile(
+    r"Traceback \(most recent call last\)"
+    r"|\bsyntax error(?:s|\(s\))?\b"
+    r"|\b(?:exit(?:ed)?|return)(?: with)? (?:code|status)[:= ]+(?:[1-9]\d*|-\d+)\b",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+def observation_error(observation: str | None) -> str | None:
+    """The line of an observation that reports an error (traceback, syntax error(s), a non-zero
+    exit), or None when it reports none."""
+    if not observation:
+        return None
+    match = _ERROR_LINE.search(observation)
+    if match is None:
+        return None
+    start = observation.rfind("\n", 0, match.start()) + 1
+    end = observation.find("\n", match.end())
+    return observation[start : end if end >= 0 else len(observation)].strip()[:200]
+
 
 def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict[str, Any]]:
     """One SWE-agent trajectory file -> spool records."""
@@ -46,6 +75,8 @@ def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict
             path, f"expected a SWE-agent trajectory object, got {describe(doc)}{hint(doc)}"
         )
     trajectory = doc.get("trajectory")
+    if trajectory is None and isinstance(doc.get("history"), list):
+        raise SkipFile(path, "a demonstration (a 'history' and no 'trajectory'): holds no run")
     if not isinstance(trajectory, list):
         problem = "missing field 'trajectory'" if trajectory is None else "bad 'trajectory'"
         raise ImportFormatError(path, f"{problem}{hint(doc)}")
@@ -192,6 +223,7 @@ def _run(
             parent=step_id,
         )
         if action.strip():
+            error = observation_error(observation)
             run.add(
                 ("tool", i),
                 f"{sc.OP_TOOL} {tool}",
@@ -203,8 +235,11 @@ def _run(
                     sc.TOOL_NAME: tool,
                     sc.TOOL_ARGUMENTS: action,
                     sc.TOOL_RESULT: observation,
+                    **({sc.ERROR_TYPE: TOOL_ERROR_TYPE} if error else {}),
                 },
                 parent=step_id,
+                status="ERROR" if error else "UNSET",
+                status_message=error,
             )
         previous = observation
         cursor = tool_end
