@@ -287,3 +287,24 @@ def test_redaction_can_be_turned_off(home):
     raw = spool_bytes(home)
     assert all(secret.encode() in raw for secret in SECRETS.values())
     assert receiver.stats()["redacted_spans"] == 0
+
+
+def test_the_whole_secret_corpus_is_redacted_on_the_receiver_path(receiver, home):
+    """The tracer's corpus (gitleaks/detect-secrets shapes) sent over OTLP: none reach disk."""
+    from tests.chaos.secret_corpus import INNOCENT
+    from tests.chaos.secret_corpus import SECRETS as CORPUS
+
+    spans = [
+        span(f"{i + 1:016x}", attributes=[kv("input.value", {"stringValue": text})])
+        for i, (_, text, _) in enumerate(CORPUS)
+    ]
+    innocent = span("0fffffffffffffff", attributes=[
+        kv(f"note.{i}", {"stringValue": text}) for i, text in enumerate(INNOCENT)
+    ])  # fmt: skip
+    assert post(receiver.url, request_of(*spans, innocent))[0] == 200
+    receiver.stop()
+    raw = spool_bytes(home).decode()
+    leaked = [name for name, _, secret in CORPUS if secret in raw]
+    assert leaked == []
+    # what is not a secret arrives intact (JSON-escaped as the spool writes it)
+    assert all(json.dumps(text)[1:-1] in raw for text in INNOCENT)
