@@ -17,9 +17,14 @@ from tracegym.cli_options import HomeOption, existing_home, table_console
 
 
 def render_gaps(console: Console, document: dict[str, Any]) -> None:
+    """The gaps table, then each gap's paragraph, the causes' folded symptoms and where its
+    member runs are listed (the `gap_runs` view: what the dashboard's run filter shows)."""
+    from tracegym.analysis.gap import Gap
+
     runs = document["runs"]
+    gaps = [Gap.from_dict(g) for g in document["gaps"]]
     console.print(
-        f"[bold]{len(document['gaps'])} capability gaps[/] from {runs['total']} runs "
+        f"[bold]{len(gaps)} capability gaps[/] from {runs['total']} runs "
         f"({runs['failed']} failed, {runs['succeeded']} succeeded): {document['contrast']}"
     )
     table = Table()
@@ -27,17 +32,22 @@ def render_gaps(console: Console, document: dict[str, Any]) -> None:
     for column in ("#", "gap", "coverage", "delta", "stable", "failed", "tools"):
         table.add_column(column, justify="right" if column in numeric else "left")
     resamples = document["thresholds"]["resamples"]
-    for gap in document["gaps"]:
-        delta = "-" if gap["delta"] is None else f"{gap['delta']:.2f}"
+    for gap in gaps:
+        delta = "-" if gap.delta is None else f"{gap.delta:.2f}"
         table.add_row(
-            str(gap["rank"]), escape(gap["name"]), f"{gap['coverage']:.2f}", delta,
-            f"{gap['stability']}/{resamples}", str(gap["failed_runs_lacking"]),
-            escape(", ".join(gap["tools"][:3])),
+            str(gap.rank), escape(gap.name), f"{gap.coverage:.2f}", delta,
+            f"{gap.stability}/{resamples}", str(gap.failed_runs_lacking),
+            escape(", ".join(gap.tools[:3])),
         )  # fmt: skip
     console.print(table)
-    for gap in document["gaps"]:
-        console.print(f"[bold]{gap['rank']}. {escape(gap['name'])}[/] ({gap['id']})")
-        console.print(f"   {escape(gap['description'])}", highlight=False)
+    for gap in gaps:
+        console.print(f"[bold]{gap.rank}. {escape(gap.name)}[/] ({gap.id})")
+        console.print(f"   {escape(gap.description)}", highlight=False)
+        console.print(
+            f"   [dim]{len(gap.members)} member runs: SELECT * FROM gap_runs "
+            f"WHERE gap_id = '{gap.id}'[/]",
+            highlight=False,
+        )
     for name, error in document.get("detector_errors", {}).items():
         console.print(f"[yellow]detector {escape(name)} failed and was skipped:[/] "
                       f"{escape(error)}")  # fmt: skip

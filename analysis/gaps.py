@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from tracegym.analysis.detectors.base import Finding
+from tracegym.analysis.gap import Gap, GapMember, GapRequest, Symptom
 from tracegym.analysis.runs import Run
 from tracegym.analysis.signatures import mask
 
@@ -217,36 +218,55 @@ def _successful_behaviour(tools: Sequence[str], successes: Sequence[Run]) -> str
     return "; ".join(parts)
 
 
+def _member(f: Finding, run: Run) -> GapMember:
+    return GapMember(trace_id=f.trace_id, run_id=run.run_id, step=f.step_index,
+                     position=f.position, agent=f.agent, span_ids=tuple(f.span_ids),
+                     evidence=f.message)  # fmt: skip
+
+
+def members(c: Candidate, runs: Mapping[str, Run]) -> list[GapMember]:
+    """Every failed run of the candidate at its decisive step: the earliest of the candidate's
+    findings in the run (trace id order)."""
+    first: dict[str, Finding] = {}
+    for f in c.findings:
+        run = runs.get(f.trace_id)
+        if run is None or not run.failed or f.trace_id not in c.lacking:
+            continue
+        known = first.get(f.trace_id)
+        at = f.position if f.position is not None else 1 << 30
+        if known is None or at < (known.position if known.position is not None else 1 << 30):
+            first[f.trace_id] = f
+    return [_member(first[t], runs[t]) for t in sorted(first)]
+
+
+def dominant_detector(c: Candidate) -> str:
+    """The candidate's detector; a cluster's is the most frequent among its findings."""
+    if c.detector:
+        return c.detector
+    counts = Counter(f.detector for f in c.findings)
+    return max(counts, key=lambda d: (counts[d], d)) if counts else "cluster"
+
+
 def describe(s: Scored, name: str, runs: Mapping[str, Run], successes: Sequence[Run],
-             detector_text: Mapping[str, str]) -> dict[str, Any]:  # fmt: skip
-    """The gap's JSON record: stats, evidence, and a paragraph a person can check."""
+             detector_text: Mapping[str, str], rank: int = 0,
+             symptoms: Sequence[Symptom] = ()) -> Gap:  # fmt: skip
+    """The gap: stats, every member run, and a paragraph a person can check."""
     c = s.candidate
     tools = _tools(c, runs)
     patterns = _argument_patterns(c, runs)
     instead = _successful_behaviour(tools, successes)
     first = sorted(c.findings, key=lambda f: (f.trace_id, f.position or 0))
-    seen: set[str] = set()
-    examples = []
-    for f in first:
-        run = runs.get(f.trace_id)
-        if f.trace_id in seen or run is None or not run.failed:
-            continue
-        seen.add(f.trace_id)
-        examples.append({"trace_id": f.trace_id, "run_id": run.run_id, "step": f.step_index,
-                         "position": f.position, "agent": f.agent, "span_ids": list(f.span_ids),
-                         "evidence": f.message})  # fmt: skip
-        if len(examples) == 5:
-            break
+    listed = members(c, runs)
     # the users' words, where findings kept them (unserved_request): synthesis reuses them
-    requests: list[dict[str, Any]] = []
+    requests: list[GapRequest] = []
     for f in first:
         text = f.details.get("request")
-        if isinstance(text, str) and text and all(r["text"] != text for r in requests):
-            requests.append({"text": text, "first_call": f.details.get("first_call")})
+        if isinstance(text, str) and text and all(r.text != text for r in requests):
+            call = f.details.get("first_call")
+            requests.append(GapRequest(text, call if isinstance(call, Mapping) else None))
         if len(requests) == 12:
             break
-    dominant = c.detector or next(iter(Counter(f.detector for f in c.findings).most_common(1)),
-                                  ("", 0))[0]  # fmt: skip
+    dominant = dominant_detector(c)
     what = detector_text.get(dominant, "") or "a recurring failure pattern"
     if c.kind == "cluster":
         what = f"failures whose signatures read alike, mostly: {what}"
@@ -255,31 +275,46 @@ def describe(s: Scored, name: str, runs: Mapping[str, Run], successes: Sequence[
         if s.delta is not None
         else "(there are no successful runs to contrast with)"
     )
+    folded = (
+        "Folded in, as what follows it in the same runs: "
+        + ", ".join(f"{x.name} ({x.shared}/{x.failed_runs} runs)" for x in symptoms)
+        + ". "
+        if symptoms
+        else ""
+    )
     text = (
         f"{what[0].upper()}{what[1:]}. Seen in {s.failed_lacking} failed runs "
         f"(coverage {s.coverage:.2f}) {contrast}, stable in {s.stability} of the bootstrap "
         f"resamples. "
         + (f"Tools involved: {', '.join(tools)}. " if tools else "")
         + (f"Typical calls: {'; '.join(patterns)}. " if patterns else "")
-        + (f"Evidence, e.g.: {examples[0]['evidence'].rstrip('.')}. " if examples else "")
-        + (f"What successful runs do instead: {instead}." if instead else "")
+        + (f"Evidence, e.g.: {listed[0].evidence.rstrip('.')}. " if listed else "")
+        + (f"What successful runs do instead: {instead}. " if instead else "")
+        + folded
     ).strip()
-    return {
-        "id": "gap-" + hashlib.sha256(c.key.encode()).hexdigest()[:10],
-        "name": name,
-        "key": c.key,
-        "kind": c.kind,
-        "detector": c.detector,
-        "description": text,
-        "coverage": round(s.coverage, 4),
-        "delta": None if s.delta is None else round(s.delta, 4),
-        "stability": s.stability,
-        "failed_runs_lacking": s.failed_lacking,
-        "successful_runs_lacking": s.succeeded_lacking,
-        "tools": tools,
-        "argument_patterns": patterns,
-        "examples": examples,
-        "requests": requests,
-        "successful_behaviour": instead,
-        "signatures": c.signatures[:3],
-    }
+    return Gap(
+        id=gap_id(c.key),
+        name=name,
+        key=c.key,
+        kind=c.kind,
+        detector=dominant,
+        description=text,
+        rank=rank,
+        coverage=round(s.coverage, 4),
+        delta=None if s.delta is None else round(s.delta, 4),
+        stability=s.stability,
+        failed_runs_lacking=s.failed_lacking,
+        successful_runs_lacking=s.succeeded_lacking,
+        tools=tuple(tools),
+        argument_patterns=tuple(patterns),
+        members=tuple(listed),
+        requests=tuple(requests),
+        successful_behaviour=instead,
+        signatures=tuple(c.signatures[:3]),
+        symptoms=tuple(symptoms),
+    )
+
+
+def gap_id(key: str) -> str:
+    """Stable across analyses: a hash of the candidate's key."""
+    return "gap-" + hashlib.sha256(key.encode()).hexdigest()[:10]

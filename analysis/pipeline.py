@@ -17,6 +17,7 @@ import numpy as np
 from tracegym.analysis.clustering import assign, cluster
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.embeddings import Embedder
+from tracegym.analysis.gap import Gap
 from tracegym.analysis.gaps import (
     Candidate,
     Scored,
@@ -42,7 +43,7 @@ class Analysis:
     runs: list[Run]
     findings: dict[str, list[Finding]]
     scored: list[Scored]
-    gaps: list[dict[str, Any]]
+    gaps: list[Gap]
     thresholds: Thresholds
     detector_errors: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -75,7 +76,7 @@ class Analysis:
                      "unknown": len(self.runs) - len(self.failed) - len(self.succeeded)},
             "contrast": self.contrast,
             "thresholds": vars(self.thresholds),
-            "gaps": self.gaps,
+            "gaps": [g.to_dict() for g in self.gaps],
             "rejected": [{"key": s.candidate.key, "kind": s.candidate.kind,
                           "coverage": round(s.coverage, 4),
                           "delta": None if s.delta is None else round(s.delta, 4),
@@ -202,9 +203,7 @@ def analyze(
         while name in names:
             name += "_2"
         names.add(name)
-        gap = describe(s, name, by_trace, successes, detector_text)
-        gap["rank"] = rank
-        gaps.append(gap)
+        gaps.append(describe(s, name, by_trace, successes, detector_text, rank))
     timings["score"] = time.perf_counter() - clock
     result = Analysis(runs, findings, scored, gaps, t, errors, timings,
                       embedded=embedder.computed - before)  # fmt: skip

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tracegym.analysis.gap import Gap, GapError
 from tracegym.training.adapters import adapters_dir
 
 GAPS_FILE = "gaps.json"
@@ -33,21 +34,32 @@ def gaps_document(home: Path) -> tuple[dict[str, Any], str | None]:
     return data, error
 
 
+def gaps(document: dict[str, Any]) -> tuple[list[Gap], str | None]:
+    """The typed gaps of a gaps.json document; records that are not gaps are left out and
+    named in the note."""
+    out, bad = [], []
+    for record in document.get("gaps") or []:
+        try:
+            out.append(Gap.from_dict(record))
+        except GapError as exc:
+            name = record.get("id") if isinstance(record, dict) else None
+            bad.append(f"{name or '?'} ({exc})")
+    return out, (f"not gaps, left out: {'; '.join(bad)}" if bad else None)
+
+
 def gap_evidence(home: Path) -> dict[str, list[dict[str, Any]]]:
-    """trace id -> the gap examples naming it (with the gap's id, name and detector)."""
+    """trace id -> the gaps listing it among their member runs (each member's decisive step
+    and evidence, with the gap's id, name and detector)."""
     document, _ = gaps_document(home)
     out: dict[str, list[dict[str, Any]]] = {}
-    for gap in document["gaps"]:
-        for example in gap.get("examples") or []:
-            trace_id = example.get("trace_id")
-            if not isinstance(trace_id, str):
-                continue
-            out.setdefault(trace_id, []).append(
+    for gap in gaps(document)[0]:
+        for member in gap.members:
+            out.setdefault(member.trace_id, []).append(
                 {
-                    **example,
-                    "gap_id": gap.get("id"),
-                    "gap_name": gap.get("name"),
-                    "detector": gap.get("detector") or gap.get("kind"),
+                    **member.to_dict(),
+                    "gap_id": gap.id,
+                    "gap_name": gap.name,
+                    "detector": gap.detector,
                 }
             )
     return out

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from tracegym.analysis.gap import Gap, GapError, as_gap
 
 MAX_POINTS = 3000
 DISTANCE = 0.35  # the analysis's default cluster distance (cosine)
@@ -26,7 +29,9 @@ def _key(text: str) -> str:
     return hashlib.sha256(f"{MODEL_NAME}\0{text}".encode()).hexdigest()
 
 
-def cluster_map(home: Path, gaps: list[dict[str, Any]], gaps_mtime: float) -> dict[str, Any]:
+def cluster_map(
+    home: Path, gaps: Sequence[Gap | Mapping[str, Any]], gaps_mtime: float
+) -> dict[str, Any]:
     """{"points": [{x, y, gap}], "gaps": [{id, name, x, y}], "total", "shown", "note"}."""
     path = Path(home) / "cache" / "embeddings.npz"
     if not path.exists():
@@ -37,6 +42,7 @@ def cluster_map(home: Path, gaps: list[dict[str, Any]], gaps_mtime: float) -> di
             "shown": 0,
             "note": "no embedding cache yet: run `tracegym analyze`",
         }
+    gaps = _typed(gaps)
     ident = (str(path), path.stat().st_mtime, gaps_mtime)
     with _lock:
         if ident not in _cache:
@@ -45,7 +51,18 @@ def cluster_map(home: Path, gaps: list[dict[str, Any]], gaps_mtime: float) -> di
         return _cache[ident]
 
 
-def _compute(path: Path, gaps: list[dict[str, Any]]) -> dict[str, Any]:
+def _typed(gaps: Sequence[Gap | Mapping[str, Any]]) -> list[Gap]:
+    """Gaps, or their gaps.json records (those that are not gaps left out)."""
+    out = []
+    for gap in gaps:
+        try:
+            out.append(as_gap(gap))
+        except GapError:
+            continue
+    return out
+
+
+def _compute(path: Path, gaps: Sequence[Gap]) -> dict[str, Any]:
     try:
         import numpy as np
     except ImportError:
@@ -60,7 +77,7 @@ def _compute(path: Path, gaps: list[dict[str, Any]]) -> dict[str, Any]:
         keys = sorted(data.files)
         total = len(keys)
         rng = np.random.default_rng(0)
-        wanted = {_key(s) for g in gaps for s in g.get("signatures") or []}
+        wanted = {_key(s) for g in gaps for s in g.signatures}
         if total > MAX_POINTS:
             picked = set(rng.choice(total, MAX_POINTS, replace=False).tolist())
             keys = [k for i, k in enumerate(keys) if i in picked or k in wanted]
@@ -78,7 +95,7 @@ def _compute(path: Path, gaps: list[dict[str, Any]]) -> dict[str, Any]:
         xy = np.zeros((len(keys), 2))
     centroids, marks = [], []
     for gap in gaps:
-        rows = [index[_key(s)] for s in gap.get("signatures") or [] if _key(s) in index]
+        rows = [index[_key(s)] for s in gap.signatures if _key(s) in index]
         if not rows:
             continue
         centroid = vectors[rows].mean(axis=0)
@@ -87,8 +104,8 @@ def _compute(path: Path, gaps: list[dict[str, Any]]) -> dict[str, Any]:
         first = rows[0]
         marks.append(
             {
-                "id": gap.get("id"),
-                "name": gap.get("name"),
+                "id": gap.id,
+                "name": gap.name,
                 "x": float(xy[first, 0]),
                 "y": float(xy[first, 1]),
             }
@@ -99,7 +116,7 @@ def _compute(path: Path, gaps: list[dict[str, Any]]) -> dict[str, Any]:
         best = similarity.argmax(axis=1)
         for i in range(len(keys)):
             if similarity[i, best[i]] >= 1 - DISTANCE:
-                labels[i] = centroids[best[i]][0].get("id")
+                labels[i] = centroids[best[i]][0].id
     points = [
         {"x": round(float(xy[i, 0]), 4), "y": round(float(xy[i, 1]), 4), "gap": labels[i]}
         for i in range(len(keys))

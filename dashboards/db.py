@@ -56,6 +56,8 @@ def _sandboxed(
     con = duckdb.connect()
     allowed = [str(lake_dir(home)) + "/", str(spool_dir(home)) + "/"]
     con.execute("SET allowed_directories = $dirs", {"dirs": allowed})
+    # the gap_runs view reads gaps.json (that one file, not the rest of the home)
+    con.execute("SET allowed_paths = $paths", {"paths": [str(home / "gaps.json")]})
     if memory_limit:
         con.execute("SET memory_limit = $limit", {"limit": memory_limit})
     if threads:

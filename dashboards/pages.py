@@ -55,12 +55,15 @@ def overview(ctx: Context) -> dict[str, Any]:
     days, tools = summary.rows[0] if summary.rows else ([], [])
     days, tools = days or [], tools or []
     document, gaps_note = artifacts.gaps_document(ctx.home)
+    typed, bad = artifacts.gaps(document)
+    gaps_note = gaps_note or bad
     by_detector: dict[str, dict[str, Any]] = {}
-    for gap in document["gaps"]:
-        name = gap.get("detector") or gap.get("kind") or "?"
-        entry = by_detector.setdefault(name, {"detector": name, "gaps": 0, "failed_runs": 0})
+    for gap in typed:
+        entry = by_detector.setdefault(
+            gap.detector, {"detector": gap.detector, "gaps": 0, "failed_runs": 0}
+        )
         entry["gaps"] += 1
-        entry["failed_runs"] = max(entry["failed_runs"], gap.get("failed_runs_lacking") or 0)
+        entry["failed_runs"] = max(entry["failed_runs"], gap.failed_runs_lacking)
     history = artifacts.nightly_history(ctx.home)
     stored_nights = nightly.dicts()
     totals = {
@@ -92,7 +95,7 @@ def overview(ctx: Context) -> dict[str, Any]:
         "totals": totals,
         "tools": tools,
         "detectors": sorted(by_detector.values(), key=lambda e: -e["failed_runs"]),
-        "gaps": document["gaps"][:5],
+        "gaps": typed[:5],
         "gaps_note": gaps_note,
         "analysed": document.get("runs") or {},
         "generated_at": document.get("generated_at"),
@@ -132,16 +135,11 @@ def finding_options(home: Path) -> tuple[list[dict[str, str]], dict[str, list[st
     document, _ = artifacts.gaps_document(home)
     options, traces = [], {}
     detectors: dict[str, list[str]] = {}
-    for gap in document["gaps"]:
-        ids = [
-            e["trace_id"]
-            for e in gap.get("examples") or []
-            if isinstance(e, dict) and isinstance(e.get("trace_id"), str)
-        ]
-        gap_id = str(gap.get("id"))
-        options.append({"value": gap_id, "label": f"gap: {gap.get('name')}"})
-        traces[gap_id] = ids
-        detectors.setdefault(str(gap.get("detector") or gap.get("kind")), []).extend(ids)
+    for gap in artifacts.gaps(document)[0]:
+        ids = [m.trace_id for m in gap.members]  # every member run, as the gap_runs view
+        options.append({"value": gap.id, "label": f"gap: {gap.name}"})
+        traces[gap.id] = ids
+        detectors.setdefault(gap.detector, []).extend(ids)
     for name, ids in sorted(detectors.items()):
         options.append({"value": name, "label": f"detector: {name}"})
         traces.setdefault(name, sorted(set(ids)))
@@ -277,22 +275,21 @@ def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
 # Gaps -----------------------------------------------------------------------------------------
 def gaps(ctx: Context) -> dict[str, Any]:
     document, note = artifacts.gaps_document(ctx.home)
+    typed, bad = artifacts.gaps(document)
+    note = note or bad
     path = ctx.home / artifacts.GAPS_FILE
     mtime = path.stat().st_mtime if path.exists() else 0.0
-    cluster_map = clusters.cluster_map(ctx.home, document["gaps"], mtime)
-    names = {g.get("id"): g.get("name") for g in document["gaps"]}
+    cluster_map = clusters.cluster_map(ctx.home, typed, mtime)
+    names = {g.id: g.name for g in typed}
     chart = {
         "points": cluster_map["points"],
         "marks": cluster_map["gaps"],
         "names": names,
-        "bars": [
-            {"name": g.get("name"), "coverage": g.get("coverage"), "delta": g.get("delta")}
-            for g in document["gaps"]
-        ],
+        "bars": [{"name": g.name, "coverage": g.coverage, "delta": g.delta} for g in typed],
     }
     return {
         "document": document,
-        "gaps": document["gaps"],
+        "gaps": typed,
         "rejected": document["rejected"],
         "note": note,
         "map_note": cluster_map["note"],

@@ -361,12 +361,14 @@ def build_report(
     minutes: dict[str, float],
 ) -> dict[str, Any]:  # fmt: skip
     """Everything the report says, as data (report.json; the dashboards read it too)."""
+    from tracegym.analysis.gap import Gap
     from tracegym.synthesis import registry
     from tracegym.training import adapters
     from tracegym.training.evaluate import gain_p_value
 
     gaps_file = home / "gaps.json"
-    gaps = json.loads(gaps_file.read_text()).get("gaps", []) if gaps_file.exists() else []
+    records = json.loads(gaps_file.read_text()).get("gaps", []) if gaps_file.exists() else []
+    gaps = [Gap.from_dict(g) for g in records]
     before, after = rate_row(base), rate_row(routed)
     disjoint = after["ci95"][0] > before["ci95"][1] if after.get("ci95") else False
     return {
@@ -376,10 +378,16 @@ def build_report(
         "dev": {"success": rate_row(dev), "by_kind": by_kind(dev)},
         "gaps": [
             {
-                k: g.get(k)
-                for k in ("id", "name", "detector", "coverage", "delta", "stability", "description")
+                "id": g.id,
+                "name": g.name,
+                "detector": g.detector,
+                "coverage": g.coverage,
+                "delta": g.delta,
+                "stability": g.stability,
+                "description": g.description,
+                "runs": len(g.members),
+                "example": g.members[0].to_dict() if g.members else None,
             }
-            | {"example": (g.get("examples") or [None])[0]}
             for g in gaps
         ],
         "environments": [

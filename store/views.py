@@ -29,7 +29,10 @@ T = TypeVar("T")
 # A lake part's file name -> the stem of the spool file it came from (see store/lake.py).
 PART_STEM = r"/part-(.+)-[0-9]+\.parquet$"
 
-VIEWS = ["spans", "traces", "tool_calls", "llm_calls", "memory_ops", "outcomes", "nightly"]
+VIEWS = [
+    "spans", "traces", "tool_calls", "llm_calls", "memory_ops", "outcomes", "nightly", "gap_runs",
+]  # fmt: skip
+GAPS_FILE = "gaps.json"
 
 
 def _literal(text: str) -> str:
@@ -187,6 +190,35 @@ VIEW_SQL = {
 }
 
 
+def gap_runs_sql(home: Path) -> str:
+    """`gap_runs`: one row per member run of each gap in `<home>/gaps.json` (docs/gaps.md),
+    read when queried (a new analysis shows at once). No file, or one that is not JSON, is an
+    empty view of the same columns; gaps.json written before `members` existed lists its
+    `examples`. The path is a quoted literal: `read_text` takes no parameters in a view."""
+    path = _literal(str(Path(home) / GAPS_FILE))
+    return f"""
+        WITH doc AS (SELECT TRY_CAST(content AS JSON) AS doc FROM read_text({path})),
+        gaps AS (
+            SELECT unnest(from_json(coalesce(doc->'gaps', '[]'), '["JSON"]')) AS gap FROM doc
+        ),
+        members AS (
+            SELECT gap, unnest(from_json(coalesce(gap->'members', gap->'examples', '[]'),
+                                         '["JSON"]')) AS member
+            FROM gaps
+        )
+        SELECT gap->>'id' AS gap_id, gap->>'name' AS gap_name,
+               TRY_CAST(gap->>'rank' AS INTEGER) AS rank, gap->>'detector' AS detector,
+               gap->>'kind' AS kind,
+               member->>'trace_id' AS trace_id, member->>'run_id' AS run_id,
+               TRY_CAST(member->>'step' AS BIGINT) AS step,
+               TRY_CAST(member->>'position' AS BIGINT) AS position,
+               member->>'agent' AS agent,
+               from_json(coalesce(member->'span_ids', '[]'), '["VARCHAR"]') AS span_ids,
+               member->>'evidence' AS evidence
+        FROM members
+    """
+
+
 def register_views(con: duckdb.DuckDBPyConnection, home: Path) -> list[Path]:
     """(Re)create the views over `home` on `con`; returns the spool files they read."""
     home = Path(home)
@@ -202,6 +234,7 @@ def register_views(con: duckdb.DuckDBPyConnection, home: Path) -> list[Path]:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS {body}")
     for name in ["outcomes", "traces", "tool_calls", "llm_calls", "memory_ops", "nightly"]:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEW_SQL[name]}")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW gap_runs AS {gap_runs_sql(home)}")
     return pending
 
 

@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracegym.analysis import detector_names as dn
+from tracegym.analysis.gap import Gap, GapError, as_gap
 from tracegym.analysis.tool_kinds import is_read_tool
 from tracegym.synthesis.base import Action, Environment, Task, contains_token
 from tracegym.synthesis.conventions import Conventions
@@ -166,7 +168,7 @@ class ChainEnvironment(Environment):
 
     # Spec construction ---------------------------------------------------------------------
     @classmethod
-    def requirements(cls, roles: Roles, catalog: Catalog, gap: Mapping[str, Any]) -> None:
+    def requirements(cls, roles: Roles, catalog: Catalog, gap: Gap) -> None:
         """Raise NotSynthesizable when the roles cannot express this family's tasks."""
         if roles.lookup is None:
             raise NotSynthesizable(
@@ -175,11 +177,11 @@ class ChainEnvironment(Environment):
             )
 
     @classmethod
-    def choose_action(cls, gap: Mapping[str, Any], catalog: Catalog) -> tuple[str, list[str], str]:
+    def choose_action(cls, gap: Gap, catalog: Catalog) -> tuple[str, list[str], str]:
         """The write tool the tasks ask for, other gap tools to keep callable, and a note on
         the choice: the gap's own write tool when it fits, else the most used one that does."""
-        tools = [t for t in gap.get("tools", []) if t in catalog.tools]
-        for pattern in gap.get("argument_patterns", []):
+        tools = [t for t in gap.tools if t in catalog.tools]
+        for pattern in gap.argument_patterns:
             name = pattern.split("(", 1)[0].strip()
             if name in catalog.tools and name not in tools:
                 tools.append(name)
@@ -210,12 +212,12 @@ class ChainEnvironment(Environment):
 
     @classmethod
     def build_spec(
-        cls, gap: Mapping[str, Any], catalog: Catalog, conventions: Conventions | None = None
+        cls, gap: Gap, catalog: Catalog, conventions: Conventions | None = None
     ) -> EnvironmentSpec:
         action, extra_tools, note = cls.choose_action(gap, catalog)
         roles = infer_roles(catalog, action, extra_tools=extra_tools)
         cls.requirements(roles, catalog, gap)
-        gap_id = str(gap.get("id") or "gap-custom")
+        gap_id = gap.id
         env_id = f"{cls.family}-{gap_id.removeprefix('gap-')}"
         used = {
             n
@@ -233,7 +235,7 @@ class ChainEnvironment(Environment):
             env_id=env_id,
             family=cls.family,
             entry_point=f"{cls.__module__}:{cls.__name__}",
-            gap=gap_summary(gap),
+            gap=gap.summary(),
             catalog=catalog.subset(used),
             roles=roles.to_dict(),
             description=f"{cls.capability} Action: {action}; lookup: {roles.lookup}"
@@ -552,12 +554,6 @@ class ChainEnvironment(Environment):
         )
 
 
-def gap_summary(gap: Mapping[str, Any]) -> dict[str, Any]:
-    """What a spec keeps of its gap."""
-    keys = ("id", "name", "key", "detector", "kind", "description", "coverage", "delta")
-    return {k: gap.get(k) for k in keys}
-
-
 def _answer(name: str) -> bool:
     from tracegym.analysis.tool_kinds import is_answer_tool
 
@@ -568,7 +564,7 @@ def _answer(name: str) -> bool:
 class ToolOrderEnv(ChainEnvironment):
     family = "tool_order"
     capability = "Call the prerequisite tool the successful runs always call first, then act."
-    detectors = ("wrong_tool_order",)
+    detectors = (dn.WRONG_TOOL_ORDER,)
 
     def default_knobs(self) -> dict[str, Any]:
         # two records, one of which must be left alone: calling every tool cannot pass
@@ -590,8 +586,8 @@ class ToolOrderEnv(ChainEnvironment):
         ]
 
     @classmethod
-    def pair(cls, gap: Mapping[str, Any]) -> tuple[str, str] | None:
-        key = str(gap.get("key", ""))
+    def pair(cls, key: str) -> tuple[str, str] | None:
+        """The (before, after) tools of a `wrong_tool_order:before>after` key."""
         detail = key.split(":", 1)[1] if ":" in key else key
         if ">" in detail:
             before, after = (s.strip() for s in detail.split(">", 1))
@@ -599,10 +595,10 @@ class ToolOrderEnv(ChainEnvironment):
         return None
 
     @classmethod
-    def choose_action(cls, gap: Mapping[str, Any], catalog: Catalog) -> tuple[str, list[str], str]:
-        pair = cls.pair(gap)
+    def choose_action(cls, gap: Gap, catalog: Catalog) -> tuple[str, list[str], str]:
+        pair = cls.pair(gap.key)
         if pair and pair[1] in catalog.tools and not catalog.tools[pair[1]].read:
-            tools = [t for t in gap.get("tools", []) if t in catalog.tools]
+            tools = [t for t in gap.tools if t in catalog.tools]
             tools += [t for t in pair if t in catalog.tools and t not in tools]
             return pair[1], tools, f"{pair[1]}: the action of the mined rule {pair[0]} > {pair[1]}"
         action, tools, note = super().choose_action(gap, catalog)
@@ -611,9 +607,9 @@ class ToolOrderEnv(ChainEnvironment):
         return action, tools, note
 
     @classmethod
-    def requirements(cls, roles: Roles, catalog: Catalog, gap: Mapping[str, Any]) -> None:
+    def requirements(cls, roles: Roles, catalog: Catalog, gap: Gap) -> None:
         super().requirements(roles, catalog, gap)
-        pair = cls.pair(gap)
+        pair = cls.pair(gap.key)
         if pair:
             missing = [t for t in pair if t not in catalog.tools]
             if missing:
@@ -624,7 +620,7 @@ class ToolOrderEnv(ChainEnvironment):
     def _prereq(self) -> tuple[str, str]:
         """The (before, after) pair the verifier enforces: the gap's mined rule when both tools
         are in this world, else lookup before action."""
-        pair = ToolOrderEnv.pair(self.spec.gap) if self.spec else None
+        pair = ToolOrderEnv.pair(str(self.spec.gap.get("key") or "")) if self.spec else None
         if pair and all(t in self.world.schemas for t in pair) and pair[0] != pair[1]:
             return pair
         return (self.roles.lookup or "", self.roles.action)
@@ -723,7 +719,7 @@ class ToolOrderEnv(ChainEnvironment):
 class GroundingEnv(ChainEnvironment):
     family = "grounding"
     capability = "Resolve ids and values through lookups instead of guessing them."
-    detectors = ("ungrounded_argument", "wrong_assumption")
+    detectors = (dn.UNGROUNDED_ARGUMENT, "wrong_assumption")
 
     def default_knobs(self) -> dict[str, Any]:
         return {"targets": 1, "distractors": 2, "slack": 8}
@@ -736,7 +732,7 @@ class GroundingEnv(ChainEnvironment):
         ]
 
     @classmethod
-    def requirements(cls, roles: Roles, catalog: Catalog, gap: Mapping[str, Any]) -> None:
+    def requirements(cls, roles: Roles, catalog: Catalog, gap: Gap) -> None:
         super().requirements(roles, catalog, gap)
         if not roles.owner and not any(s["source"] == "lookup" for s in roles.extras.values()):
             raise NotSynthesizable(
@@ -786,7 +782,7 @@ class GroundingEnv(ChainEnvironment):
 class MemoryHygieneEnv(ChainEnvironment):
     family = "memory_hygiene"
     capability = "Re-check a note written from an errored or stale source before acting on it."
-    detectors = ("poisoned_memory",)
+    detectors = (dn.POISONED_MEMORY,)
     memory = True
 
     def default_knobs(self) -> dict[str, Any]:
@@ -919,7 +915,7 @@ class MemoryHygieneEnv(ChainEnvironment):
 class BudgetEnv(ChainEnvironment):
     family = "budget"
     capability = "Finish the main request within the step budget; side requests come last."
-    detectors = ("budget_waste", "budget_burn")
+    detectors = (dn.BUDGET_WASTE, "budget_burn")
 
     def default_knobs(self) -> dict[str, Any]:
         return {"targets": 2, "distractors": 2, "slack": 1}
@@ -995,7 +991,7 @@ class BudgetEnv(ChainEnvironment):
 class VerifyBeforeFinishEnv(ChainEnvironment):
     family = "verify_before_finish"
     capability = "Check that a write took effect (and redo it if not) before finishing."
-    detectors = ("premature_finish", "unverified_finish")
+    detectors = (dn.PREMATURE_FINISH, "unverified_finish")
     needs_status = True
 
     def __init__(self, spec: EnvironmentSpec, **knobs: Any) -> None:
@@ -1059,7 +1055,7 @@ class VerifyBeforeFinishEnv(ChainEnvironment):
 class ExactArgumentsEnv(ChainEnvironment):
     family = "exact_arguments"
     capability = "Pass ids, amounts and lists exactly in the format the tool expects."
-    detectors = ("invalid_invocation",)
+    detectors = (dn.INVALID_INVOCATION,)
     strict_formats = True
 
     def default_knobs(self) -> dict[str, Any]:
@@ -1073,7 +1069,7 @@ class ExactArgumentsEnv(ChainEnvironment):
         ]
 
     @classmethod
-    def requirements(cls, roles: Roles, catalog: Catalog, gap: Mapping[str, Any]) -> None:
+    def requirements(cls, roles: Roles, catalog: Catalog, gap: Gap) -> None:
         schema = catalog.tools[roles.action]
         exact = [
             a
@@ -1140,13 +1136,13 @@ class RequestedActionEnv(Environment):
 
     Unlike the chain families it needs no recorded call of the action: the tool's definition
     comes from the agent's conventions (`gen_ai.tool.definitions`), the wording of the request
-    from the users' own requests (`gap["requests"]`, see `synthesis.wording`), the record from
+    from the users' own requests (`Gap.requests`, see `synthesis.wording`), the record from
     the recorded result of the agent's opening call.
     """
 
     family = "requested_action"
     capability = "Do what the user asked for: call the tool that performs it."
-    detectors = ("unserved_request",)
+    detectors = (dn.UNSERVED_REQUEST,)
 
     def __init__(self, spec: EnvironmentSpec, **knobs: Any) -> None:
         super().__init__(spec, **knobs)
@@ -1168,11 +1164,11 @@ class RequestedActionEnv(Environment):
     # Spec construction ---------------------------------------------------------------------
     @classmethod
     def build_spec(
-        cls, gap: Mapping[str, Any], catalog: Catalog, conventions: Conventions | None = None
+        cls, gap: Gap, catalog: Catalog, conventions: Conventions | None = None
     ) -> EnvironmentSpec:
         conv = conventions or Conventions()
-        key = str(gap.get("key", ""))
-        if not key.startswith("unserved_request:"):
+        key = gap.key
+        if not key.startswith(f"{dn.UNSERVED_REQUEST}:"):
             raise NotSynthesizable(
                 "the gap is not about one tool (its per-tool unserved_request gaps are)"
             )
@@ -1192,10 +1188,8 @@ class RequestedActionEnv(Environment):
             raise NotSynthesizable(f"{action}'s definition is unknown (not recorded, never called)")
         params = definition.get("function", definition).get("parameters") or {}
         required = list(params.get("required") or list(params.get("properties") or {}))
-        requests = [r for r in gap.get("requests", []) or [] if isinstance(r, Mapping)]
-        firsts = Counter(
-            (r.get("first_call") or {}).get("tool") for r in requests if r.get("first_call")
-        )
+        requests = gap.requests
+        firsts = Counter(r.first_call.get("tool") for r in requests if r.first_call)
         opening = conv.opening[0] if conv.opening else (firsts.most_common(1) or [(None, 0)])[0][0]
         if not opening or opening not in catalog.tools:
             raise NotSynthesizable(
@@ -1225,11 +1219,11 @@ class RequestedActionEnv(Environment):
             )
         said = []
         for r in requests:
-            call = r.get("first_call") or {}
+            call = r.first_call or {}
             value = (
                 (call.get("arguments") or {}).get(key_arg) if call.get("tool") == opening else None
             )
-            said.append((str(r.get("text", "")), value if isinstance(value, str) else None))
+            said.append((r.text, value if isinstance(value, str) else None))
         try:
             wording = learn_wording(said)
         except WordingError as exc:
@@ -1241,13 +1235,13 @@ class RequestedActionEnv(Environment):
                 f"the requests vary in {wording.value_slots} place(s) but {action} takes "
                 f"{len(user_args)} value(s) from the user ({', '.join(user_args) or 'none'})"
             )
-        gap_id = str(gap.get("id") or "gap-custom")
+        gap_id = gap.id
         tools = [opening] + [t for t in catalog.tools if t != opening]
         spec = EnvironmentSpec(
             env_id=f"{cls.family}-{gap_id.removeprefix('gap-')}",
             family=cls.family,
             entry_point=f"{cls.__module__}:{cls.__name__}",
-            gap=gap_summary(gap),
+            gap=gap.summary(),
             catalog=catalog.subset(tools),
             roles={"action": action, "lookup": opening},
             description=f"{cls.capability} Action: {action}; the record from {opening}.",
@@ -1361,33 +1355,26 @@ DETECTOR_FAMILY: dict[str, str] = {
 }
 
 
-def gap_detector(gap: Mapping[str, Any]) -> str | None:
-    """The detector behind a gap: its own field, else the key's prefix, else the dominant
-    detector of its failure signatures (clusters)."""
-    detector = gap.get("detector")
-    if detector:
-        return str(detector)
-    key = str(gap.get("key", ""))
-    prefix = key.split(":", 1)[0]
-    if prefix in DETECTOR_FAMILY:
-        return prefix
-    if prefix == "detector" and ":" in key:
-        return key.split(":", 1)[1]
-    counts: dict[str, int] = {}
-    for signature in gap.get("signatures", []) or []:
-        for line in str(signature).splitlines():
-            head = line.split(":", 1)[0].strip()
-            if head in DETECTOR_FAMILY:
-                counts[head] = counts.get(head, 0) + 1
-    return max(counts, key=lambda d: (counts[d], d)) if counts else None
+def gap_detector(gap: Gap | Mapping[str, Any]) -> str | None:
+    """The detector behind a gap (a gaps.json record without one: the detector its key or its
+    failure signatures name, see `Gap.from_dict`); None when there is none."""
+    try:
+        return as_gap(gap).detector
+    except GapError:
+        return None
 
 
-def family_for_gap(gap: Mapping[str, Any]) -> type[ChainEnvironment] | type[RequestedActionEnv]:
-    detector = gap_detector(gap)
-    if detector is None:
-        raise NotSynthesizable(
-            "the gap names no detector and its evidence points at none, so no family fits"
-        )
+def _typed(gap: Gap | Mapping[str, Any]) -> Gap:
+    try:
+        return as_gap(gap)
+    except GapError as exc:
+        raise NotSynthesizable(str(exc)) from None
+
+
+def family_for_gap(
+    gap: Gap | Mapping[str, Any],
+) -> type[ChainEnvironment] | type[RequestedActionEnv]:
+    detector = _typed(gap).detector
     family = DETECTOR_FAMILY.get(detector)
     if family is None:
         raise NotSynthesizable(
@@ -1398,11 +1385,12 @@ def family_for_gap(gap: Mapping[str, Any]) -> type[ChainEnvironment] | type[Requ
 
 
 def build_spec(
-    gap: Mapping[str, Any], catalog: Catalog, conventions: Conventions | None = None
+    gap: Gap | Mapping[str, Any], catalog: Catalog, conventions: Conventions | None = None
 ) -> EnvironmentSpec:
-    """The environment spec for `gap` (following the agent's `conventions` when known), or
-    NotSynthesizable with the reason."""
-    return family_for_gap(gap).build_spec(gap, catalog, conventions)
+    """The environment spec for `gap` (a `Gap`, or its gaps.json record), following the
+    agent's `conventions` when known, or NotSynthesizable with the reason."""
+    typed = _typed(gap)
+    return family_for_gap(typed).build_spec(typed, catalog, conventions)
 
 
 __all__ = [

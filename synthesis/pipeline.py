@@ -11,15 +11,16 @@ reported as rejected with the failed checks. Nothing crashes on one bad gap.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracegym.analysis.gap import Gap, GapError
 from tracegym.synthesis.base import Policy
 from tracegym.synthesis.calibrate import calibrate
 from tracegym.synthesis.conventions import Conventions, conventions_from_store
-from tracegym.synthesis.families import build_spec, family_for_gap, gap_detector
+from tracegym.synthesis.families import build_spec, family_for_gap
 from tracegym.synthesis.registry import from_spec, register, unregister
 from tracegym.synthesis.spec import Catalog, catalog_from_patterns, catalog_from_store
 from tracegym.synthesis.validity import check_environment
@@ -32,8 +33,10 @@ class GapsFileError(ValueError):
     """gaps.json is missing or malformed (the message names the file and the problem)."""
 
 
-def load_gaps(path: str | Path) -> list[dict[str, Any]]:
-    """The gaps of a gaps.json document (docs/gaps.md), checked enough to synthesize from."""
+def read_gaps(path: str | Path) -> tuple[list[Gap], list[dict[str, Any]]]:
+    """The gaps of a gaps.json document (docs/gaps.md), and the records that are not gaps
+    (`{"gap_id", "name", "detector", "reason"}`: synthesis reports them, the others go on).
+    GapsFileError when the document itself is unusable."""
     path = Path(path)
     if not path.exists():
         raise GapsFileError(
@@ -62,20 +65,34 @@ def load_gaps(path: str | Path) -> list[dict[str, Any]]:
         raise GapsFileError(
             f"{path}: gaps.json version {version!r} is not supported (expected {GAPS_VERSION})"
         )
-    gaps = document.get("gaps")
-    if not isinstance(gaps, list):
-        raise GapsFileError(f"{path}: 'gaps' must be a list, got {type(gaps).__name__}")
-    for i, gap in enumerate(gaps):
-        if not isinstance(gap, dict):
-            raise GapsFileError(f"{path}: gaps[{i}] must be an object, got {type(gap).__name__}")
-        if not isinstance(gap.get("id"), str) or not gap["id"].strip():
+    records = document.get("gaps")
+    if not isinstance(records, list):
+        raise GapsFileError(f"{path}: 'gaps' must be a list, got {type(records).__name__}")
+    gaps: list[Gap] = []
+    unusable: list[dict[str, Any]] = []
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise GapsFileError(f"{path}: gaps[{i}] must be an object, got {type(record).__name__}")
+        if not isinstance(record.get("id"), str) or not record["id"].strip():
             raise GapsFileError(f"{path}: gaps[{i}] has no 'id' string")
-        if not (gap.get("key") or gap.get("detector")):
-            raise GapsFileError(f"{path}: gaps[{i}] ({gap['id']}) has neither 'key' nor 'detector'")
-        for name in ("tools", "argument_patterns", "examples", "signatures"):
-            if name in gap and not isinstance(gap[name], list):
-                raise GapsFileError(f"{path}: gaps[{i}] ({gap['id']}): '{name}' must be a list")
-    return gaps
+        if not (record.get("key") or record.get("detector")):
+            raise GapsFileError(
+                f"{path}: gaps[{i}] ({record['id']}) has neither 'key' nor 'detector'"
+            )
+        for name in ("tools", "argument_patterns", "examples", "members", "signatures"):
+            if name in record and not isinstance(record[name], list):
+                raise GapsFileError(f"{path}: gaps[{i}] ({record['id']}): '{name}' must be a list")
+        try:
+            gaps.append(Gap.from_dict(record))
+        except GapError as exc:
+            unusable.append({"gap_id": record["id"], "name": record.get("name"),
+                             "detector": None, "reason": str(exc)})  # fmt: skip
+    return gaps, unusable
+
+
+def load_gaps(path: str | Path) -> list[Gap]:
+    """The gaps of a gaps.json document that are usable (see `read_gaps`)."""
+    return read_gaps(path)[0]
 
 
 @dataclass
@@ -92,8 +109,8 @@ class SynthesisReport:
         return asdict(self)
 
 
-def _gap_ref(gap: Mapping[str, Any]) -> dict[str, Any]:
-    return {"gap_id": gap.get("id"), "name": gap.get("name"), "detector": gap_detector(gap)}
+def _gap_ref(gap: Gap) -> dict[str, Any]:
+    return {"gap_id": gap.id, "name": gap.name, "detector": gap.detector}
 
 
 def _store_catalog(home: Path) -> Catalog | None:
@@ -137,8 +154,9 @@ def synthesize(
     """
     home = Path(home)
     gaps_file = Path(gaps_path) if gaps_path is not None else home / "gaps.json"
-    gaps = load_gaps(gaps_file)
+    gaps, unusable = read_gaps(gaps_file)
     report = SynthesisReport(str(home), str(gaps_file))
+    report.not_synthesizable.extend(unusable)
     store_catalog = catalog if catalog is not None else _store_catalog(home)
     report.catalog_source = (
         "given"
@@ -155,7 +173,7 @@ def synthesize(
         try:
             family_for_gap(gap)
             gap_catalog = store_catalog or catalog_from_patterns(
-                gap.get("argument_patterns", []), gap.get("tools", [])
+                list(gap.argument_patterns), list(gap.tools)
             )
             spec = build_spec(gap, gap_catalog, conventions)
         except NotSynthesizable as exc:
@@ -246,4 +264,4 @@ def _name(policy: Any) -> str:
     return getattr(policy, "__name__", None) or type(policy).__name__
 
 
-__all__ = ["GapsFileError", "SynthesisReport", "load_gaps", "synthesize"]
+__all__ = ["GapsFileError", "SynthesisReport", "load_gaps", "read_gaps", "synthesize"]

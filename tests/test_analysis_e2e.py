@@ -48,11 +48,16 @@ def test_demo_flaws_come_back_as_gaps(demo_home: Path):
     truth = json.loads((demo_home / "truth.json").read_text())
     assert len(result.runs) == 120 and len(result.failed) == sum(not r["success"] for r in truth)
     assert result.gaps, "the example agent's flaws should yield at least one gap"
-    known = set(FLAW_DETECTORS.values()) | {"premature_finish", "invalid_invocation", None}
+    known = set(FLAW_DETECTORS.values()) | {"premature_finish", "invalid_invocation"}
+    failed_ids = {r.trace_id for r in result.failed}
     for gap in result.gaps:
-        assert gap["coverage"] >= 0.10 and gap["delta"] >= 0.20 and gap["stability"] >= 8
-        assert gap["detector"] in known
-        assert gap["examples"] and all(e["trace_id"] for e in gap["examples"])
+        assert gap.coverage >= 0.10 and gap.delta >= 0.20 and gap.stability >= 8
+        assert gap.detector in known
+        # every failed run the gap explains is listed, once, at a step of that run
+        assert len(gap.members) == gap.failed_runs_lacking
+        assert len({m.trace_id for m in gap.members}) == len(gap.members)
+        assert {m.trace_id for m in gap.members} <= failed_ids
+        assert all(m.span_ids and m.position is not None for m in gap.members)
     # Nearly every failed run of a flaw has that flaw's detector among its findings (a wrong
     # assumption can hide behind a side task that happened to mention the chosen item).
     by_run = {r.run_id: r for r in result.runs}
@@ -65,7 +70,7 @@ def test_demo_flaws_come_back_as_gaps(demo_home: Path):
     assert len(flawed) >= 30 and sum(found) / len(found) >= 0.9
     # Warm: embeddings come from the cache.
     again = analyze(demo_home)
-    assert again.embedded == 0 and [g["id"] for g in again.gaps] == [g["id"] for g in result.gaps]
+    assert again.embedded == 0 and [g.id for g in again.gaps] == [g.id for g in result.gaps]
 
 
 def test_analyze_json_is_the_gaps_file(demo_home: Path):

@@ -196,5 +196,8 @@ def test_analyze_writes_gaps_json(tmp_path: Path):
     assert gap["key"] == "tool_errors:pay" and gap["name"] == "tool_errors_pay"
     assert gap["coverage"] == 1.0 and gap["delta"] == 1.0 and gap["stability"] == 10
     assert gap["tools"] == ["pay"] and len(gap["examples"]) == 5
+    # every failed run is a member, at its failed call; examples are the first five
+    assert len(gap["members"]) == 20 and gap["examples"] == gap["members"][:5]
+    assert all(m["evidence"] == "pay failed with Declined" for m in gap["members"])
     assert "Tool calls that fail" in gap["description"]
     assert gap["id"].startswith("gap-") and gap["rank"] == 1

@@ -1,0 +1,68 @@
+"""Detector names as constants, and which findings are symptoms rather than causes.
+
+Analysis, synthesis and the dashboard compare detector names; a typo in a string literal there
+fails silently (a gap no family fits). Every built-in detector takes its `name` from here:
+
+    from tracegym.analysis.detector_names import WRONG_TOOL_ORDER  # name = WRONG_TOOL_ORDER
+
+*Symptoms* are behaviours that follow a cause in the same runs: running out of steps, repeating
+a call, spending more calls of a tool than successful runs do (often the retries after an
+error, or calls the task needed). Gap selection (`analysis.gaps.select`) folds a symptom into a
+cause covering the same failed runs instead of ranking it as a gap of its own.
+"""
+
+from __future__ import annotations
+
+UNGROUNDED_ARGUMENT = "ungrounded_argument"
+WRONG_TOOL_ORDER = "wrong_tool_order"
+POISONED_MEMORY = "poisoned_memory"
+BUDGET_WASTE = "budget_waste"
+INVALID_INVOCATION = "invalid_invocation"
+PREMATURE_FINISH = "premature_finish"
+UNSERVED_REQUEST = "unserved_request"
+
+BUILT_IN: tuple[str, ...] = (
+    UNGROUNDED_ARGUMENT,
+    WRONG_TOOL_ORDER,
+    POISONED_MEMORY,
+    BUDGET_WASTE,
+    INVALID_INVOCATION,
+    PREMATURE_FINISH,
+    UNSERVED_REQUEST,
+)
+
+# Finding-key prefixes of symptom kinds (a key is "<detector>:<detail>"): see the module doc.
+SYMPTOM_KEY_PREFIXES: tuple[str, ...] = (
+    f"{BUDGET_WASTE}:",  # out_of_steps, loop:<tool>, tool:<tool>, subtask:<kind>
+    "retry:",
+    "retries:",
+    "apology:",
+    "apologies:",
+)
+# Detectors all of whose findings are symptoms (their whole-kind candidate `detector:<name>`).
+SYMPTOM_DETECTORS: frozenset[str] = frozenset({BUDGET_WASTE, "retry", "retries", "apology",
+                                               "apologies"})  # fmt: skip
+
+
+def is_symptom(key: str, detector: str | None = None) -> bool:
+    """Whether a candidate (a finding key, `detector:<name>`, or a detector) is a symptom kind."""
+    if detector in SYMPTOM_DETECTORS:
+        return True
+    if key.startswith("detector:"):
+        return key.split(":", 1)[1] in SYMPTOM_DETECTORS
+    return key.startswith(SYMPTOM_KEY_PREFIXES)
+
+
+__all__ = [
+    "BUDGET_WASTE",
+    "BUILT_IN",
+    "INVALID_INVOCATION",
+    "POISONED_MEMORY",
+    "PREMATURE_FINISH",
+    "SYMPTOM_DETECTORS",
+    "SYMPTOM_KEY_PREFIXES",
+    "UNGROUNDED_ARGUMENT",
+    "UNSERVED_REQUEST",
+    "WRONG_TOOL_ORDER",
+    "is_symptom",
+]

@@ -1,0 +1,261 @@
+"""`Gap`: the typed contract between analysis (which writes gaps.json) and its readers
+(synthesis, training, the dashboard, the `gap_runs` view). One record of gaps.json's `gaps` list
+(docs/gaps.md) is `Gap.to_dict()`; `Gap.from_dict` reads it back, also from documents written
+before `members` and `symptoms` existed, and raises `GapError` (naming the problem) when a record
+cannot be a gap: no id, or no detector named or derivable from its key or signatures.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("finding", "detector", "cluster")
+EXAMPLES = 5  # gaps.json's `examples`: the first members, kept for older readers
+_HEAD = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class GapError(ValueError):
+    """A gaps.json record that is not a gap (the message says why)."""
+
+
+def _strings(value: Any, name: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise GapError(f"'{name}' must be a list, got {type(value).__name__}")
+    return tuple(str(v) for v in value)
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class GapMember:
+    """One failed run the gap explains, at its decisive step (the candidate's earliest finding
+    in the run)."""
+
+    trace_id: str
+    run_id: str | None = None
+    step: int | None = None  # the source's own step index
+    position: int | None = None  # the step's place in run order
+    agent: str | None = None
+    span_ids: tuple[str, ...] = ()  # the spans that prove it, decisive step first
+    evidence: str = ""  # the finding's sentence
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trace_id": self.trace_id, "run_id": self.run_id, "step": self.step,
+                "position": self.position, "agent": self.agent,
+                "span_ids": list(self.span_ids), "evidence": self.evidence}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GapMember:
+        if not isinstance(data, Mapping) or not isinstance(data.get("trace_id"), str):
+            raise GapError("a member run must be an object with a 'trace_id' string")
+        run_id = data.get("run_id")
+        agent = data.get("agent")
+        return cls(
+            trace_id=data["trace_id"],
+            run_id=str(run_id) if run_id is not None else None,
+            step=_int(data.get("step")),
+            position=_int(data.get("position")),
+            agent=str(agent) if agent is not None else None,
+            span_ids=_strings(data.get("span_ids"), "span_ids"),
+            evidence=str(data.get("evidence") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class GapRequest:
+    """A user's request behind the gap's findings, with the run's first successful call
+    (`{"tool", "arguments"}`), from detectors that keep them (`unserved_request`)."""
+
+    text: str
+    first_call: Mapping[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text,
+                "first_call": dict(self.first_call) if self.first_call else None}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GapRequest:
+        call = data.get("first_call")
+        return cls(str(data.get("text") or ""), dict(call) if isinstance(call, Mapping) else None)
+
+
+@dataclass(frozen=True)
+class Symptom:
+    """A kept candidate folded into this gap: it follows the gap's cause in the same failed
+    runs (see `analysis.gaps.select`)."""
+
+    key: str
+    name: str
+    detector: str
+    failed_runs: int  # failed runs with the symptom
+    shared: int  # of them, runs this gap also explains
+    after: int  # of the shared ones, runs where the symptom's first finding follows the cause's
+    why: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "name": self.name, "detector": self.detector,
+                "failed_runs": self.failed_runs, "shared": self.shared, "after": self.after,
+                "why": self.why}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Symptom:
+        return cls(str(data.get("key") or ""), str(data.get("name") or ""),
+                   str(data.get("detector") or ""), _int(data.get("failed_runs")) or 0,
+                   _int(data.get("shared")) or 0, _int(data.get("after")) or 0,
+                   str(data.get("why") or ""))  # fmt: skip
+
+
+def derive_detector(key: str, kind: str, signatures: Sequence[str]) -> str | None:
+    """The detector behind a record that does not name one: the key's `<detector>:` prefix
+    (`detector:<name>` for a whole kind), else the most frequent detector heading its failure
+    signatures' lines (clusters)."""
+    prefix, _, rest = key.partition(":")
+    if prefix == "detector" and rest:
+        return rest
+    if kind != "cluster" and rest and prefix != "cluster" and _HEAD.match(prefix):
+        return prefix
+    counts: Counter[str] = Counter()
+    for signature in signatures:
+        for line in str(signature).splitlines():
+            head = line.split(":", 1)[0].strip()
+            if ":" in line and head != "around" and _HEAD.match(head):
+                counts[head] += 1
+    return max(counts, key=lambda d: (counts[d], d)) if counts else None
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A capability the failed runs lack (docs/gaps.md has every field's meaning)."""
+
+    id: str
+    name: str
+    key: str
+    kind: str  # one of KINDS
+    detector: str  # the detector whose findings define it (a cluster: its dominant one)
+    description: str = ""
+    rank: int = 0
+    coverage: float = 0.0
+    delta: float | None = None
+    stability: int = 0
+    failed_runs_lacking: int = 0
+    successful_runs_lacking: int = 0
+    tools: tuple[str, ...] = ()
+    argument_patterns: tuple[str, ...] = ()
+    members: tuple[GapMember, ...] = ()  # every failed run it explains, in trace id order
+    requests: tuple[GapRequest, ...] = ()
+    successful_behaviour: str = ""
+    signatures: tuple[str, ...] = ()
+    symptoms: tuple[Symptom, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)  # fields this version does not know
+
+    def __post_init__(self) -> None:
+        if not self.id.strip():
+            raise GapError("a gap needs an 'id'")
+        if not self.detector:
+            raise GapError(
+                "the gap names no detector and its evidence points at none, so no family fits"
+            )
+
+    @property
+    def examples(self) -> tuple[GapMember, ...]:
+        return self.members[:EXAMPLES]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "rank": self.rank,
+            "name": self.name,
+            "key": self.key,
+            "kind": self.kind,
+            "detector": self.detector,
+            "description": self.description,
+            "coverage": self.coverage,
+            "delta": self.delta,
+            "stability": self.stability,
+            "failed_runs_lacking": self.failed_runs_lacking,
+            "successful_runs_lacking": self.successful_runs_lacking,
+            "tools": list(self.tools),
+            "argument_patterns": list(self.argument_patterns),
+            "examples": [m.to_dict() for m in self.examples],
+            "members": [m.to_dict() for m in self.members],
+            "requests": [r.to_dict() for r in self.requests],
+            "successful_behaviour": self.successful_behaviour,
+            "signatures": list(self.signatures),
+            "symptoms": [s.to_dict() for s in self.symptoms],
+            **dict(self.extra),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Gap:
+        """A gap from its gaps.json record. Older records without `members` take their
+        `examples` as members; one without a `detector` takes the one its key or signatures
+        name."""
+        if not isinstance(data, Mapping):
+            raise GapError(f"a gap must be an object, got {type(data).__name__}")
+        gap_id = data.get("id")
+        if not isinstance(gap_id, str) or not gap_id.strip():
+            raise GapError("a gap needs an 'id' string")
+        key = str(data.get("key") or "")
+        kind = str(data.get("kind") or ("cluster" if key.startswith("cluster:") else "finding"))
+        signatures = _strings(data.get("signatures"), "signatures")
+        detector = data.get("detector") or derive_detector(key, kind, signatures)
+        if not key and detector:
+            key = f"detector:{detector}"
+        members = data.get("members")
+        if members is None:
+            members = data.get("examples")
+        if members is not None and not isinstance(members, (list, tuple)):
+            raise GapError(f"'members' must be a list, got {type(members).__name__}")
+        requests = data.get("requests") or []
+        if not isinstance(requests, (list, tuple)):
+            raise GapError(f"'requests' must be a list, got {type(requests).__name__}")
+        delta = data.get("delta")
+        known = {f for f in cls.__dataclass_fields__ if f != "extra"} | {"examples"}
+        return cls(
+            id=gap_id,
+            name=str(data.get("name") or gap_id),
+            key=key,
+            kind=kind,
+            detector=str(detector or ""),
+            description=str(data.get("description") or ""),
+            rank=_int(data.get("rank")) or 0,
+            coverage=float(data.get("coverage") or 0.0),
+            delta=None if delta is None else float(delta),
+            stability=_int(data.get("stability")) or 0,
+            failed_runs_lacking=_int(data.get("failed_runs_lacking")) or 0,
+            successful_runs_lacking=_int(data.get("successful_runs_lacking")) or 0,
+            tools=_strings(data.get("tools"), "tools"),
+            argument_patterns=_strings(data.get("argument_patterns"), "argument_patterns"),
+            members=tuple(GapMember.from_dict(m) for m in members or []),
+            requests=tuple(GapRequest.from_dict(r) for r in requests if isinstance(r, Mapping)),
+            successful_behaviour=str(data.get("successful_behaviour") or ""),
+            signatures=signatures,
+            symptoms=tuple(
+                Symptom.from_dict(s) for s in data.get("symptoms") or [] if isinstance(s, Mapping)
+            ),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """What an environment spec keeps of its gap."""
+        return {"id": self.id, "name": self.name, "key": self.key, "detector": self.detector,
+                "kind": self.kind, "description": self.description, "coverage": self.coverage,
+                "delta": self.delta}  # fmt: skip
+
+
+def as_gap(gap: Gap | Mapping[str, Any]) -> Gap:
+    """`gap` itself, or the Gap its gaps.json record describes (the public entry points of
+    synthesis accept both; everything behind them reads `Gap`)."""
+    return gap if isinstance(gap, Gap) else Gap.from_dict(gap)
+
+
+__all__ = ["EXAMPLES", "KINDS", "Gap", "GapError", "GapMember", "GapRequest", "Symptom",
+           "as_gap", "derive_detector"]  # fmt: skip
