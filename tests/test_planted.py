@@ -1,0 +1,128 @@
+"""The planted-causes generator (tests/fixtures/planted.py): deterministic per seed, a different
+domain per seed, its ground truth true of the traces it writes, and a store analysis reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tracegym.analysis.runs import load_runs
+from tracegym.store.store import Store
+from tracegym.tests.fixtures import planted as pl
+
+
+def _signature(p: pl.PlantedSet) -> list[tuple]:
+    return [(r.run_id, r.kind, r.cause, r.success, r.tools) for r in p.runs]
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[pl.PlantedSet, Path]]:
+    """Seeds that together plant every cause of the catalogue (checked below)."""
+    out = {}
+    for seed in (0, 2, 3, 7, 8, 9):
+        home = tmp_path_factory.mktemp(f"planted{seed}")
+        out[seed] = (pl.generate(home, seed), home)
+    return out
+
+
+def test_deterministic_per_seed(tmp_path: Path, sets):
+    first, _ = sets[3]
+    again = pl.generate(tmp_path / "again", 3)
+    assert _signature(again) == _signature(first)
+    assert again.domain == first.domain
+    # a different seed is a different agent
+    other, _ = sets[7]
+    assert _signature(other) != _signature(first)
+
+
+def test_domains_vary_across_seeds():
+    domains = [pl.plan(seed)[0] for seed in range(12)]
+    assert len({d.name for d in domains}) >= 4
+    assert len({d.read_tool for d in domains}) >= 6
+    assert len({(d.cancel_tool, d.update_tool, d.status_field, d.amount_field)
+                for d in domains}) >= 10  # fmt: skip
+    assert len({tuple(pl.plan(seed)[1]) for seed in range(12)}) >= 6  # different causes too
+
+
+def test_every_cause_is_planted_in_failed_runs_with_a_decisive_span(sets):
+    planted = set()
+    for p, home in sets.values():
+        runs = {r.trace_id: r for r in load_runs(Store(home))}
+        assert len(runs) == len(p.runs) and 60 <= len(runs) <= 130
+        assert sum(r.success is True for r in runs.values()) == len(p.succeeded)
+        assert 2 <= len(p.causes) <= 3 and len(p.noise) >= 5
+        for cause, ids in p.causes.items():
+            planted.add(cause)
+            assert len(ids) >= 8
+            for trace in ids:
+                run = runs[trace]
+                assert run.success is False
+                spans = {s.span_id for s in run.steps}
+                truth = next(r for r in p.runs if r.trace_id == trace)
+                assert truth.decisive_span_id in spans
+        # only task_id and task_kind reach the store: never the cause
+        assert all(set(r.labels) == {"task_id", "task_kind"} for r in runs.values())
+    assert planted == set(pl.CAUSES)
+
+
+def _truth(p: pl.PlantedSet, cause: str) -> list[pl.PlantedRun]:
+    return [r for r in p.runs if r.cause == cause]
+
+
+def test_planted_runs_do_what_their_cause_says(sets):
+    for p, home in sets.values():
+        d = p.domain
+        runs = {r.trace_id: r for r in load_runs(Store(home))}
+        ok = [runs[r.trace_id] for r in p.runs if r.success]
+        for r in _truth(p, pl.WRONG_ORDER):
+            seq = runs[r.trace_id].tool_sequence()
+            write = d.cancel_tool if d.order_tool_kind == pl.CANCEL else d.update_tool
+            assert write in seq and d.read_tool not in seq[: seq.index(write)]
+            failed = [s for s in runs[r.trace_id].tool_calls() if s.tool == write]
+            assert failed[-1].failed
+            decisive = runs[r.trace_id].by_span()[r.decisive_span_id]
+            assert decisive.tool == write
+        # successful runs always read a record before writing it
+        for run in ok:
+            seq = run.tool_sequence()
+            for write in (d.cancel_tool, d.refund_tool, d.update_tool):
+                if write in seq:
+                    assert d.read_tool in seq[: seq.index(write)]
+        for r in _truth(p, pl.UNGROUNDED_ID):
+            run = runs[r.trace_id]
+            step = run.by_span()[r.decisive_span_id]
+            value = str(step.arguments[d.id_arg])
+            earlier = [s for s in run.steps if s.position < step.position and s.operation
+                       in ("execute_tool", "invoke_agent")]  # fmt: skip
+            assert step.tool == d.read_tool and step.failed
+            assert all(value not in (s.output or "") + (s.input or "") for s in earlier)
+        for r in _truth(p, pl.POLICY_FORBIDDEN):
+            step = runs[r.trace_id].by_span()[r.decisive_span_id]
+            assert step.tool in (d.cancel_tool, d.update_tool) and not step.failed
+            record = next(s for s in runs[r.trace_id].tool_calls()
+                          if s.tool == d.read_tool and not s.failed)  # fmt: skip
+            fields = json.loads(record.output)
+            if step.tool == d.cancel_tool:
+                assert fields[d.status_field] in d.blocked
+            else:
+                assert fields[d.flag_field] is True
+        for r in _truth(p, pl.POISONED_MEMORY):
+            step = runs[r.trace_id].by_span()[r.decisive_span_id]
+            assert step.operation == "search_memory" and str(d.wrong_window) in step.output
+            assert step.source_write_span_ids  # the store links it to the writing run
+        for r in _truth(p, pl.NEVER_CALLED):
+            assert d.notify_tool not in runs[r.trace_id].tool_sequence()
+            assert runs[r.trace_id].by_span()[r.decisive_span_id].operation == "chat"
+
+
+def test_analyze_reads_the_store(sets, tmp_path: Path):
+    from tracegym.analysis.pipeline import analyze
+    from tracegym.benchmarks.planted_causes import ExactSignatures, score_seed
+
+    p, home = sets[0]
+    result = analyze(home, embedder=ExactSignatures(), write=False)
+    assert len(result.runs) == len(p.runs) and len(result.failed) == len(p.failed)
+    score = score_seed(p, result, "tuning")
+    assert {c.cause for c in score.causes} == set(p.causes)
+    assert all(0.0 <= c.jaccard <= 1.0 and c.all_failed < 1.0 for c in score.causes)
