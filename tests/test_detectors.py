@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tracegym.analysis.detectors.amounts import WrongAmount
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.budget import BudgetWaste
 from tracegym.analysis.detectors.invalid import InvalidInvocation, infer_schema
@@ -205,11 +206,10 @@ def test_evidence_must_come_before_the_call_and_not_from_the_agent() -> None:
     b.llm("I will use order W-777 and the total 45.25")  # the agent's own words: no evidence
     b.tool("refund", {"order_id": "W-777", "amount": 45.25})
     b.user("yes, W-777, 45.25")  # too late
-    findings = UngroundedArgument().detect(b.build())
-    assert keys(findings) == [
-        "ungrounded_argument:refund.order_id",
-        "ungrounded_argument:refund.amount",
-    ]
+    run = b.build()
+    assert keys(UngroundedArgument().detect(run)) == ["ungrounded_argument:refund.order_id"]
+    # a write's amount is wrong_amount's to judge (with arithmetic), not reported twice
+    assert keys(WrongAmount().detect(run)) == ["wrong_amount:refund.amount"]
 
 
 def test_ids_in_another_format_are_grounded() -> None:
@@ -530,7 +530,8 @@ def test_premature_finish_learns_checks_per_final_action() -> None:
 def test_registry() -> None:
     assert list(DETECTORS) == [
         "ungrounded_argument", "wrong_tool_order", "poisoned_memory", "budget_waste",
-        "invalid_invocation", "premature_finish", "unserved_request"]  # fmt: skip
+        "invalid_invocation", "premature_finish", "unserved_request", "forbidden_action",
+        "missed_action", "wrong_amount", "wrong_list"]  # fmt: skip
     first, second = default_detectors(), default_detectors()
     assert [d.name for d in first] == list(DETECTORS)
     assert all(isinstance(d, Detector) and d.description for d in first)
@@ -706,3 +707,171 @@ def test_without_tool_definitions_the_tools_other_runs_called_are_known():
     detector = UnservedRequest().fit([other, run])
     assert set(detector.tools_) == {"cancel_order"}
     assert keys(detector.detect(run)) == ["unserved_request:cancel_order"]
+
+
+# Preconditions, missed actions, amounts, lists, errors that name the fix (issue 14) ------------
+def ticket_run(
+    ticket: str, status: str, *, act: bool, success: bool = True, tier: str = "basic"
+) -> Run:
+    """A made-up help desk: look a ticket up, then close it (or not). Nothing here is a word any
+    detector knows: the rules must come from the runs."""
+    b = RunBuilder(f"close ticket {ticket}", success=success)
+    b.user(f"Please close ticket {ticket}.")
+    b.tool("fetch_ticket", {"ticket_id": ticket},
+           {"ticket_id": ticket, "state": status, "tier": tier, "age_days": 3})  # fmt: skip
+    if act:
+        b.tool("close_ticket", {"ticket_id": ticket, "note": "closed"}, {"ok": True})
+    b.tool("reply", {"text": "done"}, {"sent": True})
+    return b.build()
+
+
+def ticket_population() -> list[Run]:
+    """Successful runs close open tickets and leave frozen ones alone."""
+    runs = [ticket_run(f"TK-{100 + i}", "open", act=True) for i in range(6)]
+    runs += [ticket_run(f"TK-{200 + i}", "frozen", act=False) for i in range(5)]
+    return runs
+
+
+def test_forbidden_action_learns_the_state_successful_runs_never_act_in() -> None:
+    from tracegym.analysis.detectors.precondition import ForbiddenAction
+
+    detector = ForbiddenAction().fit(ticket_population())
+    [rule] = [r for r in detector.rules_ if r.forbidden]
+    assert (rule.tool, rule.read_tool, rule.path, rule.forbidden) == (
+        "close_ticket", "fetch_ticket", "state", frozenset({"frozen"}))  # fmt: skip
+    bad = ticket_run("TK-900", "frozen", act=True, success=False)
+    [finding] = detector.detect(bad)
+    assert finding.key == "forbidden_action:close_ticket"
+    assert finding.position == 3
+    assert finding.span_ids == (bad.steps[3].span_id, bad.steps[2].span_id)
+    assert finding.details["value"] == "frozen"
+    # an allowed state, and a state no successful run showed, are not flagged
+    assert detector.detect(ticket_run("TK-901", "open", act=True, success=False)) == []
+    assert detector.detect(ticket_run("TK-902", "weird", act=True, success=False)) == []
+
+
+def test_forbidden_action_needs_more_than_chance() -> None:
+    from tracegym.analysis.detectors.precondition import ForbiddenAction
+
+    # 3 acted records all "basic" while 2 of 9 left alone are "gold": (7/9)^3 = 0.47 is chance
+    runs = [ticket_run(f"TK-{i}", "open", act=True) for i in range(3)]
+    runs += [ticket_run(f"TK-{50 + i}", "open", act=False, tier="gold") for i in range(2)]
+    runs += [ticket_run(f"TK-{60 + i}", "open", act=False) for i in range(4)]
+    detector = ForbiddenAction().fit(runs)
+    assert not [r for r in detector.rules_ if r.path == "tier"]
+    # the same record read in many runs counts once: six trials of one frozen ticket are one
+    copies = [ticket_run(f"TK-{i}", "open", act=True) for i in range(6)]
+    copies += [ticket_run("TK-777", "frozen", act=False) for _ in range(6)]
+    assert not [r for r in ForbiddenAction().fit(copies).rules_ if r.forbidden]
+
+
+def test_missed_action_flags_a_state_successful_runs_always_act_on() -> None:
+    from tracegym.analysis.detectors.missed_action import MissedAction
+
+    detector = MissedAction().fit(ticket_population())
+    rules = [(r.tool, r.path, r.value) for r in detector.rules_]
+    assert rules == [("close_ticket", "state", "open")]
+    missed = ticket_run("TK-950", "open", act=False, success=False)
+    [finding] = detector.detect(missed)
+    assert finding.key == "missed_action:close_ticket" and finding.position == 2
+    assert detector.detect(ticket_run("TK-951", "open", act=True, success=False)) == []
+    assert detector.detect(ticket_run("TK-952", "frozen", act=False, success=False)) == []
+
+
+def pay_run(total: str, paid: Any, *, success: bool = True, split: bool = False) -> Run:
+    b = RunBuilder("pay the bill", success=success)
+    b.user("Please pay my bill, half on each card." if split else "Please pay my bill.")
+    b.tool("fetch_bill", {"bill_id": "BL-7"}, {"bill_id": "BL-7", "total": total, "fee": 2.5})
+    b.tool("pay_bill", {"bill_id": "BL-7", "amount": paid}, {"ok": True})
+    return b.build()
+
+
+def test_wrong_amount_accepts_arithmetic_and_formatting_and_flags_the_rest() -> None:
+    detector = WrongAmount()
+    assert detector.detect(pay_run("1,000.00", 1000)) == []  # formatting
+    assert detector.detect(pay_run("$1,000.00", "1000.00")) == []
+    assert detector.detect(pay_run("1000.00", 1002.5)) == []  # total + fee
+    assert detector.detect(pay_run("1000.00", 500.0, split=True)) == []  # a split in two
+    assert detector.detect(pay_run("99.99", 33.33)) == []  # a split in three, to the cent
+    [finding] = detector.detect(pay_run("1000.00", 950.0, success=False))
+    assert finding.key == "wrong_amount:pay_bill.amount" and finding.position == 3
+    assert finding.span_ids[1] == finding.span_ids[0].rsplit(".", 1)[0] + ".2"  # the bill
+
+
+def test_ungrounded_accepts_separators_and_derived_numbers() -> None:
+    b = RunBuilder("book a trip")
+    b.user("I want a one-way ticket, Business class, fare FR-1.")
+    b.tool("search_flights", {"trip_type": "one_way", "cabin": "business class"})
+    b.tool("fetch_fare", {"fare": "FR-1"}, {"base": 120.5, "tax": 30.25})
+    b.tool("calculate_total", {"amount": 150.75})  # a read, computing on base + tax
+    assert UngroundedArgument().detect(b.build()) == []
+    b.tool("calculate_total", {"amount": 177.5})  # no arithmetic on what it saw gives this
+    assert keys(UngroundedArgument().detect(b.build())) == [
+        "ungrounded_argument:calculate_total.amount"
+    ]
+    b = RunBuilder("book a trip")
+    b.user("I want a round trip.")
+    b.tool("search_flights", {"trip_type": "one_way"})
+    assert keys(UngroundedArgument().detect(b.build())) == [
+        "ungrounded_argument:search_flights.trip_type"
+    ]
+
+
+def order_items_run(picked: list[str], *, success: bool = True, named: str = "") -> Run:
+    b = RunBuilder("return items", success=success)
+    b.user(f"I want to return some items. {named}")
+    b.tool("fetch_order", {"order_id": "OR-1"},
+           {"order_id": "OR-1", "items": [{"item_id": "IT-11"}, {"item_id": "IT-12"}]})  # fmt: skip
+    b.tool("fetch_order", {"order_id": "OR-2"},
+           {"order_id": "OR-2", "items": [{"item_id": "IT-21"}, {"item_id": "IT-22"}]})  # fmt: skip
+    b.tool("return_items", {"order_id": "OR-1", "item_ids": picked}, {"ok": True})
+    return b.build()
+
+
+def test_wrong_list_flags_a_list_mixing_records() -> None:
+    from tracegym.analysis.detectors.list_args import WrongListArgument
+
+    good = [order_items_run(["IT-11"]), order_items_run(["IT-12"]),
+            order_items_run(["IT-11", "IT-12"]), order_items_run(["IT-21", "IT-22"]),
+            order_items_run(["IT-22"])]  # fmt: skip
+    detector = WrongListArgument().fit(good)
+    assert detector.rules_ == {("return_items", "item_ids"): "subset"}
+    [finding] = detector.detect(order_items_run(["IT-11", "IT-22"], success=False))
+    assert finding.key == "wrong_list:return_items.item_ids" and finding.position == 4
+    # what the user named is never wrong
+    named = order_items_run(["IT-11", "IT-22"], success=False, named="IT-11 and IT-22 please")
+    assert detector.detect(named) == []
+    assert detector.detect(order_items_run(["IT-12"], success=False)) == []
+
+
+def seat_run(*, lookup: bool, success: bool) -> Run:
+    b = RunBuilder("change my seat", success=success)
+    b.user("Move me to seat 14C on booking BK-31.")
+    if lookup:
+        b.tool("get_booking", {"booking_id": "BK-31"}, {"booking_id": "BK-31", "seat": "3A"})
+        b.tool("change_seat", {"booking_id": "BK-31", "seat": "14C"}, {"ok": True})
+    else:
+        error = "Error: unknown booking state; call get_booking first"
+        b.tool("change_seat", {"booking_id": "BK-31", "seat": "14C"}, error, error="ToolError")
+    b.llm("Sorry, I could not change your seat.")
+    return b.build()
+
+
+def test_an_error_that_names_the_fix_is_a_wrong_order_not_an_invalid_call() -> None:
+    runs = [seat_run(lookup=True, success=True) for _ in range(2)]  # too few to mine a rule
+    runs += [seat_run(lookup=False, success=False) for _ in range(3)]
+    order = WrongToolOrder().fit(runs)
+    assert order.rules_ == []
+    bad = runs[-1]
+    [finding] = order.detect(bad)
+    assert finding.key == "wrong_tool_order:get_booking>change_seat"
+    assert finding.position == 2 and finding.confidence >= 0.9
+    assert finding.details["error_names_fix"] and "get_booking first" in finding.message
+    assert InvalidInvocation().fit(runs).detect(bad) == []  # the error is the symptom
+    assert order.detect(runs[0]) == []
+    # an error naming a tool without a word of order is no fix
+    b = RunBuilder("x", success=False)
+    b.tool("change_seat", {"booking_id": "BK-1"}, "Error: get_booking timed out", error="E")
+    assert WrongToolOrder().fit(runs).detect(b.build()) == []
+    invalid = InvalidInvocation().fit(runs).detect(b.build())
+    assert keys(invalid) == ["invalid_invocation:change_seat"]

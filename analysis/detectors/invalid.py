@@ -18,6 +18,10 @@
 - ``invalid_invocation:<tool>.<arg>``: an argument the schema does not know ("unknown_argument"),
   a required one missing ("missing_argument") or one of another type ("wrong_type").
 
+An error whose text names a tool to call first that the run had not called (`tool_order.
+named_prerequisites`: "call get_booking first") is left to `WrongToolOrder`: the error is the
+symptom, the missing step the cause.
+
 The decisive step is the first such call; later ones with the same key follow in `span_ids`.
 """
 
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracegym.analysis.detectors.base import Detector, Finding
+from tracegym.analysis.detectors.tool_order import named_prerequisites
 from tracegym.analysis.features import is_tool, step_ref
 from tracegym.analysis.runs import Run, Step, json_type, parse_json
 
@@ -119,11 +124,19 @@ class InvalidInvocation(Detector):
                 self.schemas_[tool] = infer_schema(chosen)
         return self
 
-    def _problems(self, call: Step, recovered: bool) -> list[tuple[str, str, str]]:
-        """(key suffix, reason, message) for one call."""
+    def _problems(
+        self, call: Step, recovered: bool, order_error: bool = False
+    ) -> list[tuple[str, str, str]]:
+        """(key suffix, reason, message) for one call (`order_error`: its error names a missing
+        earlier step, which `WrongToolOrder` reports)."""
         tool = call.tool or call.name
         problems = []
-        if self.errors and call.failed and not (recovered and self.ignore_recovered):
+        if (
+            self.errors
+            and call.failed
+            and not order_error
+            and not (recovered and self.ignore_recovered)
+        ):
             problems.append((tool, "error", f"{tool} failed ({call.error_type or call.status})"))
         if self.unknown_tools and self.known_tools_ is not None and tool not in self.known_tools_:
             problems.append((tool, "unknown_tool", f"{tool} never succeeded in any run"))
@@ -155,11 +168,16 @@ class InvalidInvocation(Detector):
         for step in run.steps:
             if is_tool(step) and not step.failed:
                 last_good[step.tool or step.name] = step.position
+        tools = (self.known_tools_ or set()) | {s.tool or s.name for s in run.steps if is_tool(s)}
+        called: set[str] = set()
         for call in run.steps:
             if not is_tool(call):
                 continue
             recovered = last_good.get(call.tool or call.name, -1) > call.position
-            for suffix, reason, message in self._problems(call, recovered):
+            order_error = bool(named_prerequisites(call, tools, called))
+            if not call.failed:
+                called.add(call.tool or call.name)
+            for suffix, reason, message in self._problems(call, recovered, order_error):
                 key = f"{self.name}:{suffix}"
                 entry = found.setdefault(key, {"step": call, "reasons": [], "messages": [],
                                                "spans": [], "error_types": []})  # fmt: skip

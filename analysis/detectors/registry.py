@@ -12,10 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from tracegym.analysis.detectors.amounts import WrongAmount
 from tracegym.analysis.detectors.base import Detector
 from tracegym.analysis.detectors.budget import BudgetWaste
 from tracegym.analysis.detectors.invalid import InvalidInvocation
+from tracegym.analysis.detectors.list_args import WrongListArgument
 from tracegym.analysis.detectors.memory import PoisonedMemory
+from tracegym.analysis.detectors.missed_action import MissedAction
+from tracegym.analysis.detectors.precondition import ForbiddenAction
 from tracegym.analysis.detectors.premature import PrematureFinish
 from tracegym.analysis.detectors.tool_order import WrongToolOrder
 from tracegym.analysis.detectors.ungrounded import UngroundedArgument
@@ -31,6 +35,10 @@ DETECTORS: dict[str, type[Detector]] = {
         InvalidInvocation,
         PrematureFinish,
         UnservedRequest,
+        ForbiddenAction,
+        MissedAction,
+        WrongAmount,
+        WrongListArgument,
     )
 }
 

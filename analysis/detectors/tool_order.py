@@ -20,6 +20,13 @@ Any call counts (failed ones too): the rule is about the order of attempts.
   action: ending with B without the usual earlier calls is a premature finish, which
   `PrematureFinish` reports; a mid-run B without its prerequisite is a wrong order.
 
+A third source of rules is the tools themselves: a failed call of B whose error text names
+another known tool A together with a word of order ("call get_booking first", "must ... before",
+"requires", "run X", "use X") is a wrong order when A was not called (successfully) before it:
+the error names the fix (confidence 0.95, `details["error_names_fix"]`). This needs no
+successful run at all, and `InvalidInvocation` leaves such an error to this detector (the error
+is the symptom, the missing step the cause).
+
 Decisive step: B's first call; A's (later) first call follows it in `span_ids`. Key
 ``wrong_tool_order:A>B``. When several rules are broken at the same call, each gets a finding;
 the rule with the most support comes first. Nothing about any domain is hard-coded: the rules
@@ -28,8 +35,9 @@ are whatever successful runs always do.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from tracegym.analysis.detectors.base import Detector, Finding
@@ -50,6 +58,40 @@ class Rule:
     @property
     def key(self) -> str:
         return f"wrong_tool_order:{self.before}>{self.after}"
+
+
+_ORDER_WORDS = re.compile(
+    r"\b(?:first|before|prior|beforehand|requires?|required|needs?|must|call|run|use|invoke"
+    r"|look\s*up|fetch)\b",
+    re.IGNORECASE,
+)
+
+
+def error_text(step: Step) -> str:
+    """What a failed call said: its result and any message attribute."""
+    texts = [step.output or ""]
+    texts += [v for k, v in step.attributes.items() if isinstance(v, str) and "message" in k]
+    return "\n".join(t for t in texts if t)
+
+
+def named_prerequisites(
+    step: Step, tools: Collection[str], called_before: Collection[str]
+) -> list[str]:
+    """The known `tools` a failed call's error names as a step to take first (with a word of
+    order: "call X first", "X is required") that were not `called_before` it."""
+    if not step.failed:
+        return []
+    text = error_text(step)
+    if not text or not _ORDER_WORDS.search(text):
+        return []
+    own = step.tool or step.name
+    named = []
+    for tool in sorted(tools, key=lambda t: (-len(t), t)):
+        if tool == own or tool in called_before or len(tool) < 3:
+            continue
+        if re.search(r"(?<![\w.])" + re.escape(tool) + r"(?![\w])", text):
+            named.append(tool)
+    return named
 
 
 def first_calls(run: Run) -> dict[str, Step]:
@@ -108,15 +150,49 @@ class WrongToolOrder(Detector):
         self.min_confidence = min_confidence
         self.flag_missing = flag_missing
         self.rules_: list[Rule] = []
+        self.tools_: set[str] = set()
 
     def fit(self, runs: Sequence[Run]) -> WrongToolOrder:
         successes = [r for r in runs if r.success is True]
         self.rules_ = mine_rules(successes, self.min_support, self.min_confidence)
+        self.tools_ = {s.tool or s.name for r in runs for s in r.steps if is_tool(s)}
         return self
 
+    def _named_fixes(self, run: Run) -> list[Finding]:
+        """Failed calls whose error names a tool the run had not called first."""
+        tools = self.tools_ | {s.tool or s.name for s in run.steps if is_tool(s)}
+        called: set[str] = set()
+        findings: dict[str, Finding] = {}
+        first = first_calls(run)
+        for step in run.steps:
+            if not is_tool(step):
+                continue
+            tool = step.tool or step.name
+            for before in named_prerequisites(step, tools, called):
+                key = f"{self.name}:{before}>{tool}"
+                if key in findings:
+                    continue
+                later = first.get(before)
+                spans = [step.span_id] + ([later.span_id] if later is not None else [])
+                text = error_text(step).strip().splitlines()[0][:200]
+                findings[key] = Finding(
+                    detector=self.name, key=key, trace_id=run.trace_id, **step_ref(step),
+                    span_ids=tuple(spans), confidence=0.95,
+                    message=(f"{tool} was called before {before}, and its error names the fix: "
+                             f"{text!r}"),
+                    details={"before": before, "after": tool, "support": 0,
+                             "rule_confidence": 1.0, "missing": later is None,
+                             "before_position": later.position if later else None,
+                             "error_names_fix": True, "error": text},
+                )  # fmt: skip
+            if not step.failed:
+                called.add(tool)
+        return list(findings.values())
+
     def detect(self, run: Run) -> list[Finding]:
+        named = self._named_fixes(run)
         if not self.rules_:
-            return []
+            return named
         first = first_calls(run)
         final = final_action_step(run)
         findings = []
@@ -148,5 +224,7 @@ class WrongToolOrder(Detector):
                          "rule_confidence": rule.confidence,
                          "missing": a is None, "before_position": a.position if a else None},
             ))  # fmt: skip
-        findings.sort(key=lambda f: (f.position or 0, -f.details["support"]))
+        keys = {f.key for f in named}
+        findings = named + [f for f in findings if f.key not in keys]
+        findings.sort(key=lambda f: (f.position or 0, -f.confidence, -f.details["support"]))
         return findings

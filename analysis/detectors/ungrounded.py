@@ -18,14 +18,19 @@ or LLM call that produced it (`details["origin_position"]`) and the later tool c
 writes that used it again (`details["downstream"]`: its consequences) follow it in `span_ids`.
 
 Values compare after normalisation: case, whitespace, thousands separators and number formatting
-("99.0" = "99", "$1,299.50" = "1299.5") are ignored, and an id with digits matches the same
+("99.0" = "99", "$1,299.50" = "1299.5") are ignored, hyphens, underscores and spaces between words
+are the same separator ("one_way" = "one-way" = "One Way"), and an id with digits matches the same
 digits in another format ("#W9502126" = "9502126"). What is checked (`significant_tokens`): a
 one-token value whole (unless shorter than `min_token_length` or a whole number within
 +-`min_number`); in text of several tokens, only the identifier-like tokens (letters mixed with
-digits, '@', '#', '_'), amounts and long numbers (a decimal point or 4+ digits) and, in short
-text (up to `max_words` tokens), capitalised words (names) -- plain words are the agent's own
-phrasing ("best webcam under 100"). A value is grounded when all of these occur in the evidence,
-or the whole value does. Booleans and nulls are never checked.
+digits, '@', '#', '_'), amounts and long numbers (a decimal point or 4+ digits) and, in short text
+(up to `max_words` tokens), capitalised words (names) -- plain words are the agent's own phrasing
+("best webcam under 100"). A value is grounded when all of these occur in the evidence, or the whole
+value does. Booleans and nulls are never checked.
+
+A number that is not in the evidence as such is grounded when it is arithmetic on numbers that
+are (`arithmetic.derived`: a total, a difference, a split); in a write (not a read, not the
+answer) such amounts are left to `wrong_amount`, which checks them with the same arithmetic.
 
 `fit` learns each argument's *vocabulary*: values that successful runs pass to the same tool
 argument without evidence in at least `vocabulary_runs` different runs (the agent's own
@@ -45,9 +50,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from tracegym.analysis.arithmetic import decimals_of, derived, numbers_in, parse_number
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.features import is_tool, step_ref
 from tracegym.analysis.runs import Run, Step, parse_json
+from tracegym.analysis.tool_kinds import is_answer_tool, is_read_tool
 from tracegym.tracer import semconv as sc
 
 _TOKEN = re.compile(r"[\w#@][\w#@.\-/]*")
@@ -92,6 +99,15 @@ def _tokenize(text: str) -> tuple[str, ...]:
         if token:
             found.append(number_token(token))
     return tuple(found)
+
+
+_SEPARATORS = re.compile(r"[\s_\-]+")
+
+
+def loose(text: str) -> str:
+    """Normalised text with hyphens, underscores and whitespace all one space: "one-way",
+    "one_way" and "One Way" are the same words."""
+    return " ".join(_SEPARATORS.split(normalize(text))).strip()
 
 
 _CACHE_TEXT = 4096  # texts up to this length are tokenised once (they recur across spans)
@@ -237,7 +253,8 @@ def argument_values(step: Step, **options: Any) -> list[Value]:
 class Source:
     """One piece of evidence: a message, tool result or memory read, with its tokens."""
 
-    __slots__ = ("_records", "_text", "kind", "leaves", "parsed", "position", "step", "token_set")
+    __slots__ = ("_loose", "_records", "_text", "kind", "leaves", "parsed", "position", "step",
+                 "token_set")  # fmt: skip
 
     def __init__(self, step: Step, kind: str, raw: Any) -> None:
         self.step = step
@@ -246,6 +263,7 @@ class Source:
         self.parsed = raw  # parsed on demand (records)
         self.leaves, self.token_set = analyse(raw if isinstance(raw, str) else json.dumps(raw))
         self._text: str | None = None
+        self._loose: str | None = None
         self._records: list[tuple[list[set[str]], list[frozenset[str]]]] | None = None
 
     @property
@@ -254,6 +272,13 @@ class Source:
         if self._text is None:
             self._text = normalize(" | ".join(self.leaves))
         return self._text
+
+    @property
+    def loose_text(self) -> str:
+        """The text with separators made equal (`loose`)."""
+        if self._loose is None:
+            self._loose = loose(" | ".join(self.leaves))
+        return self._loose
 
     def records(self) -> list[tuple[list[set[str]], list[frozenset[str]]]]:
         """Per list of records inside: each record's words and tokens (computed once)."""
@@ -324,10 +349,16 @@ class _Pool:
     def grounded(self, value: Value) -> bool:
         if all(self.has(t) for t in value.significant):
             return True
-        if " " not in value.norm:  # a one-token value: the token check was the whole check
+        if " " in value.norm:
+            pattern = re.compile(r"(?<!\w)" + re.escape(value.norm) + r"(?!\w)")
+            if any(pattern.search(s.text) for s in self.sources):
+                return True
+        # the same words with other separators: "one_way" where the user wrote "one-way"
+        words = loose(value.raw)
+        if not words:
             return False
-        pattern = re.compile(r"(?<!\w)" + re.escape(value.norm) + r"(?!\w)")
-        return any(pattern.search(s.text) for s in self.sources)
+        pattern = re.compile(r"(?<![^\W_])" + re.escape(words) + r"(?![^\W_])")
+        return any(pattern.search(s.loose_text) for s in self.sources)
 
 
 class Evidence:
@@ -500,6 +531,20 @@ class UngroundedArgument(Detector):
         return {"min_token_length": self.min_token_length, "min_number": self.min_number,
                 "max_words": self.max_words}  # fmt: skip
 
+    @staticmethod
+    def _grounded(evidence: Evidence, call: Step, value: Value) -> bool:
+        """Grounded as text, or an amount: one of a write's (`wrong_amount` checks those, with
+        arithmetic) or, in any other call, arithmetic on the numbers seen (`derived`)."""
+        if evidence.grounded(value):
+            return True
+        number = parse_number(value.raw) if len(value.significant) == 1 else None
+        if number is None or not _is_number(value.significant[0]):
+            return False
+        if not (is_read_tool(call.tool or call.name) or is_answer_tool(call.tool or call.name)):
+            return True
+        known = numbers_in(leaf for source in evidence.sources for leaf in source.leaves)
+        return derived(number, known, decimals=max(decimals_of(value.raw), 2)) is not None
+
     def fit(self, runs: Sequence[Run]) -> UngroundedArgument:
         counts: Counter[tuple[str, str, str]] = Counter()
         for run in runs:
@@ -512,7 +557,7 @@ class UngroundedArgument(Detector):
                     continue
                 evidence.advance(call.position)
                 for value in argument_values(call, **self._options):
-                    if not evidence.grounded(value):
+                    if not self._grounded(evidence, call, value):
                         seen.add((call.tool or call.name, value.arg, value.norm))
             counts.update(seen)
         self.vocabulary_ = {k for k, n in counts.items() if n >= self.vocabulary_runs}
@@ -534,7 +579,7 @@ class UngroundedArgument(Detector):
                     or (tool, value.arg, value.norm) in self.vocabulary_
                 ):
                     continue
-                if not evidence.grounded(value):
+                if not self._grounded(evidence, call, value):
                     kind, confidence, extra = "invented", 0.9, {}
                     key = f"{self.name}:{tool}.{value.arg}"
                     message = (

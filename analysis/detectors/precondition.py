@@ -1,0 +1,253 @@
+"""Forbidden actions: a write called on a record in a state where successful runs never call it.
+
+`fit` pairs, in the successful runs, every write call that did not fail with the read it acts on
+(`state.acted_on`: the latest earlier read sharing an identifier with its arguments) and every
+read record with the writes that acted on it. Records count once however many runs read them
+(the same task's record, read in every trial, is one record: its fields are not independent
+evidence): a record is the read tool, its arguments and the result. For a write tool T and
+the read tool R whose records it acts on, per field path of R's results present on at least
+`min_presence` (half) of R's records (a state every record has, not an option some items have):
+
+- *enum fields* (strings up to 40 characters, booleans, null: "status", "items[].status",
+  "flags.locked"): the values seen on records T acted on (at least `min_support` of them), and
+  the values seen on R-records successful runs read and did *not* act on with T. A value is
+  *forbidden* for T when successful runs abstained on at least `min_abstain` records holding it,
+  never acted on one, and that is unlikely to be chance: if a share p of all R-records hold the
+  value, n acted records all missing it has probability (1 - p)^n, which must be at most
+  `max_chance` (0.05: with 3 acted records the value must be on 63% of the records, with 40 on
+  7%). A colour or size that the few acted records happen not to have is no rule. Paths with
+  more than `max_values` distinct values are identifiers or prose, not states;
+- *numeric fields* (not inside lists): the range [lo, hi] of the values on records T acted on.
+  Above hi (below lo) is forbidden when at least `min_abstain` abstained records lie there,
+  with the same chance bound over the share of records beyond it.
+
+`detect` flags each write call of a run (failed ones too: an attempt the system refused is the
+same mistake) whose acted-on record holds a forbidden value. Key ``forbidden_action:T``;
+decisive step: the write; the read that showed the state follows in `span_ids`. Confidence 0.8
+for an enum value, 0.6 for a threshold. Nothing about any domain is hard-coded.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tracegym.analysis.detectors.base import Detector, Finding
+from tracegym.analysis.detectors.state import Read, acted_run
+from tracegym.analysis.features import step_ref
+from tracegym.analysis.runs import Run, Step
+
+
+@dataclass(frozen=True)
+class Precondition:
+    """A state in which successful runs never call `tool` on a record read by `read_tool`."""
+
+    tool: str
+    read_tool: str
+    path: str
+    forbidden: frozenset[str]  # enum values; empty for a threshold
+    above: float | None  # numbers above this are forbidden
+    below: float | None  # numbers below this are forbidden
+    acted: int  # records successful runs acted on with this field
+    abstained: int  # records they read and left alone holding a forbidden value
+
+    def violated_by(self, read: Read) -> str | None:
+        """The forbidden value `read` holds, as text, or None."""
+        if self.forbidden:
+            held = sorted(read.enums.get(self.path, frozenset()) & self.forbidden)
+            return held[0] if held else None
+        for number in read.numbers.get(self.path, ()):
+            if (self.above is not None and number > self.above) or (
+                self.below is not None and number < self.below
+            ):
+                return f"{number:g}"
+        return None
+
+    def describe(self) -> str:
+        if self.forbidden:
+            return f"{self.path} in {{{', '.join(sorted(self.forbidden))}}}"
+        if self.above is not None:
+            return f"{self.path} > {self.above:g}"
+        return f"{self.path} < {self.below:g}"
+
+
+def mine_preconditions(
+    runs: Sequence[Run],
+    *,
+    min_support: int = 3,
+    min_abstain: int = 2,
+    max_values: int = 12,
+    max_chance: float = 0.05,
+    min_presence: float = 0.5,
+) -> list[Precondition]:
+    """The preconditions the successful `runs` keep (see the module docstring)."""
+    acted: dict[tuple[str, str], dict[str, Read]] = defaultdict(dict)
+    records: dict[str, dict[str, Read]] = defaultdict(dict)
+    for run in runs:
+        if run.success is not True:
+            continue
+        paired = acted_run(run, failed_writes=False)
+        for write, linked in paired.writes:
+            for read in linked:
+                acted[write.tool or write.name, read.tool].setdefault(read.observed, read)
+        for record in paired.records:
+            records[record.tool].setdefault(record.observed, record)
+    rules: list[Precondition] = []
+    bounds = _Bounds(min_support, min_abstain, max_values, max_chance, min_presence)
+    for (tool, read_tool), by_key in sorted(acted.items()):
+        positives = list(by_key.values())
+        if len(positives) < min_support:
+            continue
+        abstained = [r for k, r in records[read_tool].items() if k not in by_key]
+        rules += _enum_rules(tool, read_tool, positives, abstained, bounds)
+        rules += _number_rules(tool, read_tool, positives, abstained, bounds)
+    return rules
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    min_support: int
+    min_abstain: int
+    max_values: int
+    max_chance: float
+    min_presence: float
+
+    def field(self, acted: int, present: int, records: int) -> bool:
+        """Whether a path is a state field: on enough acted records and on most records."""
+        return acted >= self.min_support and present >= self.min_presence * records
+
+    def unlikely(self, holding: int, records: int, acted: int) -> bool:
+        """Whether `acted` records all missing a value that `holding` of `records` hold is
+        unlikely to be chance."""
+        share = holding / records if records else 0.0
+        return holding >= self.min_abstain and (1 - share) ** acted <= self.max_chance
+
+
+def _enum_rules(
+    tool: str, read_tool: str, positives: list[Read], abstained: list[Read], bounds: _Bounds
+) -> list[Precondition]:
+    rules = []
+    paths = Counter(p for r in positives for p in r.enums)
+    for path, n in sorted(paths.items()):
+        with_path = [r for r in abstained if path in r.enums]
+        if not bounds.field(n, n + len(with_path), len(positives) + len(abstained)):
+            continue
+        allowed = {v for r in positives for v in r.enums.get(path, ())}
+        left = Counter(v for r in with_path for v in r.enums[path])
+        if len(allowed | set(left)) > bounds.max_values:
+            continue
+        records = n + len(with_path)
+        forbidden = frozenset(
+            v for v, c in left.items() if v not in allowed and bounds.unlikely(c, records, n)
+        )
+        if forbidden:
+            count = sum(1 for r in abstained if r.enums.get(path, frozenset()) & forbidden)
+            rules.append(Precondition(tool, read_tool, path, forbidden, None, None, n, count))
+    return rules
+
+
+def _number_rules(
+    tool: str, read_tool: str, positives: list[Read], abstained: list[Read], bounds: _Bounds
+) -> list[Precondition]:
+    rules = []
+    paths = Counter(p for r in positives for p in r.numbers if "[]" not in p)
+    for path, n in sorted(paths.items()):
+        others = [x for r in abstained for x in r.numbers.get(path, ())]
+        if not bounds.field(n, n + len(others), len(positives) + len(abstained)):
+            continue
+        values = [x for r in positives for x in r.numbers.get(path, ())]
+        lo, hi = min(values), max(values)
+        if not others:
+            continue
+        for above, below, beyond in (
+            (hi, None, [x for x in others if x > hi]),
+            (None, lo, [x for x in others if x < lo]),
+        ):
+            if bounds.unlikely(len(beyond), n + len(others), n):
+                rules.append(
+                    Precondition(tool, read_tool, path, frozenset(), above, below, n, len(beyond))
+                )
+    return rules
+
+
+class ForbiddenAction(Detector):
+    """Writes on records in a state where successful runs never make them (module docstring).
+
+    Parameters: `min_support` (3) records successful runs acted on, `min_abstain` (2) records
+    they left alone in the forbidden state, `max_values` (12) distinct values an enum field may
+    take, `max_chance` (0.05) the chance bound, `min_presence` (0.5) share of records a field
+    is on, `thresholds` (True) whether numeric fields count.
+    """
+
+    name = "forbidden_action"
+    description = (
+        "Takes an action (cancel, change, refund ...) on a record in a state where successful "
+        "runs never take it: the policy's preconditions, learnt from what they read first"
+    )
+
+    def __init__(
+        self,
+        min_support: int = 3,
+        min_abstain: int = 2,
+        max_values: int = 12,
+        max_chance: float = 0.05,
+        min_presence: float = 0.5,
+        thresholds: bool = True,
+    ) -> None:
+        self.min_presence = min_presence
+        self.min_support = min_support
+        self.min_abstain = min_abstain
+        self.max_values = max_values
+        self.max_chance = max_chance
+        self.thresholds = thresholds
+        self.rules_: list[Precondition] = []
+
+    def fit(self, runs: Sequence[Run]) -> ForbiddenAction:
+        rules = mine_preconditions(
+            runs,
+            min_support=self.min_support,
+            min_abstain=self.min_abstain,
+            max_values=self.max_values,
+            max_chance=self.max_chance,
+            min_presence=self.min_presence,
+        )
+        self.rules_ = [r for r in rules if r.forbidden or self.thresholds]
+        self.rules_.sort(key=lambda r: (not r.forbidden, -r.acted, r.path))
+        return self
+
+    def detect(self, run: Run) -> list[Finding]:
+        if not self.rules_:
+            return []
+        findings = []
+        for write, linked in acted_run(run).writes:
+            finding = self._check(run, write, {r.tool: r for r in linked})
+            if finding is not None:
+                findings.append(finding)
+        return findings
+
+    def _check(self, run: Run, write: Step, linked: dict[str, Read]) -> Finding | None:
+        tool = write.tool or write.name
+        for rule in self.rules_:
+            read = linked.get(rule.read_tool)
+            if rule.tool != tool or read is None:
+                continue
+            value = rule.violated_by(read)
+            if value is None:
+                continue
+            message = (
+                f"{tool} was called on a record whose {rule.path} is {value} (read by "
+                f"{read.tool} at step {read.step.position}); successful runs called {tool} on "
+                f"{rule.acted} such records, never with {rule.describe()}, and left "
+                f"{rule.abstained} alone"
+            )
+            return Finding(
+                detector=self.name, key=f"{self.name}:{tool}", trace_id=run.trace_id,
+                **step_ref(write), span_ids=(write.span_id, read.step.span_id), message=message,
+                confidence=0.8 if rule.forbidden else 0.6,
+                details={"tool": tool, "read_tool": read.tool, "path": rule.path, "value": value,
+                         "rule": rule.describe(), "acted": rule.acted,
+                         "abstained": rule.abstained, "read_position": read.step.position,
+                         "write_failed": write.failed},
+            )  # fmt: skip
+        return None
