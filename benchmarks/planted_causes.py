@@ -120,22 +120,22 @@ def jaccard(a: Iterable[str], b: Iterable[str]) -> float:
 
 
 # Reading the analysis --------------------------------------------------------------------------
-def _field(gap: Any, name: str) -> Any:
+def gap_field(gap: Any, name: str) -> Any:
     return gap.get(name) if isinstance(gap, dict) else getattr(gap, name, None)
 
 
 def _typed_members(gap: Any) -> dict[str, frozenset[str]] | None:
     """Failed member runs -> their decisive spans, from a typed gap (`Gap.members`, or a
     gaps.json record's `members`), when analysis provides them."""
-    members = _field(gap, "members")
+    members = gap_field(gap, "members")
     if members is None:
-        members = _field(gap, "member_runs")
+        members = gap_field(gap, "member_runs")
     if members is None:
         return None
     out: dict[str, frozenset[str]] = {}
     for m in members:
-        trace = _field(m, "trace_id") if not isinstance(m, str) else m
-        spans = () if isinstance(m, str) else (_field(m, "span_ids") or ())
+        trace = gap_field(m, "trace_id") if not isinstance(m, str) else m
+        spans = () if isinstance(m, str) else (gap_field(m, "span_ids") or ())
         if trace:
             out[str(trace)] = frozenset(list(spans)[:1])
     return out
@@ -149,7 +149,7 @@ def kept_gaps(result: Any) -> list[GapView]:
     by_key = {s.candidate.key: s.candidate for s in result.scored if s.kept}
     views = []
     for rank, gap in enumerate(result.gaps, 1):
-        key = str(_field(gap, "key"))
+        key = str(gap_field(gap, "key"))
         candidate = by_key.get(key)
         lacking = frozenset(candidate.lacking) if candidate is not None else frozenset()
         typed = _typed_members(gap)
@@ -161,8 +161,8 @@ def kept_gaps(result: Any) -> list[GapView]:
             typed = {t: frozenset(typed.get(t, ())) for t in lacking & failed}
         failed_members = frozenset(typed)
         views.append(GapView(
-            name=str(_field(gap, "name")), detector=_field(gap, "detector"),
-            kind=str(_field(gap, "kind")), key=key, rank=rank,
+            name=str(gap_field(gap, "name")), detector=gap_field(gap, "detector"),
+            kind=str(gap_field(gap, "kind")), key=key, rank=rank,
             members=failed_members | (lacking - failed), failed_members=failed_members,
             decisive=dict(typed),
         ))  # fmt: skip

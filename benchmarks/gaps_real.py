@@ -1,0 +1,401 @@
+"""The gaps `analyze` keeps on real, outcome-labelled runs of agents nobody here wrote.
+
+    .venv/bin/python benchmarks/gaps_real.py [--data DIR] [--work DIR] [--no-clusters]
+        [--only NAME] [--json FILE]
+
+Every set is imported into its own home under `--work` (kept between runs: a second run does
+not import again) and analysed at the default thresholds, as `tracegym analyze` does. Printed
+per set: runs, failed, successful; each kept gap (rank, name, detector, coverage, delta, failed
+members, the tools it names, its description's first sentence); and an evaluation made only
+from the source files, never given to analysis:
+
+- tau2-bench (retail and telecom, per model and pooled per domain): each run's failed
+  `action_checks` (the expected tool calls the run did not make as expected; `user:` marks
+  those the simulated user was to make on their device, in telecom). Per gap: the share
+  of its failed member runs that missed some expected action, the share whose missed actions
+  include a tool the gap names, and the expected action most often missed by its members, with
+  its share among the members against its share among all failed runs (lift > 1: the gap
+  groups the runs that got that action wrong). Per set: the actions failed runs miss most.
+- AgentRx tau-retail (100 runs): the human root-cause labels of 27 of its failed runs
+  (`tau_ground_truth.json`, made on the same trajectories in `tau_dataset_failed.json`). Per
+  gap: its labelled members' root-cause categories, and how often the gap's finding for a run
+  is at the labelled root-cause step (`step_number - 1`, docs/importers.md) exactly or +-1.
+- tau-bench grok-3 retail (115 runs): its outcome is `info.reward_info.components.base_success`;
+  the tau-bench importer reads `reward` (a composite with an efficiency penalty, below 1.0 on
+  every run), so this benchmark imports a copy whose `reward` is `base_success` and says so.
+
+MedAgentBench is skipped: no importer reads it yet. Nothing here is tuned: there are no
+thresholds of its own, and analysis runs at its defaults on every set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / ".." / "shared" / "data"
+TAU2 = "tau2-retail-telecom"
+TAU2_FILES = {
+    "retail": ("ft-gpt-4.1_retail_default_gpt-4.1_1trials.json",
+               "gpt-4.1_retail_default_gpt-4.1_1trials.json",
+               "toolorchestra_retail_gpt-5_1trial.json"),
+    "telecom": ("gpt-4o_telecom_llm_agent_gpt-4o_user_simulator_gpt-4o.json",
+                "ft-gpt-4.1_telecom_default_gpt-4.1_1trials.json",
+                "ft-gpt-4.1_telecom_no-user_gpt-4.1_1trials.json",
+                "gpt-4.1_telecom_default_gpt-4.1_1trials.json",
+                "gpt-4.1_telecom_no-user_gpt-4.1_1trials.json"),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RealSet:
+    """One outcome-labelled set: where its files are and how it is evaluated."""
+
+    name: str
+    fmt: str
+    files: tuple[Path, ...]
+    evaluation: str  # "tau2", "agentrx" or "" (gaps only)
+    note: str = ""
+
+
+@dataclass
+class GapRow:
+    rank: int
+    name: str
+    detector: str | None
+    coverage: float
+    delta: float | None
+    failed_members: int
+    successful_members: int
+    tools: list[str]
+    says: str
+    evaluation: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SetReport:
+    name: str
+    runs: int
+    failed: int
+    succeeded: int
+    gaps: list[GapRow]
+    seconds: float
+    note: str = ""
+    evaluation: dict[str, Any] = field(default_factory=dict)
+
+
+def real_sets(data: Path) -> tuple[list[RealSet], list[str]]:
+    """The sets present under `data`, and a line for each one skipped."""
+    found: list[RealSet] = []
+    skipped: list[str] = []
+    agentrx = data / "agentrx-tau-retail" / "tau_dataset_full.json"
+    if agentrx.is_file():
+        found.append(RealSet("AgentRx tau-retail", "tau-bench", (agentrx,), "agentrx"))
+    else:
+        skipped.append(f"AgentRx tau-retail: {agentrx} is absent")
+    grok = data / "tau-bench-grok3-retail" / "grok-3-retail.json"
+    if grok.is_file():
+        found.append(RealSet(
+            "tau-bench grok-3 retail", "tau-bench", (grok,), "",
+            note="outcome from info.reward_info.components.base_success (a converted copy: "
+            "the tau-bench importer reads `reward`, which is below 1.0 on every run)",
+        ))  # fmt: skip
+    else:
+        skipped.append(f"tau-bench grok-3 retail: {grok} is absent")
+    for domain, names in TAU2_FILES.items():
+        paths = [data / TAU2 / n for n in names if (data / TAU2 / n).is_file()]
+        for path in paths:
+            model = path.stem.split(f"_{domain}")[0]
+            variant = "no-user" if "no-user" in path.stem else ""
+            label = f"tau2 {domain} {model}{' ' + variant if variant else ''}"
+            found.append(RealSet(label, "tau2-bench", (path,), "tau2"))
+        if len(paths) > 1:
+            found.append(RealSet(f"tau2 {domain} pooled ({len(paths)} files)", "tau2-bench",
+                                 tuple(paths), "tau2"))  # fmt: skip
+        if not paths:
+            skipped.append(f"tau2 {domain}: no files under {data / TAU2}")
+    skipped.append("MedAgentBench: no importer reads it yet (tools are text commands); skipped")
+    return found, skipped
+
+
+# Importing ---------------------------------------------------------------------------------------
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+
+
+def _grok_copy(path: Path, folder: Path) -> Path:
+    """A copy of the grok-3 file whose `reward` is the binary `base_success`."""
+    runs = json.loads(path.read_text())
+    for run in runs:
+        components = ((run.get("info") or {}).get("reward_info") or {}).get("components") or {}
+        if "base_success" in components:
+            run["reward"] = float(components["base_success"])
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / path.name
+    target.write_text(json.dumps(runs))
+    return target
+
+
+def prepare(s: RealSet, work: Path) -> Path:
+    """The set's home under `work`, imported once."""
+    from tracegym.store.importers import import_path
+
+    home = work / _slug(s.name)
+    marker = home / ".imported"
+    if marker.exists():
+        return home
+    home.mkdir(parents=True, exist_ok=True)
+    for path in s.files:
+        source = _grok_copy(path, work / "converted") if "grok-3" in s.name else path
+        import_path(s.fmt, source, home)
+    marker.write_text("\n".join(str(p) for p in s.files) + "\n")
+    return home
+
+
+# Evaluation sources (never given to analysis) ---------------------------------------------------
+def tau2_missed(files: Sequence[Path]) -> dict[str, list[str]]:
+    """Simulation id -> the expected actions (tool names, in order) it did not match; those
+    the (simulated) user was to perform on their side are prefixed `user:`."""
+    out: dict[str, list[str]] = {}
+    for path in files:
+        for sim in json.loads(path.read_text()).get("simulations", []):
+            checks = (sim.get("reward_info") or {}).get("action_checks") or []
+            out[str(sim.get("id"))] = [
+                ("user:" if c["action"].get("requestor") == "user" else "") + c["action"]["name"]
+                for c in checks
+                if not c.get("action_match")
+            ]
+    return out
+
+
+def agentrx_labels(folder: Path) -> dict[str, tuple[str, int | None]]:
+    """Task id -> (root-cause category, 0-based traj index of its step)."""
+    out: dict[str, tuple[str, int | None]] = {}
+    truth = folder / "tau_ground_truth.json"
+    if not truth.is_file():
+        return out
+    for item in json.loads(truth.read_text()):
+        root = (item.get("root_cause") or {}).get("failure_id")
+        for failure in item.get("failures") or []:
+            if failure.get("failure_id") == root:
+                step = failure.get("step_number")
+                out[str(item["trajectory_id"])] = (
+                    str(failure.get("failure_category")),
+                    step - 1 if isinstance(step, int) else None,
+                )
+    return out
+
+
+def _source(run: Any, name: str) -> Any:
+    return run.root.attributes.get(f"tracegym.source.{name}") if run.root is not None else None
+
+
+# Scoring -----------------------------------------------------------------------------------------
+def _first_sentence(text: str, limit: int = 160) -> str:
+    head = text.split(". ")[0].strip()
+    return head if len(head) <= limit else head[: limit - 1] + "…"
+
+
+def _member_steps(result: Any) -> dict[str, dict[str, set[int]]]:
+    """Gap key -> failed member trace id -> the steps (source indices) its findings name."""
+    from tracegym.benchmarks.planted_causes import gap_field
+
+    out: dict[str, dict[str, set[int]]] = {}
+    for s in result.scored:
+        if not s.kept:
+            continue
+        steps: dict[str, set[int]] = {}
+        for f in s.candidate.findings:
+            if f.step_index is not None:
+                steps.setdefault(f.trace_id, set()).add(int(f.step_index))
+        out[s.candidate.key] = steps
+    for gap in result.gaps:  # typed members, when analysis gives them, name the decisive step
+        members = gap_field(gap, "members") or ()
+        key = str(gap_field(gap, "key"))
+        for m in members:
+            step = gap_field(m, "step")
+            if step is not None:
+                out.setdefault(key, {})[str(gap_field(m, "trace_id"))] = {int(step)}
+    return out
+
+
+def evaluate_tau2(result: Any, s: RealSet, rows: list[GapRow], gaps: list[Any]) -> dict[str, Any]:
+    missed_by_sim = tau2_missed(s.files)
+    missed = {r.trace_id: missed_by_sim.get(str(_source(r, "simulation_id")), [])
+              for r in result.failed}  # fmt: skip
+    all_counts = Counter(a for names in missed.values() for a in set(names))
+    n_failed = len(missed)
+    for row, gap in zip(rows, gaps, strict=True):
+        members = [t for t in gap.failed_members if t in missed]
+        if not members:
+            continue
+        counts = Counter(a for t in members for a in set(missed[t]))
+        top, n_top = counts.most_common(1)[0] if counts else (None, 0)
+        base = all_counts[top] / n_failed if top and n_failed else 0.0
+        share = n_top / len(members)
+        row.evaluation = {
+            "members_missing_an_action": round(sum(bool(missed[t]) for t in members)
+                                               / len(members), 2),
+            "members_missing_a_named_tool": round(
+                sum(bool({a.removeprefix("user:") for a in missed[t]} & set(row.tools))
+                    for t in members) / len(members), 2),
+            "top_missed_action": top,
+            "top_share": round(share, 2),
+            "top_share_all_failed": round(base, 2),
+            "lift": round(share / base, 2) if base else None,
+        }  # fmt: skip
+    return {
+        "failed_missing_an_action": sum(bool(v) for v in missed.values()),
+        "most_missed_actions": all_counts.most_common(6),
+    }
+
+
+def evaluate_agentrx(result: Any, s: RealSet, rows: list[GapRow], gaps: list[Any],
+                     steps: dict[str, dict[str, set[int]]]) -> dict[str, Any]:  # fmt: skip
+    labels = agentrx_labels(s.files[0].parent)
+    by_trace = {r.trace_id: labels.get(str(_source(r, "task_id"))) for r in result.failed}
+    labelled = {t: v for t, v in by_trace.items() if v is not None}
+    for row, gap in zip(rows, gaps, strict=True):
+        members = [t for t in gap.failed_members if t in labelled]
+        named = steps.get(gap.key, {})
+        exact = near = scored = 0
+        for t in members:
+            gold = labelled[t][1]
+            if gold is None or not named.get(t):
+                continue
+            scored += 1
+            exact += gold in named[t]
+            near += any(abs(gold - x) <= 1 for x in named[t])
+        row.evaluation = {
+            "labelled_members": len(members),
+            "root_cause_categories": Counter(labelled[t][0] for t in members).most_common(3),
+            "step_exact": f"{exact}/{scored}",
+            "step_within_1": f"{near}/{scored}",
+        }
+    return {
+        "labelled_failed": len(labelled),
+        "root_cause_categories": Counter(v[0] for v in labelled.values()).most_common(),
+    }
+
+
+def analyse(s: RealSet, home: Path, embedder: Any) -> SetReport:
+    from tracegym.analysis.pipeline import analyze
+    from tracegym.benchmarks.planted_causes import gap_field, kept_gaps
+
+    clock = time.perf_counter()
+    result = analyze(home, embedder=embedder, write=False)
+    gaps = kept_gaps(result)
+    rows = []
+    for view, gap in zip(gaps, result.gaps, strict=True):
+        delta = gap_field(gap, "delta")
+        rows.append(GapRow(
+            rank=view.rank or 0, name=view.name, detector=view.detector,
+            coverage=float(gap_field(gap, "coverage") or 0.0),
+            delta=None if delta is None else float(delta),
+            failed_members=len(view.failed_members),
+            successful_members=len(view.members - view.failed_members),
+            tools=list(gap_field(gap, "tools") or []),
+            says=_first_sentence(str(gap_field(gap, "description") or "")),
+        ))  # fmt: skip
+    report = SetReport(s.name, len(result.runs), len(result.failed), len(result.succeeded),
+                       rows, 0.0, s.note)  # fmt: skip
+    if s.evaluation == "tau2":
+        report.evaluation = evaluate_tau2(result, s, rows, gaps)
+    elif s.evaluation == "agentrx":
+        report.evaluation = evaluate_agentrx(result, s, rows, gaps, _member_steps(result))
+    report.seconds = round(time.perf_counter() - clock, 1)
+    return report
+
+
+# Output ------------------------------------------------------------------------------------------
+def render(r: SetReport) -> str:
+    lines = [f"## {r.name}: {r.runs} runs, {r.failed} failed, {r.succeeded} successful "
+             f"({r.seconds} s)"]  # fmt: skip
+    if r.note:
+        lines.append(f"_{r.note}_")
+    if r.evaluation.get("most_missed_actions") is not None:
+        actions = ", ".join(f"{a} {n}" for a, n in r.evaluation["most_missed_actions"])
+        lines.append(f"failed runs missing an expected action: "
+                     f"{r.evaluation['failed_missing_an_action']}/{r.failed}; most missed: "
+                     f"{actions or '-'}")  # fmt: skip
+    if r.evaluation.get("root_cause_categories") is not None:
+        cats = ", ".join(f"{c} {n}" for c, n in r.evaluation["root_cause_categories"])
+        lines.append(f"AgentRx root causes of {r.evaluation['labelled_failed']} labelled failed "
+                     f"runs: {cats}")  # fmt: skip
+    if not r.gaps:
+        lines.append("\nno gap kept")
+        return "\n".join(lines)
+    lines += ["", "| # | gap | detector | cov | delta | failed / ok members | names | evaluation |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for g in r.gaps:
+        ev = g.evaluation
+        if "top_missed_action" in ev:
+            text = (f"missing an action {ev['members_missing_an_action']:.0%}, a named tool "
+                    f"{ev['members_missing_a_named_tool']:.0%}; top {ev['top_missed_action']} "
+                    f"{ev['top_share']:.0%} (all failed {ev['top_share_all_failed']:.0%}, "
+                    f"lift {ev['lift']})")  # fmt: skip
+        elif "root_cause_categories" in ev:
+            cats = ", ".join(f"{c} {n}" for c, n in ev["root_cause_categories"])
+            text = (f"{ev['labelled_members']} labelled: {cats or '-'}; step exact "
+                    f"{ev['step_exact']}, +-1 {ev['step_within_1']}")  # fmt: skip
+        else:
+            text = "-"
+        delta = "-" if g.delta is None else f"{g.delta:.2f}"
+        lines.append(f"| {g.rank} | {g.name} | {g.detector} | {g.coverage:.2f} | {delta} | "
+                     f"{g.failed_members} / {g.successful_members} | "
+                     f"{', '.join(g.tools[:3]) or '-'} | {text} |")  # fmt: skip
+    lines.append("")
+    lines += [f"- #{g.rank} says: {g.says}" for g in r.gaps]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--work", type=Path,
+                        default=Path(tempfile.gettempdir()) / "tracegym-gaps-real")  # fmt: skip
+    parser.add_argument("--no-clusters", action="store_true",
+                        help="group identical signatures only, no sentence embeddings")  # fmt: skip
+    parser.add_argument("--only", help="sets whose name contains this text")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.no_clusters:
+        from tracegym.benchmarks.planted_causes import ExactSignatures
+
+        embedder: Any = ExactSignatures()
+        mode = "clusters of identical signatures only (--no-clusters)"
+    else:
+        from tracegym.analysis.embeddings import Embedder
+
+        embedder = Embedder(args.work / "cache")
+        mode = "embedding clusters (all-MiniLM-L6-v2)"
+    found, skipped = real_sets(args.data.resolve())
+    if args.only:
+        found = [s for s in found if args.only.lower() in s.name.lower()]
+    print(f"# Gaps on real sets: analyze at default thresholds; {mode}\n")
+    reports = []
+    for s in found:
+        report = analyse(s, prepare(s, args.work), embedder)
+        reports.append(report)
+        print(render(report) + "\n")
+    for line in skipped:
+        print(f"- skipped: {line}")
+    if args.json:
+        rows = [vars(r) | {"gaps": [vars(g) for g in r.gaps]} for r in reports]
+        args.json.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
