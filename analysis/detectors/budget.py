@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tracegym.analysis.detector_names import BUDGET_WASTE
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.features import (
     call_signature,
@@ -100,7 +101,7 @@ class BudgetWaste(Detector):
     limit a subtask's tokens must reach.
     """
 
-    name = "budget_waste"
+    name = BUDGET_WASTE
     description = (
         "Spends steps or tokens on tools and subtasks far beyond what successful runs need, "
         "repeats identical calls, or runs out of steps before finishing"

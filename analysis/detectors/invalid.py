@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tracegym.analysis.detector_names import INVALID_INVOCATION
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.tool_order import named_prerequisites
 from tracegym.analysis.features import is_tool, step_ref
@@ -84,7 +85,7 @@ class InvalidInvocation(Detector):
     leaves out errors that a later call of the same tool recovered from.
     """
 
-    name = "invalid_invocation"
+    name = INVALID_INVOCATION
     description = (
         "Calls tools in ways that fail: errors, tools that do not exist, missing, unknown or "
         "mistyped arguments"

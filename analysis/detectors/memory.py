@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracegym.analysis.detector_names import POISONED_MEMORY
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.ungrounded import (
     Evidence,
@@ -143,7 +144,7 @@ class PoisonedMemory(Detector):
     `disagreement` (0.5) the most backing, relative to that, a disagreeing content may have.
     """
 
-    name = "poisoned_memory"
+    name = POISONED_MEMORY
     description = (
         "Writes to memory what an error, a guess or a misreading produced, and later acts on "
         "the record it reads back"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from tracegym.analysis.detector_names import PREMATURE_FINISH
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.features import action_label, final_action_step, is_tool, step_ref
 from tracegym.analysis.runs import Run
@@ -35,7 +36,7 @@ class PrematureFinish(Detector):
     successful runs behind it.
     """
 
-    name = "premature_finish"
+    name = PREMATURE_FINISH
     description = (
         "Finishes (answers or acts for the last time) without the lookups or verifications "
         "that successful runs make before finishing"

@@ -40,6 +40,7 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from tracegym.analysis.detector_names import WRONG_TOOL_ORDER
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.features import final_action_step, is_tool, step_ref
 from tracegym.analysis.runs import Run, Step
@@ -137,7 +138,7 @@ class WrongToolOrder(Detector):
     them that follow it, `flag_missing` (True) whether a missing prerequisite counts.
     """
 
-    name = "wrong_tool_order"
+    name = WRONG_TOOL_ORDER
     description = (
         "Calls tools in an order successful runs never use: an action before the lookup or "
         "check that successful runs always make first"

@@ -51,6 +51,7 @@ from functools import lru_cache
 from typing import Any
 
 from tracegym.analysis.arithmetic import decimals_of, derived, numbers_in, parse_number
+from tracegym.analysis.detector_names import UNGROUNDED_ARGUMENT
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.features import is_tool, step_ref
 from tracegym.analysis.runs import Run, Step, parse_json
@@ -505,7 +506,7 @@ class UngroundedArgument(Detector):
     vocabulary, `choices` (True) whether to flag unsupported choices.
     """
 
-    name = "ungrounded_argument"
+    name = UNGROUNDED_ARGUMENT
     description = (
         "Uses tool argument values (ids, amounts, names) that appear nowhere in what the agent "
         "was told or has looked up, or picks a record that does not match the request"

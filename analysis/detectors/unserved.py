@@ -24,6 +24,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from tracegym.analysis.detector_names import UNSERVED_REQUEST
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.features import final_action_step, is_tool, step_ref
 from tracegym.analysis.runs import Run
@@ -121,7 +122,7 @@ class UnservedRequest(Detector):
     Parameters: `min_words` (1): a tool needs at least this many words to be matched.
     """
 
-    name = "unserved_request"
+    name = UNSERVED_REQUEST
     description = (
         "Does not do what the user asked: the request names an action one of the agent's own "
         "tools performs, and the run ends without calling that tool"
