@@ -9,7 +9,10 @@ For each labelled set under `../shared/data` (skipped with a note when absent):
 - AgenTracer TracerTraj-code (MetaGPT teams, 127 failed runs): split by a hash of the run's
   `question_ID` (sha256, even = tuning); the handover and prompt-template rules were chosen
   looking at the tuning half only, the other half was scored once they were fixed;
-- AgentRx tau-retail (one tool-calling agent, 29 labelled failures): task id even = tuning.
+- AgentRx tau-retail (one tool-calling agent, 29 labelled failures): task id even = tuning;
+- planted causes (tests/fixtures/planted.py, generated single agents): seeds 0-9 = tuning,
+  seeds 100-119 = untuned; gold step = the planted cause's decisive span (noise failures,
+  which have none, are not scored); detectors are fitted per seed's store.
 
 it prints tracegym's attribution next to baselines computed in the same run (first non-human
 speaker at its first step, most common agent at its first step, first error, last step, random
@@ -174,6 +177,57 @@ def load_agentrx(data: Path, home: Path) -> LabelledSet | None:
             "odd task ids (untuned)": [r for r in labelled if task(r) % 2 == 1],
             "all": labelled,
         },
+    )
+
+
+PLANTED_TUNING = tuple(range(10))
+PLANTED_REPORTING = tuple(range(100, 120))
+
+
+def load_planted(data: Path, home: Path) -> LabelledSet | None:
+    """Generated single agents with planted causes (tests/fixtures/planted.py): each failed
+    run of a planted cause has a known decisive span; noise failures have none and are not
+    scored. One store per seed; detectors are fitted per seed (`extra["groups"]`)."""
+    from tracegym.analysis.runs import load_runs
+    from tracegym.store.store import Store
+    from tracegym.tests.fixtures.planted import generate
+
+    del data  # generated, not read
+    runs: list[Any] = []
+    groups: list[list[Any]] = []
+    gold: dict[str, tuple[str | None, int | None]] = {}
+    tuning: set[str] = set()
+    for seed in (*PLANTED_TUNING, *PLANTED_REPORTING):
+        planted = generate(home / f"planted-{seed}", seed)
+        with Store(home / f"planted-{seed}") as store:
+            loaded = load_runs(store)
+        by_trace = {r.trace_id: r for r in loaded}
+        for truth in planted.runs:
+            run = by_trace.get(truth.trace_id)
+            if run is None or truth.decisive_span_id is None:
+                continue
+            step = run.by_span().get(truth.decisive_span_id)
+            gold[run.trace_id] = (step.agent if step else None, step.step_index if step else None)
+            if seed in PLANTED_TUNING:
+                tuning.add(run.trace_id)
+        runs += loaded
+        groups.append(loaded)
+    labelled = [r for r in runs if r.trace_id in gold]
+    return LabelledSet(
+        "Planted causes (generated single agents)",
+        runs,
+        labelled,
+        lambda run: gold.get(run.trace_id, (None, None)),
+        {
+            f"seeds {PLANTED_TUNING[0]}-{PLANTED_TUNING[-1]} (tuning)": [
+                r for r in labelled if r.trace_id in tuning
+            ],
+            f"seeds {PLANTED_REPORTING[0]}-{PLANTED_REPORTING[-1]} (untuned)": [
+                r for r in labelled if r.trace_id not in tuning
+            ],
+        },
+        note="one agent per run, so agent accuracy is trivial; step = the planted decisive span",
+        extra={"groups": groups},
     )
 
 
@@ -349,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     data = args.data.resolve()
     started = time.perf_counter()
-    loaders = (load_whowhen, load_agentracer, load_agentrx)
+    loaders = (load_whowhen, load_agentracer, load_agentrx, load_planted)
     sets: list[LabelledSet] = []
     for loader in loaders:
         with tempfile.TemporaryDirectory() as home:
@@ -366,7 +420,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for labelled in sets:
         findings, note = (None, "detectors off")
         if not args.no_detectors:
-            findings, note = detector_findings(labelled.runs)
+            groups = labelled.extra.get("groups") or [labelled.runs]
+            findings, notes = {}, []
+            for group in groups:  # detectors learn from one system's runs at a time
+                found, note = detector_findings(group)
+                findings.update(found)
+                notes.append(note)
+            note = (
+                notes[0]
+                if len(notes) == 1
+                else (f"{sum(len(f) for f in findings.values())} findings in {len(notes)} stores")
+            )
         result = evaluate(labelled, findings)
         results[labelled.name] = result
         profile = next(iter(result["profiles"].values()))

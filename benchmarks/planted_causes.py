@@ -9,7 +9,8 @@ successful runs; `tracegym.analysis.pipeline.analyze` runs on that store at the 
 thresholds, as `tracegym analyze` calls it. Scored per planted cause:
 
 - the kept gap whose failed member runs best match the cause's runs (Jaccard; >= 0.6 is
-  "recovered"), and whether that gap's finding names the decisive step of those runs;
+  "recovered"), and whether that gap's finding names the decisive step of those runs (its
+  first span is the agent's decisive chat span or the tool call that carried it out);
 - `any candidate`: the best Jaccard over every scored candidate, kept or not (an upper bound
   of what gap selection could keep from the current detectors and clusters);
 - baseline `all failed`: one gap holding every failed run.
@@ -195,7 +196,7 @@ class ExactSignatures:
 def score_seed(planted: Any, result: Any, split: str) -> SeedScore:
     failed = set(planted.failed)
     noise_or_ok = set(planted.noise) | set(planted.succeeded)
-    decisive = {r.trace_id: r.decisive_span_id for r in planted.runs}
+    decisive = {r.trace_id: {r.decisive_span_id, r.acted_span_id} - {None} for r in planted.runs}
     causes = planted.causes
     gaps = kept_gaps(result)
     candidates = all_candidates(result)
@@ -207,7 +208,7 @@ def score_seed(planted: Any, result: Any, split: str) -> SeedScore:
         if best is not None:
             for trace in truth & best.failed_members:
                 of += 1
-                hits += decisive.get(trace) in best.decisive.get(trace, ())
+                hits += bool(decisive.get(trace, set()) & best.decisive.get(trace, frozenset()))
         oracle = max(candidates, key=lambda g: jaccard(truth, g.failed_members), default=None)
         seed.causes.append(CauseScore(
             seed=planted.seed, split=split, cause=cause, runs=len(truth),

@@ -61,6 +61,7 @@ def test_every_cause_is_planted_in_failed_runs_with_a_decisive_span(sets):
                 spans = {s.span_id for s in run.steps}
                 truth = next(r for r in p.runs if r.trace_id == trace)
                 assert truth.decisive_span_id in spans
+                assert truth.acted_span_id is None or truth.acted_span_id in spans
         # only task_id and task_kind reach the store: never the cause
         assert all(set(r.labels) == {"task_id", "task_kind"} for r in runs.values())
     assert planted == set(pl.CAUSES)
@@ -68,6 +69,17 @@ def test_every_cause_is_planted_in_failed_runs_with_a_decisive_span(sets):
 
 def _truth(p: pl.PlantedSet, cause: str) -> list[pl.PlantedRun]:
     return [r for r in p.runs if r.cause == cause]
+
+
+def _acted(run, truth: pl.PlantedRun):
+    """The tool call a planted step carried out, checking that the decisive chat span before
+    it is the one that asked for it."""
+    steps = run.by_span()
+    chat, acted = steps[truth.decisive_span_id], steps[truth.acted_span_id]
+    assert chat.operation == "chat" and chat.position < acted.position
+    calls = json.loads(chat.output)[0]["tool_calls"]
+    assert calls[0]["function"]["name"] == acted.tool
+    return acted
 
 
 def test_planted_runs_do_what_their_cause_says(sets):
@@ -81,8 +93,7 @@ def test_planted_runs_do_what_their_cause_says(sets):
             assert write in seq and d.read_tool not in seq[: seq.index(write)]
             failed = [s for s in runs[r.trace_id].tool_calls() if s.tool == write]
             assert failed[-1].failed
-            decisive = runs[r.trace_id].by_span()[r.decisive_span_id]
-            assert decisive.tool == write
+            assert _acted(runs[r.trace_id], r).tool == write
         # successful runs always read a record before writing it
         for run in ok:
             seq = run.tool_sequence()
@@ -91,14 +102,14 @@ def test_planted_runs_do_what_their_cause_says(sets):
                     assert d.read_tool in seq[: seq.index(write)]
         for r in _truth(p, pl.UNGROUNDED_ID):
             run = runs[r.trace_id]
-            step = run.by_span()[r.decisive_span_id]
+            step = _acted(run, r)
             value = str(step.arguments[d.id_arg])
             earlier = [s for s in run.steps if s.position < step.position and s.operation
                        in ("execute_tool", "invoke_agent")]  # fmt: skip
             assert step.tool == d.read_tool and step.failed
             assert all(value not in (s.output or "") + (s.input or "") for s in earlier)
         for r in _truth(p, pl.POLICY_FORBIDDEN):
-            step = runs[r.trace_id].by_span()[r.decisive_span_id]
+            step = _acted(runs[r.trace_id], r)
             assert step.tool in (d.cancel_tool, d.update_tool) and not step.failed
             record = next(s for s in runs[r.trace_id].tool_calls()
                           if s.tool == d.read_tool and not s.failed)  # fmt: skip
