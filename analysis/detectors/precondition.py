@@ -12,12 +12,16 @@ the read tool R whose records it acts on, per field path of R's results present 
   "flags.locked"): the values seen on records T acted on (at least `min_support` of them), and
   the values seen on R-records successful runs read and did *not* act on with T. A value is
   *forbidden* for T when successful runs abstained on at least `min_abstain` records holding it,
-  never acted on one, and that is unlikely to be chance: if a share p of all R-records hold the
+  never acted on one, and that is unlikely to be chance: if a share p of the R-records hold the
   value, n acted records all missing it has probability (1 - p)^n, which must be at most
   `max_chance` (0.05: with 3 acted records the value must be on 63% of the records, with 40 on
-  7%). A colour or size that the few acted records happen not to have is no rule. Paths with
+  7%). p is the larger of its share among all records successful runs read and its share among
+  the records *failed* runs called T on (a state rare in general but common where failed runs
+  act is evidence too). A colour or size that the few acted records happen not to have is no
+  rule. Paths with
   more than `max_values` distinct values are identifiers or prose, not states;
-- *numeric fields* (not inside lists): the range [lo, hi] of the values on records T acted on.
+- *numeric fields* (not inside lists): the range [lo, hi] of the values on records T acted on
+  (at least `min_threshold_support`, 5, of them: the range of three values is their spread).
   Above hi (below lo) is forbidden when at least `min_abstain` abstained records lie there,
   with the same chance bound over the share of records beyond it.
 
@@ -80,11 +84,17 @@ def mine_preconditions(
     max_values: int = 12,
     max_chance: float = 0.05,
     min_presence: float = 0.5,
+    min_threshold_support: int = 5,
 ) -> list[Precondition]:
     """The preconditions the successful `runs` keep (see the module docstring)."""
     acted: dict[tuple[str, str], dict[str, Read]] = defaultdict(dict)
+    failed: dict[tuple[str, str], dict[str, Read]] = defaultdict(dict)  # acted on in failed runs
     records: dict[str, dict[str, Read]] = defaultdict(dict)
     for run in runs:
+        if run.success is False:
+            for write, linked in acted_run(run).writes:
+                for read in linked:
+                    failed[write.tool or write.name, read.tool].setdefault(read.observed, read)
         if run.success is not True:
             continue
         paired = acted_run(run, failed_writes=False)
@@ -94,14 +104,16 @@ def mine_preconditions(
         for record in paired.records:
             records[record.tool].setdefault(record.observed, record)
     rules: list[Precondition] = []
-    bounds = _Bounds(min_support, min_abstain, max_values, max_chance, min_presence)
+    bounds = _Bounds(min_support, min_abstain, max_values, max_chance, min_presence,
+                     min_threshold_support)  # fmt: skip
     for (tool, read_tool), by_key in sorted(acted.items()):
         positives = list(by_key.values())
         if len(positives) < min_support:
             continue
         abstained = [r for k, r in records[read_tool].items() if k not in by_key]
-        rules += _enum_rules(tool, read_tool, positives, abstained, bounds)
-        rules += _number_rules(tool, read_tool, positives, abstained, bounds)
+        in_failed = list(failed[tool, read_tool].values())
+        rules += _enum_rules(tool, read_tool, positives, abstained, in_failed, bounds)
+        rules += _number_rules(tool, read_tool, positives, abstained, in_failed, bounds)
     return rules
 
 
@@ -112,20 +124,26 @@ class _Bounds:
     max_values: int
     max_chance: float
     min_presence: float
+    min_threshold_support: int
 
     def field(self, acted: int, present: int, records: int) -> bool:
         """Whether a path is a state field: on enough acted records and on most records."""
         return acted >= self.min_support and present >= self.min_presence * records
 
-    def unlikely(self, holding: int, records: int, acted: int) -> bool:
-        """Whether `acted` records all missing a value that `holding` of `records` hold is
-        unlikely to be chance."""
-        share = holding / records if records else 0.0
+    def unlikely(self, holding: int, records: int, acted: int, failed_share: float) -> bool:
+        """Whether `acted` records all missing a value that `holding` of `records` hold (and
+        `failed_share` of the records failed runs acted on) is unlikely to be chance."""
+        share = max(holding / records if records else 0.0, failed_share)
         return holding >= self.min_abstain and (1 - share) ** acted <= self.max_chance
 
 
 def _enum_rules(
-    tool: str, read_tool: str, positives: list[Read], abstained: list[Read], bounds: _Bounds
+    tool: str,
+    read_tool: str,
+    positives: list[Read],
+    abstained: list[Read],
+    failed: list[Read],
+    bounds: _Bounds,
 ) -> list[Precondition]:
     rules = []
     paths = Counter(p for r in positives for p in r.enums)
@@ -138,8 +156,15 @@ def _enum_rules(
         if len(allowed | set(left)) > bounds.max_values:
             continue
         records = n + len(with_path)
+        in_failed = [r.enums[path] for r in failed if path in r.enums]
+
+        def failed_share(value: str, in_failed: list[frozenset[str]] = in_failed) -> float:
+            return sum(value in vs for vs in in_failed) / len(in_failed) if in_failed else 0.0
+
         forbidden = frozenset(
-            v for v, c in left.items() if v not in allowed and bounds.unlikely(c, records, n)
+            v
+            for v, c in left.items()
+            if v not in allowed and bounds.unlikely(c, records, n, failed_share(v))
         )
         if forbidden:
             count = sum(1 for r in abstained if r.enums.get(path, frozenset()) & forbidden)
@@ -148,23 +173,32 @@ def _enum_rules(
 
 
 def _number_rules(
-    tool: str, read_tool: str, positives: list[Read], abstained: list[Read], bounds: _Bounds
+    tool: str,
+    read_tool: str,
+    positives: list[Read],
+    abstained: list[Read],
+    failed: list[Read],
+    bounds: _Bounds,
 ) -> list[Precondition]:
     rules = []
     paths = Counter(p for r in positives for p in r.numbers if "[]" not in p)
     for path, n in sorted(paths.items()):
         others = [x for r in abstained for x in r.numbers.get(path, ())]
+        if n < bounds.min_threshold_support:
+            continue  # a range fitted to a handful of values is their spread, not a rule
         if not bounds.field(n, n + len(others), len(positives) + len(abstained)):
             continue
         values = [x for r in positives for x in r.numbers.get(path, ())]
         lo, hi = min(values), max(values)
         if not others:
             continue
-        for above, below, beyond in (
-            (hi, None, [x for x in others if x > hi]),
-            (None, lo, [x for x in others if x < lo]),
+        in_failed = [x for r in failed for x in r.numbers.get(path, ())]
+        for above, below, beyond, failed_beyond in (
+            (hi, None, [x for x in others if x > hi], [x for x in in_failed if x > hi]),
+            (None, lo, [x for x in others if x < lo], [x for x in in_failed if x < lo]),
         ):
-            if bounds.unlikely(len(beyond), n + len(others), n):
+            share = len(failed_beyond) / len(in_failed) if in_failed else 0.0
+            if bounds.unlikely(len(beyond), n + len(others), n, share):
                 rules.append(
                     Precondition(tool, read_tool, path, frozenset(), above, below, n, len(beyond))
                 )
