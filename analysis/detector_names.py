@@ -20,6 +20,10 @@ BUDGET_WASTE = "budget_waste"
 INVALID_INVOCATION = "invalid_invocation"
 PREMATURE_FINISH = "premature_finish"
 UNSERVED_REQUEST = "unserved_request"
+FORBIDDEN_ACTION = "forbidden_action"
+MISSED_ACTION = "missed_action"
+WRONG_AMOUNT = "wrong_amount"
+WRONG_LIST = "wrong_list"
 
 BUILT_IN: tuple[str, ...] = (
     UNGROUNDED_ARGUMENT,
@@ -29,25 +33,33 @@ BUILT_IN: tuple[str, ...] = (
     INVALID_INVOCATION,
     PREMATURE_FINISH,
     UNSERVED_REQUEST,
+    FORBIDDEN_ACTION,
+    MISSED_ACTION,
+    WRONG_AMOUNT,
+    WRONG_LIST,
 )
+# Detectors that measure spending (calls, steps, tokens): their contrast is drawn against
+# successful runs serving the same kind of request (see `analysis.gaps.like_with_like`).
+SPEND_DETECTORS: frozenset[str] = frozenset({BUDGET_WASTE})
 
-# Finding-key prefixes of symptom kinds (a key is "<detector>:<detail>"): see the module doc.
+# Finding-key prefixes of symptom kinds (a key is "<detector>:<detail>"). A subtask over its
+# budget (`budget_waste:subtask:<kind>`) names a behaviour of its own and is not among them.
 SYMPTOM_KEY_PREFIXES: tuple[str, ...] = (
-    f"{BUDGET_WASTE}:",  # out_of_steps, loop:<tool>, tool:<tool>, subtask:<kind>
+    f"{BUDGET_WASTE}:out_of_steps",  # the run stopped at the ceiling
+    f"{BUDGET_WASTE}:loop:",  # the same call repeated
+    f"{BUDGET_WASTE}:tool:",  # more calls of a tool than successful runs make (retries ...)
     "retry:",
     "retries:",
     "apology:",
     "apologies:",
 )
-# Detectors all of whose findings are symptoms (their whole-kind candidate `detector:<name>`).
+# Detectors whose whole kind (the candidate `detector:<name>`) is a symptom kind.
 SYMPTOM_DETECTORS: frozenset[str] = frozenset({BUDGET_WASTE, "retry", "retries", "apology",
                                                "apologies"})  # fmt: skip
 
 
-def is_symptom(key: str, detector: str | None = None) -> bool:
-    """Whether a candidate (a finding key, `detector:<name>`, or a detector) is a symptom kind."""
-    if detector in SYMPTOM_DETECTORS:
-        return True
+def is_symptom(key: str) -> bool:
+    """Whether a candidate key (a finding key, or `detector:<name>`) is a symptom kind."""
     if key.startswith("detector:"):
         return key.split(":", 1)[1] in SYMPTOM_DETECTORS
     return key.startswith(SYMPTOM_KEY_PREFIXES)
@@ -56,13 +68,18 @@ def is_symptom(key: str, detector: str | None = None) -> bool:
 __all__ = [
     "BUDGET_WASTE",
     "BUILT_IN",
+    "FORBIDDEN_ACTION",
     "INVALID_INVOCATION",
+    "MISSED_ACTION",
     "POISONED_MEMORY",
     "PREMATURE_FINISH",
+    "SPEND_DETECTORS",
     "SYMPTOM_DETECTORS",
     "SYMPTOM_KEY_PREFIXES",
     "UNGROUNDED_ARGUMENT",
     "UNSERVED_REQUEST",
+    "WRONG_AMOUNT",
+    "WRONG_LIST",
     "WRONG_TOOL_ORDER",
     "is_symptom",
 ]

@@ -96,20 +96,20 @@ class Symptom:
     name: str
     detector: str
     failed_runs: int  # failed runs with the symptom
-    shared: int  # of them, runs this gap also explains
-    after: int  # of the shared ones, runs where the symptom's first finding follows the cause's
+    shared: int  # of them, runs where this gap's earliest finding comes first
+    explained: int  # runs where some kept cause comes first (>= shared)
     why: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "name": self.name, "detector": self.detector,
-                "failed_runs": self.failed_runs, "shared": self.shared, "after": self.after,
+                "failed_runs": self.failed_runs, "shared": self.shared, "explained": self.explained,
                 "why": self.why}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Symptom:
         return cls(str(data.get("key") or ""), str(data.get("name") or ""),
                    str(data.get("detector") or ""), _int(data.get("failed_runs")) or 0,
-                   _int(data.get("shared")) or 0, _int(data.get("after")) or 0,
+                   _int(data.get("shared")) or 0, _int(data.get("explained")) or 0,
                    str(data.get("why") or ""))  # fmt: skip
 
 

@@ -5,9 +5,12 @@ separate failures from successes (TRACE's coverage, contrastive delta and bootst
 - delta = that share minus the same share among successful runs;
 - stability = in how many of `resamples` bootstrap resamples (failed and successful runs each
   resampled with replacement) both thresholds still hold.
-A candidate is kept when coverage >= min_coverage, delta >= min_delta and stability >=
-min_stability. With no successful runs there is no contrast: candidates are ranked by coverage
-alone and the result says so.
+A candidate passes when coverage >= min_coverage, delta >= min_delta and stability >=
+min_stability; `like_with_like` contrasts spending again with runs of the same kind of request,
+and `select` keeps causes, not symptoms (a candidate that follows a cause in the same runs is
+folded into it; one covering nearly every failure without naming a behaviour is failure itself).
+With no successful runs there is no contrast: candidates are ranked by coverage alone and the
+result says so. docs/gaps.md has the rules and what they were measured on.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from tracegym.analysis.detector_names import INVALID_INVOCATION, SPEND_DETECTORS, is_symptom
 from tracegym.analysis.detectors.base import Finding
 from tracegym.analysis.gap import Gap, GapMember, GapRequest, Symptom
 from tracegym.analysis.runs import Run
@@ -57,6 +61,7 @@ class Scored:
     stability: int
     kept: bool
     why: str
+    symptoms: list[Symptom] = field(default_factory=list)  # set by `select`
 
 
 def rates(lacking: set[str], failed: Sequence[str], succeeded: Sequence[str]):
@@ -103,6 +108,36 @@ def score(candidate: Candidate, failed: Sequence[str], succeeded: Sequence[str],
     )  # fmt: skip
 
 
+MIN_PEERS = 5  # successful runs of the same kinds of request needed to compare with them
+
+
+def like_with_like(scored: Sequence[Scored], runs: Sequence[Run], t: Thresholds) -> None:
+    """Spending is judged against runs that serve the same kind of request: a kept candidate
+    of a spend detector (`detector_names.SPEND_DETECTORS`) is dropped when, among the runs
+    whose request kind (`Run.request_kind`) is one of its failed runs' kinds, its failed share
+    minus its successful share falls under `min_delta` (successful runs of that kind spend as
+    much: the budget the task needs). With fewer than MIN_PEERS such successful runs the pooled
+    contrast stands."""
+    kind = {r.trace_id: r.request_kind() for r in runs}
+    failed = [r.trace_id for r in runs if r.success is False]
+    succeeded = [r.trace_id for r in runs if r.success is True]
+    for s in scored:
+        c = s.candidate
+        if not s.kept or c.detector not in SPEND_DETECTORS:
+            continue
+        kinds = {kind[x] for x in failed if x in c.lacking}
+        peers_failed = [x for x in failed if kind[x] in kinds]
+        peers = [x for x in succeeded if kind[x] in kinds]
+        if len(peers) < MIN_PEERS or not peers_failed:
+            continue
+        _, delta = rates(c.lacking, peers_failed, peers)
+        if delta is not None and delta < t.min_delta:
+            named = ", ".join(sorted(k or "(no write)" for k in kinds))
+            s.kept = False
+            s.why = (f"delta {delta:.2f} < {t.min_delta} against the {len(peers)} successful runs "
+                     f"of the same kind of request ({named}): they spend as much")  # fmt: skip
+
+
 def candidates_from_findings(findings: Iterable[Finding]) -> list[Candidate]:
     """One candidate per detector kind and one per precise finding key."""
     by_key: dict[tuple[str, str], Candidate] = {}
@@ -118,33 +153,153 @@ def _jaccard(a: set[str], b: set[str]) -> float:
     return len(a & b) / len(a | b) if a | b else 0.0
 
 
-def select(scored: Sequence[Scored], failed: Sequence[str], t: Thresholds) -> list[Scored]:
-    """The kept candidates, best first, without near-duplicates.
+# Causes, not symptoms -------------------------------------------------------------------------
+FOLD_SHARE = 0.8  # a candidate is folded when earlier causes explain this share of its runs
+FAILURE_COVERAGE = 0.9  # an unspecific candidate covering this share of failures is failure
+GENERIC_DETAILS = frozenset({"out_of_steps"})  # finding keys that name no tool, argument, step
 
-    Ranked by coverage x delta (coverage alone without successes); at equal rank a precise
-    finding key comes before its detector's whole kind, and that before a cluster. A detector's
-    kind is kept only if it covers enough failures its kept precise keys miss; any candidate
-    that mostly repeats (Jaccard >= 0.8) a kept gap's failed runs is dropped.
+
+def specific(c: Candidate) -> bool:
+    """Whether the candidate names a behaviour: a precise finding key about a tool, an
+    argument, a subtask or a rule (not a detector's whole kind, a cluster, or running out)."""
+    if c.kind != "finding":
+        return False
+    detail = c.key.split(":", 1)[1] if ":" in c.key else ""
+    return bool(detail) and detail not in GENERIC_DETAILS
+
+
+def first_positions(c: Candidate) -> dict[str, int]:
+    """Per run, the position of the candidate's earliest finding."""
+    out: dict[str, int] = {}
+    for f in c.findings:
+        if f.position is not None and (f.trace_id not in out or f.position < out[f.trace_id]):
+            out[f.trace_id] = f.position
+    return out
+
+
+def _follower(c: Candidate) -> bool:
+    """Symptom kinds (budget, retries, apologies) and failed calls (where the run visibly
+    broke) follow a cause at the same step as well as after it."""
+    return is_symptom(c.key) or c.detector == INVALID_INVOCATION
+
+
+def _causes_of(
+    b: Scored, causes: Sequence[Scored], fails: dict[int, set[str]], at: dict[int, dict[str, int]]
+) -> tuple[Scored | None, int, int]:
+    """The cause `b` follows (the one sharing most of its runs), the runs earlier causes
+    explain, and the runs of that one cause; (None, 0, 0) when under FOLD_SHARE."""
+    mine = fails[id(b)]
+    if not mine:
+        return None, 0, 0
+    tie = _follower(b.candidate)
+    explained: set[str] = set()
+    best, best_runs = None, 0
+    for a in causes:
+        if a is b:
+            continue
+        same_step = tie and not _follower(a.candidate)  # a failed call does not cause itself
+        pa, pb = at[id(a)], at[id(b)]
+        runs = {r for r in mine & fails[id(a)] if r in pa and r in pb
+                and (pa[r] < pb[r] or (same_step and pa[r] == pb[r]))}  # fmt: skip
+        if not runs:
+            continue
+        explained |= runs
+        if len(runs) > best_runs:
+            best, best_runs = a, len(runs)
+    if len(explained) / len(mine) < FOLD_SHARE:
+        return None, 0, 0
+    return best, len(explained), best_runs
+
+
+def select(scored: Sequence[Scored], failed: Sequence[str], t: Thresholds) -> list[Scored]:
+    """The kept candidates, best first: causes, with the symptoms that follow them folded in,
+    without near-duplicates.
+
+    1. *Failure itself*: a candidate that covers FAILURE_COVERAGE of the failed runs and names
+       no specific behaviour (`specific`) is not kept (its `why` says so).
+    2. *Symptoms*: a candidate whose failed runs are, for FOLD_SHARE of them, runs where a kept
+       cause's earliest finding comes first is folded into that cause (`Scored.symptoms`): it
+       follows the cause. Symptom kinds (`detector_names.is_symptom`: budget, retries,
+       apologies) and failed calls also follow a cause at the same step. A cluster (it names
+       no behaviour) and a symptom kind are never the cause.
+    3. The rest are ranked by coverage x delta (coverage alone without successes); at equal
+       rank a precise finding key comes before its detector's whole kind, and that before a
+       cluster. A detector's kind is kept only if it covers enough failures its kept precise
+       keys miss; any candidate that mostly repeats (Jaccard >= 0.8) a kept gap's failed runs
+       is dropped (its symptoms go to that gap).
     """
     failed_set = set(failed)
 
     def rank(s: Scored) -> tuple:
         impact = s.coverage * (s.delta if s.delta is not None else 1.0)
         specificity = {"finding": 0, "detector": 1, "cluster": 2}[s.candidate.kind]
-        return (-round(impact, 6), specificity, s.candidate.key)
+        return (not specific(s.candidate), -round(impact, 6), specificity, s.candidate.key)
 
+    passing = sorted((s for s in scored if s.kept), key=rank)
+    for s in passing:
+        s.symptoms = []
+    failure = {id(s) for s in passing
+               if s.coverage >= FAILURE_COVERAGE and not specific(s.candidate)}  # fmt: skip
+    fails = {id(s): s.candidate.lacking & failed_set for s in passing}
+    at = {id(s): first_positions(s.candidate) for s in passing}
+    causes = [s for s in passing if specific(s.candidate) and not is_symptom(s.candidate.key)]
+    parent: dict[int, tuple[Scored, int, int]] = {}
+    for b in passing:
+        cause, explained, shared = _causes_of(b, causes, fails, at)
+        if cause is not None:
+            parent[id(b)] = (cause, explained, shared)
+
+    def root(s: Scored) -> Scored:
+        seen = {id(s)}
+        while id(s) in parent and id(parent[id(s)][0]) not in seen:
+            s = parent[id(s)][0]
+            seen.add(id(s))
+        return s
+
+    roots = [s for s in passing if id(s) not in parent]
+    for b in passing:
+        if id(b) in parent:
+            cause, explained, shared = parent[id(b)]
+            home = root(cause)
+            if home is b or id(home) in parent:  # a cycle: keep b as a gap of its own
+                roots.append(b)
+                continue
+            home.symptoms.append(_symptom(b, len(fails[id(b)]), shared, explained, cause))
+            b.kept = False
+            b.why = f"follows {cause.candidate.key}: folded into {home.candidate.key}"
     kept: list[Scored] = []
-    for s in sorted((s for s in scored if s.kept), key=rank):
-        fails = s.candidate.lacking & failed_set
+    for s in sorted(roots, key=rank):
+        if id(s) in failure:
+            s.kept = False
+            s.why = (f"covers {s.coverage:.2f} of the failed runs and names no specific "
+                     "behaviour: failure itself, not a capability")  # fmt: skip
+            continue
+        runs = fails.get(id(s), set())
         if s.candidate.kind == "detector":
             covered = set().union(*(k.candidate.lacking & failed_set for k in kept
                                     if k.candidate.detector == s.candidate.detector))  # fmt: skip
-            if covered and len(fails - covered) / max(1, len(failed_set)) < t.min_coverage:
+            if covered and len(runs - covered) / max(1, len(failed_set)) < t.min_coverage:
                 continue
-        if any(_jaccard(fails, k.candidate.lacking & failed_set) >= 0.8 for k in kept):
+        twin = next((k for k in kept
+                     if _jaccard(runs, k.candidate.lacking & failed_set) >= 0.8), None)  # fmt: skip
+        if twin is not None:
+            twin.symptoms.extend(s.symptoms)
             continue
         kept.append(s)
     return kept
+
+
+def _symptom(b: Scored, runs: int, shared: int, explained: int, cause: Scored) -> Symptom:
+    return Symptom(
+        key=b.candidate.key,
+        name=gap_name(b.candidate),
+        detector=dominant_detector(b.candidate),
+        failed_runs=runs,
+        shared=shared,
+        explained=explained,
+        why=f"in {explained} of its {runs} failed runs an earlier finding of a kept cause comes "
+        f"first ({shared} of them {cause.candidate.key}'s)",
+    )
 
 
 # Describing a gap ---------------------------------------------------------------------------

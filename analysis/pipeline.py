@@ -25,6 +25,7 @@ from tracegym.analysis.gaps import (
     candidates_from_findings,
     describe,
     gap_name,
+    like_with_like,
     score,
     select,
 )
@@ -192,6 +193,7 @@ def analyze(
     failed = [r.trace_id for r in runs if r.success is False]
     succeeded = [r.trace_id for r in runs if r.success is True]
     scored = [score(c, failed, succeeded, t) for c in candidates]
+    like_with_like(scored, runs, t)
     kept = select(scored, failed, t)
     by_trace = {r.trace_id: r for r in runs}
     successes = [r for r in runs if r.success is True]
@@ -203,7 +205,7 @@ def analyze(
         while name in names:
             name += "_2"
         names.add(name)
-        gaps.append(describe(s, name, by_trace, successes, detector_text, rank))
+        gaps.append(describe(s, name, by_trace, successes, detector_text, rank, s.symptoms))
     timings["score"] = time.perf_counter() - clock
     result = Analysis(runs, findings, scored, gaps, t, errors, timings,
                       embedded=embedder.computed - before)  # fmt: skip

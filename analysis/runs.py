@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracegym.analysis.tool_kinds import is_answer_tool, is_read_tool
 from tracegym.tracer import semconv as sc
 
 ROLE = "tracegym.message.role"  # set by the importers on message spans (user, system, ...)
@@ -139,6 +140,15 @@ class Run:
 
     def by_span(self) -> dict[str, Step]:
         return {s.span_id: s for s in self.steps}
+
+    def request_kind(self) -> str | None:
+        """The kind of request the run serves, from its own calls: the first write tool it
+        calls (read and answer tools by name, `tool_kinds`), None when it calls none. Runs of
+        one kind are compared with each other where spending is judged."""
+        for tool in self.tool_sequence():
+            if not is_read_tool(tool) and not is_answer_tool(tool):
+                return tool
+        return None
 
 
 def _subtasks(steps: Sequence[Step]) -> None:

@@ -17,10 +17,12 @@ from tracegym.analysis.embeddings import Embedder
 from tracegym.analysis.gaps import (
     Thresholds,
     candidates_from_findings,
+    like_with_like,
     rates,
     score,
     select,
 )
+from tracegym.analysis.runs import Run, Step
 from tracegym.analysis.signatures import mask
 
 # Planted gaps: (share of failed runs lacking it, share of successful runs lacking it).
@@ -201,3 +203,114 @@ def test_analyze_writes_gaps_json(tmp_path: Path):
     assert all(m["evidence"] == "pay failed with Declined" for m in gap["members"])
     assert "Tool calls that fail" in gap["description"]
     assert gap["id"].startswith("gap-") and gap["rank"] == 1
+
+
+# Causes, not symptoms ---------------------------------------------------------------------------
+def _f(key: str, trace: str, position: int) -> Finding:
+    return Finding(key.split(":", 1)[0], key, trace, position, position, "agent",
+                   (f"{trace}-{position}",), f"{key} at {position}")  # fmt: skip
+
+
+def _select(findings, failed, succeeded):
+    t = Thresholds()
+    scored = [score(c, failed, succeeded, t) for c in candidates_from_findings(findings)]
+    return select(scored, failed, t), scored
+
+
+def test_a_symptom_that_follows_a_cause_is_folded_into_it():
+    failed = [f"f{i:02d}" for i in range(30)]
+    succeeded = [f"s{i:02d}" for i in range(30)]
+    findings = [_f("wrong_tool_order:get_booking>change_seat", t, 2) for t in failed[:12]]
+    findings += [_f("budget_waste:out_of_steps", t, 4) for t in failed[:12]]  # after the cause
+    findings += [_f("unserved_request:change_seat", t, 5) for t in failed[:11]]  # after too
+    kept, scored = _select(findings, failed, succeeded)
+    assert [s.candidate.key for s in kept] == ["wrong_tool_order:get_booking>change_seat"]
+    folded = {x.key: x for x in kept[0].symptoms}
+    assert {"budget_waste:out_of_steps", "unserved_request:change_seat"} <= set(folded)
+    assert folded["unserved_request:change_seat"].shared == 11
+    why = {s.candidate.key: s.why for s in scored}
+    assert why["budget_waste:out_of_steps"].startswith("follows ")
+
+
+def test_what_comes_first_is_the_cause_and_other_runs_keep_their_gap():
+    failed = [f"f{i:02d}" for i in range(30)]
+    succeeded = [f"s{i:02d}" for i in range(30)]
+    # the order finding comes first this time: the grounding finding follows it
+    findings = [_f("wrong_tool_order:a>b", t, 1) for t in failed[:10]]
+    findings += [_f("ungrounded_argument:b.x", t, 3) for t in failed[:10]]
+    # a budget symptom in other runs than any cause's: a gap of its own
+    findings += [_f("budget_waste:loop:search", t, 6) for t in failed[15:24]]
+    kept, _ = _select(findings, failed, succeeded)
+    keys = [s.candidate.key for s in kept]
+    assert keys == ["wrong_tool_order:a>b", "budget_waste:loop:search"]
+    assert {x.key for x in kept[0].symptoms} == {"ungrounded_argument:b.x",
+                                                 "detector:ungrounded_argument"}  # fmt: skip
+    # reversed positions: the grounding finding is the cause
+    findings = [_f("wrong_tool_order:a>b", t, 3) for t in failed[:10]]
+    findings += [_f("ungrounded_argument:b.x", t, 1) for t in failed[:10]]
+    kept, _ = _select(findings, failed, succeeded)
+    assert [s.candidate.key for s in kept] == ["ungrounded_argument:b.x"]
+
+
+def test_failure_itself_is_not_a_capability():
+    failed = [f"f{i:02d}" for i in range(20)]
+    succeeded = [f"s{i:02d}" for i in range(20)]
+    findings = [_f("budget_waste:out_of_steps", t, 3) for t in failed]  # every failed run
+    kept, scored = _select(findings, failed, succeeded)
+    assert kept == []
+    why = {s.candidate.key: s.why for s in scored}
+    assert "failure itself" in why["budget_waste:out_of_steps"]
+    assert "failure itself" in why["detector:budget_waste"]
+    # a precise behaviour covering every failed run is kept
+    findings = [_f("wrong_tool_order:a>b", t, 3) for t in failed]
+    kept, _ = _select(findings, failed, succeeded)
+    assert [s.candidate.key for s in kept] == ["wrong_tool_order:a>b"]
+
+
+def _run(trace: str, success: bool, tools: list[str]) -> Run:
+    steps = [Step(position=i, trace_id=trace, span_id=f"{trace}-{i}", parent_span_id=None,
+                  name=tool, operation="execute_tool", agent="a", step_index=i, tool=tool,
+                  call_id=None, input="{}", output="{}", status="OK", error_type=None,
+                  start_ns=i, end_ns=i, duration_ms=0.0, input_tokens=None, output_tokens=None,
+                  memory_store=None, memory_record=None, memory_content_hash=None,
+                  memory_result_hashes=[], subtask=None, attributes={})
+             for i, tool in enumerate(tools)]  # fmt: skip
+    return Run(trace, trace, "a", success, None, {}, None, steps)
+
+
+def test_spending_is_judged_against_runs_of_the_same_kind_of_request():
+    # failed booking runs search a lot; so do successful booking runs; refund runs do not
+    failed = [_run(f"f{i:02d}", False, ["search", "search", "search", "book"]) for i in range(10)]
+    booking = [_run(f"b{i:02d}", True, ["search", "search", "search", "book"]) for i in range(8)]
+    refunds = [_run(f"r{i:02d}", True, ["get_order", "refund"]) for i in range(30)]
+    runs = failed + booking + refunds
+    findings = [_f("budget_waste:tool:search", r.trace_id, 2) for r in failed + booking[:7]]
+    findings += [_f("wrong_tool_order:get_order>refund", r.trace_id, 3) for r in failed]
+    t = Thresholds()
+    ids_f = [r.trace_id for r in failed]
+    ids_s = [r.trace_id for r in booking + refunds]
+    scored = [score(c, ids_f, ids_s, t) for c in candidates_from_findings(findings)]
+    budget = next(s for s in scored if s.candidate.key == "budget_waste:tool:search")
+    assert budget.kept  # pooled: 10/10 failed vs 7/38 successful
+    assert {r.request_kind() for r in failed} == {"book"}
+    like_with_like(scored, runs, t)
+    assert not budget.kept and "same kind of request (book)" in budget.why
+    order = next(s for s in scored if s.candidate.key == "wrong_tool_order:get_order>refund")
+    assert order.kept  # not a spend detector: untouched
+
+
+def test_the_seat_agent_ranks_the_wrong_order_not_the_budget(tmp_path: Path):
+    """Issue 14's small agent: change_seat without get_booking, then an apology."""
+    from tracegym.analysis.pipeline import analyze
+    from tracegym.tests.fixtures.seat_agent import write_seat_agent
+
+    truth = write_seat_agent(tmp_path, failed=13)
+    result = analyze(tmp_path, embedder=_FakeEmbedder(tmp_path / "cache"), write=False)
+    assert result.gaps, [(s.candidate.key, s.why) for s in result.scored]
+    top = result.gaps[0]
+    assert top.key == "wrong_tool_order:get_booking>change_seat"
+    assert {m.trace_id for m in top.members} == truth["wrong_order"]
+    assert all(not g.key.startswith("budget_waste") for g in result.gaps)
+    why = {s.candidate.key: s.why for s in result.scored}
+    out_of_steps = why.get("budget_waste:out_of_steps", "follows")
+    assert out_of_steps.startswith("follows") or "failure itself" in out_of_steps
