@@ -2,11 +2,14 @@
 
     .venv/bin/python benchmarks/detectors_real.py [--data ../shared/data] [--json FILE] [--show N]
 
-Runs `forbidden_action`, `missed_action`, `wrong_amount`, `wrong_list` and the error-named
-`wrong_tool_order` findings (the detectors of issue 14, item 2) on real tau-bench-style runs of
-agents nobody here wrote, each detector fitted on the set's own runs exactly as `tracegym
+Runs `forbidden_action`, `missed_action`, `wrong_amount`, `wrong_list`, `unknown_value` and the
+error-named `wrong_tool_order` findings (the detectors of issue 14, item 2) on real tau-bench-style
+runs of agents nobody here wrote, each detector fitted on the set's own runs exactly as `tracegym
 analyze` fits it (from the successful runs; no labels), and scores their findings on the failed
 runs against what the benchmark itself says went wrong -- used here only, never by a detector:
+
+(`unserved_request`, the older detector of an action never taken, is scored alongside, to
+compare with `missed_action`.)
 
 - tau2-bench (retail, telecom): `reward_info.action_checks`, the expected actions and whether
   the run matched each;
@@ -50,7 +53,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / ".." / "shared" / "data"
-ACTION_FINDINGS = ("forbidden_action", "wrong_amount", "wrong_list", "wrong_tool_order")
+ACTION_FINDINGS = (
+    "forbidden_action", "wrong_amount", "wrong_list", "unknown_value", "wrong_tool_order"
+)  # fmt: skip
 
 
 @dataclass
@@ -178,9 +183,12 @@ def score_set(
     from tracegym.analysis.detectors.precondition import ForbiddenAction
     from tracegym.analysis.detectors.state import is_write
     from tracegym.analysis.detectors.tool_order import WrongToolOrder
+    from tracegym.analysis.detectors.unserved import UnservedRequest
+    from tracegym.analysis.detectors.vocabulary import UnknownValue
 
     detectors = [d.fit(runs) for d in (ForbiddenAction(), MissedAction(), WrongAmount(),
-                                       WrongListArgument(), WrongToolOrder())]  # fmt: skip
+                                       WrongListArgument(), UnknownValue(),
+                                       WrongToolOrder(), UnservedRequest())]  # fmt: skip
     failed = [r for r in runs if r.success is False]
     labelled = [(r, expected(r)) for r in failed]
     labelled = [(r, e) for r, e in labelled if e is not None]
@@ -243,7 +251,8 @@ def score_set(
         print(score.line(wrong_runs))
         for example in score.examples:
             print(f"      {example[:300]}")
-    rules = {d.name: len(getattr(d, "rules_", []) or []) for d in detectors}
+    rules = {d.name: len(getattr(d, "rules_", None) or getattr(d, "vocabulary_", None) or [])
+             for d in detectors}  # fmt: skip
     print(f"  rules learnt: {rules}")
     return {"set": name, "runs": len(runs), "failed": len(failed), "wrong_runs": wrong_runs,
             "rules": rules, "scores": [asdict(s) for s in scores]}  # fmt: skip
@@ -261,7 +270,8 @@ def agentrx_categories(runs: Sequence[Any], labels: Path) -> None:
         truth[str(entry.get("trajectory_id"))] = category or "?"
     print("  AgentRx root-cause category of the labelled failed runs each detector flags:")
     print(f"    all labelled failed runs: {dict(Counter(truth.values()).most_common())}")
-    for name in ("forbidden_action", "missed_action", "wrong_amount", "wrong_list"):
+    for name in ("forbidden_action", "missed_action", "wrong_amount", "wrong_list",
+                 "unknown_value"):  # fmt: skip
         detector = make_detector(name).fit(runs)
         flagged = Counter(
             truth[str(_source(r, "task_id"))]

@@ -531,7 +531,7 @@ def test_registry() -> None:
     assert list(DETECTORS) == [
         "ungrounded_argument", "wrong_tool_order", "poisoned_memory", "budget_waste",
         "invalid_invocation", "premature_finish", "unserved_request", "forbidden_action",
-        "missed_action", "wrong_amount", "wrong_list"]  # fmt: skip
+        "missed_action", "wrong_amount", "wrong_list", "unknown_value"]  # fmt: skip
     first, second = default_detectors(), default_detectors()
     assert [d.name for d in first] == list(DETECTORS)
     assert all(isinstance(d, Detector) and d.description for d in first)
@@ -875,3 +875,21 @@ def test_an_error_that_names_the_fix_is_a_wrong_order_not_an_invalid_call() -> N
     assert WrongToolOrder().fit(runs).detect(b.build()) == []
     invalid = InvalidInvocation().fit(runs).detect(b.build())
     assert keys(invalid) == ["invalid_invocation:change_seat"]
+
+
+def test_unknown_value_knows_an_arguments_closed_vocabulary() -> None:
+    from tracegym.analysis.detectors.vocabulary import UnknownValue
+
+    def ship(country: str, city: str, success: bool = True, trip: str = "one-way") -> Run:
+        b = RunBuilder("ship it", success=success)
+        b.user(f"Ship it to {city}, {country}.")
+        b.tool("ship_parcel", {"city": city, "country": country, "mode": trip}, {"ok": True})
+        return b.build()
+
+    cities = ["Austin", "Boston", "Denver", "Fresno", "Tulsa", "Omaha"]
+    detector = UnknownValue().fit([ship("USA", c) for c in cities])
+    assert set(detector.vocabulary_) == {("ship_parcel", "country"), ("ship_parcel", "mode")}
+    [finding] = detector.detect(ship("US", "Reno", success=False))
+    assert finding.key == "unknown_value:ship_parcel.country" and finding.details["value"] == "US"
+    # separators and case are not a different value; cities are no closed vocabulary
+    assert detector.detect(ship("usa", "Reno", success=False, trip="One_Way")) == []

@@ -26,8 +26,9 @@ the read tool R whose records it acts on, per field path of R's results present 
   with the same chance bound over the share of records beyond it.
 
 `detect` flags each write call of a run (failed ones too: an attempt the system refused is the
-same mistake) whose acted-on record holds a forbidden value. Key ``forbidden_action:T``;
-decisive step: the write; the read that showed the state follows in `span_ids`. Confidence 0.8
+same mistake) whose acted-on record holds a forbidden value. Key ``forbidden_action:T``, one
+finding per key and run; decisive step: the first such write; the read that showed the state
+and later such writes follow in `span_ids`. Confidence 0.8
 for an enum value, 0.6 for a threshold. Nothing about any domain is hard-coded.
 """
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.state import Read, acted_run
@@ -253,12 +254,17 @@ class ForbiddenAction(Detector):
     def detect(self, run: Run) -> list[Finding]:
         if not self.rules_:
             return []
-        findings = []
-        for write, linked in acted_run(run).writes:
+        findings: dict[str, Finding] = {}  # one per key: the first such write; later ones
+        for write, linked in acted_run(run).writes:  # follow in its span_ids
             finding = self._check(run, write, {r.tool: r for r in linked})
-            if finding is not None:
-                findings.append(finding)
-        return findings
+            if finding is None:
+                continue
+            first = findings.get(finding.key)
+            if first is None:
+                findings[finding.key] = finding
+            elif write.span_id not in first.span_ids:
+                findings[finding.key] = replace(first, span_ids=(*first.span_ids, write.span_id))
+        return list(findings.values())
 
     def _check(self, run: Run, write: Step, linked: dict[str, Read]) -> Finding | None:
         tool = write.tool or write.name

@@ -24,6 +24,7 @@ from tracegym.analysis.detectors.premature import PrematureFinish
 from tracegym.analysis.detectors.tool_order import WrongToolOrder
 from tracegym.analysis.detectors.ungrounded import UngroundedArgument
 from tracegym.analysis.detectors.unserved import UnservedRequest
+from tracegym.analysis.detectors.vocabulary import UnknownValue
 
 DETECTORS: dict[str, type[Detector]] = {
     cls.name: cls
@@ -39,6 +40,7 @@ DETECTORS: dict[str, type[Detector]] = {
         MissedAction,
         WrongAmount,
         WrongListArgument,
+        UnknownValue,
     )
 }
 
