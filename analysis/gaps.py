@@ -177,6 +177,14 @@ def first_positions(c: Candidate) -> dict[str, int]:
     return out
 
 
+def _tier(c: Candidate) -> int:
+    """Causes rank first (0: a specific behaviour), then what names none (1: a detector's
+    whole kind, a cluster), then symptom kinds (2): a symptom never ranks above a cause."""
+    if is_symptom(c.key):
+        return 2
+    return 0 if specific(c) else 1
+
+
 def _follower(c: Candidate) -> bool:
     """Symptom kinds (budget, retries, apologies) and failed calls (where the run visibly
     broke) follow a cause at the same step as well as after it."""
@@ -222,18 +230,19 @@ def select(scored: Sequence[Scored], failed: Sequence[str], t: Thresholds) -> li
        follows the cause. Symptom kinds (`detector_names.is_symptom`: budget, retries,
        apologies) and failed calls also follow a cause at the same step. A cluster (it names
        no behaviour) and a symptom kind are never the cause.
-    3. The rest are ranked by coverage x delta (coverage alone without successes); at equal
-       rank a precise finding key comes before its detector's whole kind, and that before a
-       cluster. A detector's kind is kept only if it covers enough failures its kept precise
-       keys miss; any candidate that mostly repeats (Jaccard >= 0.8) a kept gap's failed runs
-       is dropped (its symptoms go to that gap).
+    3. The rest are ranked: causes that name a specific behaviour, then candidates that name
+       none, then symptom kinds (`_tier`); within each by coverage x delta (coverage alone
+       without successes); at equal rank a precise finding key comes before its detector's
+       whole kind, and that before a cluster. A detector's kind is kept only if it covers
+       enough failures its kept precise keys miss; any candidate that mostly repeats
+       (Jaccard >= 0.8) a kept gap's failed runs is dropped (its symptoms go to that gap).
     """
     failed_set = set(failed)
 
     def rank(s: Scored) -> tuple:
         impact = s.coverage * (s.delta if s.delta is not None else 1.0)
         specificity = {"finding": 0, "detector": 1, "cluster": 2}[s.candidate.kind]
-        return (not specific(s.candidate), -round(impact, 6), specificity, s.candidate.key)
+        return (_tier(s.candidate), -round(impact, 6), specificity, s.candidate.key)
 
     passing = sorted((s for s in scored if s.kept), key=rank)
     for s in passing:

@@ -238,8 +238,9 @@ def test_what_comes_first_is_the_cause_and_other_runs_keep_their_gap():
     # the order finding comes first this time: the grounding finding follows it
     findings = [_f("wrong_tool_order:a>b", t, 1) for t in failed[:10]]
     findings += [_f("ungrounded_argument:b.x", t, 3) for t in failed[:10]]
-    # a budget symptom in other runs than any cause's: a gap of its own
-    findings += [_f("budget_waste:loop:search", t, 6) for t in failed[15:24]]
+    # a budget symptom in other (and more) runs than any cause's: a gap of its own, and a
+    # symptom kind never ranks above a cause
+    findings += [_f("budget_waste:loop:search", t, 6) for t in failed[15:30]]
     kept, _ = _select(findings, failed, succeeded)
     keys = [s.candidate.key for s in kept]
     assert keys == ["wrong_tool_order:a>b", "budget_waste:loop:search"]
