@@ -92,6 +92,7 @@ class SetReport:
     seconds: float
     note: str = ""
     evaluation: dict[str, Any] = field(default_factory=dict)
+    closest_rejected: list[str] = field(default_factory=list)  # best candidates not kept
 
 
 def real_sets(data: Path) -> tuple[list[RealSet], list[str]]:
@@ -309,6 +310,14 @@ def analyse(s: RealSet, home: Path, embedder: Any) -> SetReport:
         ))  # fmt: skip
     report = SetReport(s.name, len(result.runs), len(result.failed), len(result.succeeded),
                        rows, 0.0, s.note)  # fmt: skip
+    rejected = sorted(
+        (c for c in result.scored if not c.kept),
+        key=lambda c: -(c.coverage * (c.delta if c.delta is not None else 1.0)),
+    )
+    report.closest_rejected = [
+        f"{c.candidate.key} (cov {c.coverage:.2f}, delta "
+        f"{'-' if c.delta is None else f'{c.delta:.2f}'}: {c.why})" for c in rejected[:3]
+    ]  # fmt: skip
     if s.evaluation == "tau2":
         report.evaluation = evaluate_tau2(result, s, rows, gaps)
     elif s.evaluation == "agentrx":
@@ -333,7 +342,8 @@ def render(r: SetReport) -> str:
         lines.append(f"AgentRx root causes of {r.evaluation['labelled_failed']} labelled failed "
                      f"runs: {cats}")  # fmt: skip
     if not r.gaps:
-        lines.append("\nno gap kept")
+        lines.append("\nno gap kept; closest rejected candidates: "
+                     + ("; ".join(r.closest_rejected) or "none"))  # fmt: skip
         return "\n".join(lines)
     lines += ["", "| # | gap | detector | cov | delta | failed / ok members | names | evaluation |",
               "|---|---|---|---|---|---|---|---|"]  # fmt: skip

@@ -13,7 +13,9 @@ thresholds, as `tracegym analyze` calls it. Scored per planted cause:
   first span is the agent's decisive chat span or the tool call that carried it out);
 - `any candidate`: the best Jaccard over every scored candidate, kept or not (an upper bound
   of what gap selection could keep from the current detectors and clusters);
-- baseline `all failed`: one gap holding every failed run.
+- baseline `all failed`: one gap holding every failed run;
+- baseline `best whole detector`: each detector's findings as one gap, no thresholds, the best
+  of them for the cause (a bound: it is chosen knowing the cause).
 
 Per gap: whether it matches a cause (Jaccard >= 0.6 with one), whether it mostly claims noise
 failures or successful runs (over half of its member runs), and per seed whether the top gap is
@@ -77,6 +79,7 @@ class CauseScore:
     step_of: int  # runs of the cause in the best gap
     any_candidate: float
     any_candidate_key: str | None
+    best_detector: float  # the best whole detector (all its findings as one gap, no threshold)
     all_failed: float
 
 
@@ -210,6 +213,7 @@ def score_seed(planted: Any, result: Any, split: str) -> SeedScore:
                 of += 1
                 hits += bool(decisive.get(trace, set()) & best.decisive.get(trace, frozenset()))
         oracle = max(candidates, key=lambda g: jaccard(truth, g.failed_members), default=None)
+        whole = [jaccard(truth, g.failed_members) for g in candidates if g.kind == "detector"]
         seed.causes.append(CauseScore(
             seed=planted.seed, split=split, cause=cause, runs=len(truth),
             best_gap=best.name if best is not None and j > 0 else None,
@@ -217,6 +221,7 @@ def score_seed(planted: Any, result: Any, split: str) -> SeedScore:
             jaccard=round(j, 3), recovered=j >= RECOVERED, step_hits=hits, step_of=of,
             any_candidate=round(jaccard(truth, oracle.failed_members), 3) if oracle else 0.0,
             any_candidate_key=oracle.key if oracle else None,
+            best_detector=round(max(whole, default=0.0), 3),
             all_failed=round(jaccard(truth, failed), 3),
         ))  # fmt: skip
     for g in gaps:
@@ -263,6 +268,7 @@ def summary(seeds: Sequence[SeedScore]) -> dict[str, Any]:
         "mean_jaccard": round(float(np.mean([c.jaccard for c in causes])), 3) if causes else 0,
         "any_candidate_recovered": sum(c.any_candidate >= RECOVERED for c in causes),
         "all_failed_recovered": sum(c.all_failed >= RECOVERED for c in causes),
+        "best_detector_recovered": sum(c.best_detector >= RECOVERED for c in causes),
         "step_hits": sum(c.step_hits for c in causes if c.recovered),
         "step_of": sum(c.step_of for c in causes if c.recovered),
         "gaps": len(gaps),
@@ -279,6 +285,7 @@ def summary(seeds: Sequence[SeedScore]) -> dict[str, Any]:
                 "mean_jaccard": round(float(np.mean([c.jaccard for c in cs])), 3),
                 "any_candidate_recovered": sum(c.any_candidate >= RECOVERED for c in cs),
                 "all_failed_recovered": sum(c.all_failed >= RECOVERED for c in cs),
+                "best_detector_recovered": sum(c.best_detector >= RECOVERED for c in cs),
             }
             for kind, cs in sorted(per_kind.items())
         },
@@ -290,19 +297,21 @@ def render(name: str, s: dict[str, Any]) -> str:
         f"## {name}: {s['seeds']} seeds, {s['causes']} planted causes",
         "",
         "| cause | planted | recovered (kept gap, J>=0.6) | mean J | any candidate J>=0.6 "
-        "| baseline all-failed J>=0.6 |",
-        "|---|---|---|---|---|---|",
+        "| baseline all-failed J>=0.6 | baseline best whole detector J>=0.6 |",
+        "|---|---|---|---|---|---|---|",
     ]
     for kind, k in s["per_kind"].items():
         lines.append(
             f"| {kind} | {k['causes']} | {_pct(k['recovered'], k['causes'])} | "
             f"{k['mean_jaccard']:.2f} | {_pct(k['any_candidate_recovered'], k['causes'])} | "
-            f"{_pct(k['all_failed_recovered'], k['causes'])} |"
+            f"{_pct(k['all_failed_recovered'], k['causes'])} | "
+            f"{_pct(k['best_detector_recovered'], k['causes'])} |"
         )
     lines.append(
         f"| **all** | {s['causes']} | {_pct(s['recovered'], s['causes'])} | "
         f"{s['mean_jaccard']:.2f} | {_pct(s['any_candidate_recovered'], s['causes'])} | "
-        f"{_pct(s['all_failed_recovered'], s['causes'])} |"
+        f"{_pct(s['all_failed_recovered'], s['causes'])} | "
+        f"{_pct(s['best_detector_recovered'], s['causes'])} |"
     )
     lines += [
         "",

@@ -20,7 +20,7 @@ def _signature(p: pl.PlantedSet) -> list[tuple]:
 def sets(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[pl.PlantedSet, Path]]:
     """Seeds that together plant every cause of the catalogue (checked below)."""
     out = {}
-    for seed in (0, 2, 3, 7, 8, 9):
+    for seed in (0, 1, 3, 7, 8):
         home = tmp_path_factory.mktemp(f"planted{seed}")
         out[seed] = (pl.generate(home, seed), home)
     return out
