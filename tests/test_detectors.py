@@ -893,3 +893,16 @@ def test_unknown_value_knows_an_arguments_closed_vocabulary() -> None:
     assert finding.key == "unknown_value:ship_parcel.country" and finding.details["value"] == "US"
     # separators and case are not a different value; cities are no closed vocabulary
     assert detector.detect(ship("usa", "Reno", success=False, trip="One_Way")) == []
+
+
+def test_the_error_text_may_be_only_in_what_the_model_read_next() -> None:
+    b = RunBuilder("change my seat", success=False)
+    b.user("Move me to seat 14C on booking BK-31.")
+    call = b.tool("change_seat", {"booking_id": "BK-31"}, None, error="ToolError")
+    call.call_id = "c1"
+    said = "Error: booking BK-31 not loaded: call get_booking first"
+    b.llm("Sorry.", messages=[{"role": "tool", "tool_call_id": "c1", "content": said}])
+    run = b.build()
+    [finding] = WrongToolOrder().fit([run, seat_run(lookup=True, success=True)]).detect(run)
+    assert finding.key == "wrong_tool_order:get_booking>change_seat"
+    assert finding.details["error"] == said

@@ -175,7 +175,7 @@ class InvalidInvocation(Detector):
             if not is_tool(call):
                 continue
             recovered = last_good.get(call.tool or call.name, -1) > call.position
-            order_error = bool(named_prerequisites(call, tools, called))
+            order_error = bool(named_prerequisites(call, tools, called, run))
             if not call.failed:
                 called.add(call.tool or call.name)
             for suffix, reason, message in self._problems(call, recovered, order_error):

@@ -20,7 +20,9 @@ Any call counts (failed ones too): the rule is about the order of attempts.
   action: ending with B without the usual earlier calls is a premature finish, which
   `PrematureFinish` reports; a mid-run B without its prerequisite is a wrong order.
 
-A third source of rules is the tools themselves: a failed call of B whose error text names
+A third source of rules is the tools themselves: a failed call of B whose error text (its
+result, a message attribute, or else the tool message answering it in the next chat span's
+input: what the model read) names
 another known tool A together with a word of order ("call get_booking first", "must ... before",
 "requires", "run X", "use X") is a wrong order when A was not called (successfully) before it:
 the error names the fix (confidence 0.95, `details["error_names_fix"]`). This needs no
@@ -35,6 +37,7 @@ are whatever successful runs always do.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -43,7 +46,8 @@ from dataclasses import dataclass
 from tracegym.analysis.detector_names import WRONG_TOOL_ORDER
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.features import final_action_step, is_tool, step_ref
-from tracegym.analysis.runs import Run, Step
+from tracegym.analysis.runs import Run, Step, parse_json
+from tracegym.tracer import semconv as sc
 
 
 @dataclass(frozen=True)
@@ -68,21 +72,47 @@ _ORDER_WORDS = re.compile(
 )
 
 
-def error_text(step: Step) -> str:
-    """What a failed call said: its result and any message attribute."""
+def error_text(step: Step, run: Run | None = None) -> str:
+    """What a failed call said: its result, any message attribute and, when `run` is given and
+    the span holds no text, the tool message the model saw next (the result as the agent read
+    it: a chat span's input message answering the call's id)."""
     texts = [step.output or ""]
     texts += [v for k, v in step.attributes.items() if isinstance(v, str) and "message" in k]
+    if run is not None and not any(texts):
+        texts.append(_answer_seen(step, run))
     return "\n".join(t for t in texts if t)
 
 
+def _answer_seen(call: Step, run: Run) -> str:
+    """The content of the tool message answering `call` in the next chat span's input."""
+    for step in run.steps[call.position + 1 :]:
+        if step.operation != sc.OP_CHAT or not step.input:
+            continue
+        messages = parse_json(step.input)
+        if isinstance(messages, dict):
+            messages = messages.get("messages")
+        if not isinstance(messages, list):
+            continue
+        for message in reversed(messages):
+            if not isinstance(message, dict) or message.get("role") not in ("tool", "function"):
+                continue
+            same_id = call.call_id and message.get("tool_call_id") == call.call_id
+            same_name = not call.call_id and message.get("name") == (call.tool or call.name)
+            if same_id or same_name:
+                content = message.get("content")
+                return content if isinstance(content, str) else json.dumps(content)
+        return ""
+    return ""
+
+
 def named_prerequisites(
-    step: Step, tools: Collection[str], called_before: Collection[str]
+    step: Step, tools: Collection[str], called_before: Collection[str], run: Run | None = None
 ) -> list[str]:
     """The known `tools` a failed call's error names as a step to take first (with a word of
     order: "call X first", "X is required") that were not `called_before` it."""
     if not step.failed:
         return []
-    text = error_text(step)
+    text = error_text(step, run)
     if not text or not _ORDER_WORDS.search(text):
         return []
     own = step.tool or step.name
@@ -169,13 +199,13 @@ class WrongToolOrder(Detector):
             if not is_tool(step):
                 continue
             tool = step.tool or step.name
-            for before in named_prerequisites(step, tools, called):
+            for before in named_prerequisites(step, tools, called, run):
                 key = f"{self.name}:{before}>{tool}"
                 if key in findings:
                     continue
                 later = first.get(before)
                 spans = [step.span_id] + ([later.span_id] if later is not None else [])
-                text = error_text(step).strip().splitlines()[0][:200]
+                text = error_text(step, run).strip().splitlines()[0][:200]
                 findings[key] = Finding(
                     detector=self.name, key=key, trace_id=run.trace_id, **step_ref(step),
                     span_ids=tuple(spans), confidence=0.95,
