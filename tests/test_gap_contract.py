@@ -151,3 +151,40 @@ def test_dashboard_filter_and_cli_show_every_member(seat):
     text = out.getvalue()
     for gap in result.gaps:
         assert gap.name in text and f"{len(gap.members)} member runs" in text
+
+
+def test_dashboard_pages_and_sandboxed_sql_list_every_member(seat):
+    pytest.importorskip("uvicorn")
+    import threading
+    import time
+    import urllib.request
+
+    import uvicorn
+    from tracegym.dashboards.app import create_app
+    from tracegym.dashboards.db import Database
+
+    home, truth, result = seat
+    gap = result.gaps[0]
+    db = Database(home)  # the dashboard's sandbox reads gaps.json and nothing else of the home
+    rows = db.query("SELECT trace_id FROM gap_runs WHERE gap_id = $g", {"g": gap.id}).rows
+    assert sorted(r[0] for r in rows) == sorted(m.trace_id for m in gap.members)
+    server = uvicorn.Server(uvicorn.Config(create_app(home), host="127.0.0.1", port=0,
+                                           log_level="warning"))  # fmt: skip
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    try:
+        with urllib.request.urlopen(url + "/gaps", timeout=60) as response:
+            page = response.read().decode()
+        with urllib.request.urlopen(url + f"/runs?finding={gap.id}", timeout=60) as response:
+            listed = response.read().decode()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert f"all {len(gap.members)} member runs" in page
+    assert all(s.name in page for s in gap.symptoms) and gap.symptoms
+    assert f"{len(truth['wrong_order'])} runs matching" in listed
