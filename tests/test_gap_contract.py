@@ -188,3 +188,16 @@ def test_dashboard_pages_and_sandboxed_sql_list_every_member(seat):
     assert f"all {len(gap.members)} member runs" in page
     assert all(s.name in page for s in gap.symptoms) and gap.symptoms
     assert f"{len(truth['wrong_order'])} runs matching" in listed
+
+
+def test_synthesize_builds_the_cause_not_the_symptom(seat):
+    """Issue 14: `synthesize` built an environment for budget_waste_out_of_steps."""
+    from tracegym.synthesis.pipeline import load_gaps, synthesize
+
+    home, _, result = seat
+    assert [g.id for g in load_gaps(home / "gaps.json")] == [g.id for g in result.gaps]
+    report = synthesize(home, n_train=5, n_heldout=5, validity_seeds=20)
+    assert [(e["family"], e["action"]) for e in report.environments] == [
+        ("tool_order", "change_seat")
+    ]
+    assert report.environments[0]["gap_id"] == result.gaps[0].id
