@@ -37,6 +37,7 @@ def test_deterministic_per_seed(tmp_path: Path, sets):
 
 
 def test_domains_vary_across_seeds():
+    assert {pl.plan(seed)[0].after_error for seed in range(3)} == set(pl.AFTER_ERROR)
     domains = [pl.plan(seed)[0] for seed in range(12)]
     assert len({d.name for d in domains}) >= 4
     assert len({d.read_tool for d in domains}) >= 6
@@ -122,6 +123,17 @@ def test_planted_runs_do_what_their_cause_says(sets):
             step = runs[r.trace_id].by_span()[r.decisive_span_id]
             assert step.operation == "search_memory" and str(d.wrong_window) in step.output
             assert step.source_write_span_ids  # the store links it to the writing run
+        # after the failed call: the seed's reaction (the cause's symptom)
+        for r in _truth(p, pl.WRONG_ORDER) + _truth(p, pl.UNGROUNDED_ID):
+            run = runs[r.trace_id]
+            acted = run.by_span()[r.acted_span_id]
+            same = [s for s in run.tool_calls() if (s.tool, s.input) == (acted.tool, acted.input)]
+            if d.after_error == "retry":
+                assert len(same) >= 3 and all(s.failed for s in same)
+            else:
+                assert 1 <= len(same) <= 2  # a transient time-out adds one
+            last = json.loads([s for s in run.steps if s.operation == "chat"][-1].output)
+            assert ("sorry" in last[0]["content"].lower()) == (d.after_error != "claim_done")
         for r in _truth(p, pl.NEVER_CALLED):
             assert d.notify_tool not in runs[r.trace_id].tool_sequence()
             assert runs[r.trace_id].by_span()[r.decisive_span_id].operation == "chat"
