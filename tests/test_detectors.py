@@ -906,3 +906,14 @@ def test_the_error_text_may_be_only_in_what_the_model_read_next() -> None:
     [finding] = WrongToolOrder().fit([run, seat_run(lookup=True, success=True)]).detect(run)
     assert finding.key == "wrong_tool_order:get_booking>change_seat"
     assert finding.details["error"] == said
+
+
+def test_a_call_the_user_made_is_no_write_of_the_agent() -> None:
+    from tracegym.analysis.detectors.state import REQUESTED_BY, is_write
+
+    b = RunBuilder("fix my phone")
+    mine = b.tool("toggle_roaming", {})
+    theirs = b.tool("toggle_roaming", {})
+    theirs.attributes[REQUESTED_BY] = "user"
+    assert is_write(mine) and not is_write(theirs)
+    assert not is_write(b.tool("get_line", {"line_id": "L1"}))

@@ -6,7 +6,8 @@ detector. Nothing about any domain is known here:
 
 - a *read* is a tool call whose name says it has no side effects (`tool_kinds.is_read_tool`)
   and whose result parses as JSON; a *write* is any other tool call that is not the agent's
-  answer channel (`tool_kinds.is_answer_tool`);
+  answer channel (`tool_kinds.is_answer_tool`) nor made by the user (tau2-bench's user-side
+  tools: `tracegym.tool.requested_by` = user);
 - a read's *fields* are its result flattened to paths ("status", "items[].status",
   "address.city"): each path with the scalar values found there;
 - the reads a write *acts on* are the earlier reads whose arguments share an identifier-like
@@ -32,9 +33,15 @@ MAX_DEPTH = 8
 MAX_ENUM_TEXT = 40  # longer strings are prose, not a state value
 
 
+REQUESTED_BY = "tracegym.tool.requested_by"  # set by importers on calls the user made (tau2)
+
+
 def is_write(step: Step) -> bool:
-    """A tool call that changes something (not a read, not the answer to the user)."""
+    """A tool call of the agent's that changes something (not a read, not the answer to the
+    user, not a call the user made on their own device)."""
     name = step.tool or step.name
+    if step.attributes.get(REQUESTED_BY) not in (None, "assistant"):
+        return False
     return is_tool(step) and not is_read_tool(name) and not is_answer_tool(name)
 
 
