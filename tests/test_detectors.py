@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tracegym.analysis.detectors.amounts import WrongAmount
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.budget import BudgetWaste
@@ -917,3 +919,40 @@ def test_a_call_the_user_made_is_no_write_of_the_agent() -> None:
     theirs.attributes[REQUESTED_BY] = "user"
     assert is_write(mine) and not is_write(theirs)
     assert not is_write(b.tool("get_line", {"line_id": "L1"}))
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.floats() | st.integers()
+    | st.sampled_from(["", "open", "T-1", "1,000.00", "$5", "x y", "{", "[1, 2]"]),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.sampled_from(["id", "state", "items", "amount"]), inner, max_size=3),
+    max_leaves=8,
+)  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(calls=st.lists(
+    st.tuples(st.sampled_from(["get_x", "set_x", "list_y", "pay"]), _JSON, _JSON, st.booleans(),
+              st.booleans()),
+    max_size=6,
+))  # fmt: skip
+def test_the_new_detectors_take_any_shape_of_arguments_and_results(calls: list[Any]) -> None:
+    from tracegym.analysis.detectors.list_args import WrongListArgument
+    from tracegym.analysis.detectors.missed_action import MissedAction
+    from tracegym.analysis.detectors.precondition import ForbiddenAction
+    from tracegym.analysis.detectors.vocabulary import UnknownValue
+
+    runs = []
+    for i in range(4):
+        b = RunBuilder("t", success=i % 2 == 0)
+        b.user("do T-1 for 1,000.00")
+        for tool, args, result, failed, raw in calls:
+            b.tool(tool, json.dumps(args) if raw else args, result, error="E" if failed else None)
+        runs.append(b.build())
+    for detector in (ForbiddenAction(min_support=1, min_abstain=1), MissedAction(min_support=1),
+                     WrongAmount(), WrongListArgument(min_support=1), UnknownValue(min_support=1),
+                     WrongToolOrder(min_support=1)):  # fmt: skip
+        detector.fit(runs)
+        for run in runs:
+            for finding in detector.detect(run):
+                assert finding.trace_id == run.trace_id and finding.span_ids
