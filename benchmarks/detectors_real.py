@@ -17,24 +17,27 @@ compare with `missed_action`.)
   their arguments; an expected action is matched when the run made a call of that tool with
   the same arguments (JSON-equal after case and whitespace normalisation).
 
-A finding naming tool T in a failed run is a *hit* when the run has an expected T it did not
-match, or (for the findings about an action taken: forbidden_action, wrong_amount, wrong_list,
-wrong_tool_order) when T is not among the run's expected actions at all (an action the task did
-not want). Per detector: findings and runs on failed runs, hits (precision), failed runs with a
-hit among the failed runs with a wrong write (recall), and runs with a finding among the
-successful runs (where, apart from refused attempts, every finding is a false alarm).
-Baselines in the same run, scored the same way: every write call of a failed run, the first
-write of each failed run, every write call that failed.
+A finding naming tool T in a failed run is a *hit* when the run has an expected T it did not match,
+or (for the findings about an action taken: forbidden_action, wrong_amount, wrong_list,
+unknown_value, wrong_tool_order) when T is not among the run's expected actions at all (an action
+the task did not want). Per detector: findings and runs on failed runs, hits (precision), failed
+runs with a hit among the failed runs with something to hit (an expected action not matched, or a
+write not expected: recall), and runs with a finding among the successful runs (where, apart from
+refused attempts, every finding is a false alarm). Baselines in the same run, scored the same way:
+every write call of a failed run, the first write of each failed run, every write call that failed.
 
 Splits. The detectors' rules and thresholds (the chance bound and field presence of
-forbidden_action, one record per observed state, the list relations, the linking of a write to
-the reads it acts on) were chosen while looking at tau2-bench retail and, for the linking of a
-write to several reads, at tau2-bench telecom: those two are *development* numbers. tau-bench
-grok-3 retail and AgentRx tau-retail were not looked at before the numbers printed here:
-those are the *reported* numbers. AgentRx's annotated root-cause categories are printed next to
-each detector's failed runs. grok-3's outcome is its `reward_info.components.base_success`
-(the file's `reward` is a composite with an efficiency penalty, which `tracegym import
-tau-bench` reads as the outcome today): the benchmark sets it before fitting.
+forbidden_action, one record per observed state, the list relations, the linking of a write to the
+reads it acts on) were chosen while looking at tau2-bench retail and, for the linking of a write to
+several reads, at tau2-bench telecom: those two are *development* numbers. The failed-run share in
+forbidden_action's chance bound and its 5-record minimum for thresholds were chosen on planted
+tuning seeds (4 and 7 of 0-9); unknown_value's limits were set before it first ran, on tau2 retail.
+No rule or threshold was changed on account of tau-bench grok-3 retail or AgentRx tau-retail (their
+numbers were printed after each change, never used to choose one): those are the *reported*
+numbers. AgentRx's annotated root-cause categories are printed next to each detector's failed runs.
+grok-3's outcome is its `reward_info.components.base_success` (the file's `reward` is a composite
+with an efficiency penalty, which `tracegym import tau-bench` reads as the outcome today): the
+benchmark sets it before fitting.
 """
 
 from __future__ import annotations
