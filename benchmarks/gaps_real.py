@@ -230,6 +230,12 @@ def _member_steps(result: Any) -> dict[str, dict[str, set[int]]]:
     return out
 
 
+def ranked(counts: Counter[str]) -> list[tuple[str, int]]:
+    """Most common first, ties by name (Counter.most_common keeps insertion order, which
+    follows set iteration and so changes between processes)."""
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
 def evaluate_tau2(result: Any, s: RealSet, rows: list[GapRow], gaps: list[Any]) -> dict[str, Any]:
     missed_by_sim = tau2_missed(s.files)
     missed = {r.trace_id: missed_by_sim.get(str(_source(r, "simulation_id")), [])
@@ -241,7 +247,9 @@ def evaluate_tau2(result: Any, s: RealSet, rows: list[GapRow], gaps: list[Any]) 
         if not members:
             continue
         counts = Counter(a for t in members for a in set(missed[t]))
-        top, n_top = counts.most_common(1)[0] if counts else (None, 0)
+        # ties: the action most specific to the gap (rarest among all failed runs), then name
+        top, n_top = min(counts.items(), key=lambda kv: (-kv[1], all_counts[kv[0]], kv[0]),
+                         default=(None, 0))  # fmt: skip
         base = all_counts[top] / n_failed if top and n_failed else 0.0
         share = n_top / len(members)
         row.evaluation = {
@@ -257,7 +265,7 @@ def evaluate_tau2(result: Any, s: RealSet, rows: list[GapRow], gaps: list[Any]) 
         }  # fmt: skip
     return {
         "failed_missing_an_action": sum(bool(v) for v in missed.values()),
-        "most_missed_actions": all_counts.most_common(6),
+        "most_missed_actions": ranked(all_counts)[:6],
     }
 
 
@@ -279,13 +287,13 @@ def evaluate_agentrx(result: Any, s: RealSet, rows: list[GapRow], gaps: list[Any
             near += any(abs(gold - x) <= 1 for x in named[t])
         row.evaluation = {
             "labelled_members": len(members),
-            "root_cause_categories": Counter(labelled[t][0] for t in members).most_common(3),
+            "root_cause_categories": ranked(Counter(labelled[t][0] for t in members))[:3],
             "step_exact": f"{exact}/{scored}",
             "step_within_1": f"{near}/{scored}",
         }
     return {
         "labelled_failed": len(labelled),
-        "root_cause_categories": Counter(v[0] for v in labelled.values()).most_common(),
+        "root_cause_categories": ranked(Counter(v[0] for v in labelled.values())),
     }
 
 
