@@ -956,3 +956,25 @@ def test_the_new_detectors_take_any_shape_of_arguments_and_results(calls: list[A
         for run in runs:
             for finding in detector.detect(run):
                 assert finding.trace_id == run.trace_id and finding.span_ids
+
+
+def test_forbidden_action_learns_a_date_threshold() -> None:
+    from tracegym.analysis.detectors.precondition import ForbiddenAction
+
+    def refund(booking: str, day: str, *, act: bool, success: bool = True) -> Run:
+        b = RunBuilder(f"refund {booking}", success=success)
+        b.user(f"Please refund booking {booking}.")
+        b.tool("get_booking", {"booking_id": booking},
+               {"booking_id": booking, "booked_on": day, "state": "open"})  # fmt: skip
+        if act:
+            b.tool("refund_booking", {"booking_id": booking}, {"ok": True})
+        return b.build()
+
+    runs = [refund(f"BK-{i}", f"2025-03-{10 + i:02d}", act=True) for i in range(6)]
+    runs += [refund(f"BK-{50 + i}", f"2025-01-{10 + i:02d}", act=False) for i in range(6)]
+    detector = ForbiddenAction().fit(runs)
+    [rule] = detector.rules_
+    assert rule.path == "booked_on" and rule.describe() == "booked_on < 2025-03-10"
+    [finding] = detector.detect(refund("BK-99", "2025-02-01", act=True, success=False))
+    assert finding.details["value"] == "2025-02-01"
+    assert detector.detect(refund("BK-98", "2025-03-12", act=True, success=False)) == []

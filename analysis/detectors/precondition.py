@@ -20,8 +20,9 @@ the read tool R whose records it acts on, per field path of R's results present 
   act is evidence too). A colour or size that the few acted records happen not to have is no
   rule. Paths with
   more than `max_values` distinct values are identifiers or prose, not states;
-- *numeric fields* (not inside lists): the range [lo, hi] of the values on records T acted on
-  (at least `min_threshold_support`, 5, of them: the range of three values is their spread).
+- *numeric fields* (numbers and ISO dates, not inside lists): the range [lo, hi] of the values
+  on records T acted on (at least `min_threshold_support`, 5, of them: the range of three values
+  is their spread).
   Above hi (below lo) is forbidden when at least `min_abstain` abstained records lie there,
   with the same chance bound over the share of records beyond it.
 
@@ -39,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from tracegym.analysis.detectors.base import Detector, Finding
-from tracegym.analysis.detectors.state import Read, acted_run
+from tracegym.analysis.detectors.state import Read, acted_run, show_number
 from tracegym.analysis.features import step_ref
 from tracegym.analysis.runs import Run, Step
 
@@ -66,15 +67,15 @@ class Precondition:
             if (self.above is not None and number > self.above) or (
                 self.below is not None and number < self.below
             ):
-                return f"{number:g}"
+                return show_number(number)
         return None
 
     def describe(self) -> str:
         if self.forbidden:
             return f"{self.path} in {{{', '.join(sorted(self.forbidden))}}}"
         if self.above is not None:
-            return f"{self.path} > {self.above:g}"
-        return f"{self.path} < {self.below:g}"
+            return f"{self.path} > {show_number(self.above)}"
+        return f"{self.path} < {show_number(self.below or 0.0)}"
 
 
 def mine_preconditions(

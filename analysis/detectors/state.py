@@ -9,7 +9,8 @@ detector. Nothing about any domain is known here:
   answer channel (`tool_kinds.is_answer_tool`) nor made by the user (tau2-bench's user-side
   tools: `tracegym.tool.requested_by` = user);
 - a read's *fields* are its result flattened to paths ("status", "items[].status",
-  "address.city"): each path with the scalar values found there;
+  "address.city"): each path with the scalar values found there: numbers, ISO dates (as day
+  numbers, for thresholds) and short texts, booleans and nulls (states);
 - the reads a write *acts on* are the earlier reads whose arguments share an identifier-like
   value with the write's arguments (get_order(order_id=X) ... cancel(order_id=X)), the latest
   of each record; failing any, the latest whose result holds one (a user record listing X).
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import date
 from typing import Any
 
 from tracegym.analysis.arithmetic import parse_number
@@ -57,6 +60,31 @@ def flatten(value: Any, path: str = "", depth: int = 0) -> Iterator[tuple[str, A
             yield from flatten(item, f"{path}[]", depth + 1)
     else:
         yield path or "value", value
+
+
+_ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?\S*)?")
+DAY_OFFSET = 1e6  # dates are numbers too: days since 0001-01-01, plus this (no count is so big)
+
+
+def date_value(value: Any) -> float | None:
+    """An ISO date or date-time string as a number of days (fractional for times), offset by
+    `DAY_OFFSET` so that it is never mistaken for an amount; None for anything else."""
+    if not isinstance(value, str) or not (match := _ISO_DATE.fullmatch(value.strip())):
+        return None
+    year, month, day, hour, minute, second = match.groups()
+    try:
+        days = date(int(year), int(month), int(day)).toordinal()
+    except ValueError:
+        return None
+    seconds = int(hour or 0) * 3600 + int(minute or 0) * 60 + int(second or 0)
+    return DAY_OFFSET + days + seconds / 86400
+
+
+def show_number(number: float) -> str:
+    """A number as text; a date (see `date_value`) as its ISO date."""
+    if number >= DAY_OFFSET + 1:
+        return date.fromordinal(int(number - DAY_OFFSET)).isoformat()
+    return f"{number:g}"
 
 
 def enum_value(value: Any) -> str | None:
@@ -96,8 +124,11 @@ def read_of(step: Step) -> Read | None:
     numbers: dict[str, list[float]] = {}
     for path, value in flatten(parsed):
         number = None if isinstance(value, bool) else parse_number(value)
+        day = date_value(value)
         if number is not None and not isinstance(value, str):
             numbers.setdefault(path, []).append(number)
+        elif day is not None:
+            numbers.setdefault(path, []).append(day)
         elif (text := enum_value(value)) is not None:
             enums.setdefault(path, set()).add(text)
     arguments = parse_json(step.input)
