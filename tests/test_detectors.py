@@ -978,3 +978,19 @@ def test_forbidden_action_learns_a_date_threshold() -> None:
     [finding] = detector.detect(refund("BK-99", "2025-02-01", act=True, success=False))
     assert finding.details["value"] == "2025-02-01"
     assert detector.detect(refund("BK-98", "2025-03-12", act=True, success=False)) == []
+
+
+def test_forbidden_action_can_leave_out_a_refused_attempt_the_run_recovered_from() -> None:
+    from tracegym.analysis.detectors.precondition import ForbiddenAction
+
+    b = RunBuilder("close ticket TK-5", success=False)
+    b.user("Please close ticket TK-5.")
+    b.tool("fetch_ticket", {"ticket_id": "TK-5"}, {"ticket_id": "TK-5", "state": "frozen",
+                                                    "tier": "basic", "age_days": 3})  # fmt: skip
+    b.tool("close_ticket", {"ticket_id": "TK-5"}, "Error: frozen", error="ToolError")
+    b.tool("escalate_ticket", {"ticket_id": "TK-5"}, {"ok": True})
+    run = b.build()
+    assert keys(ForbiddenAction().fit(ticket_population()).detect(run)) == [
+        "forbidden_action:close_ticket"
+    ]
+    assert ForbiddenAction(ignore_recovered=True).fit(ticket_population()).detect(run) == []

@@ -27,7 +27,8 @@ the read tool R whose records it acts on, per field path of R's results present 
   with the same chance bound over the share of records beyond it.
 
 `detect` flags each write call of a run (failed ones too: an attempt the system refused is the
-same mistake) whose acted-on record holds a forbidden value. Key ``forbidden_action:T``, one
+same mistake; with `ignore_recovered`, off by default, not when the run went on to make a write
+that went through) whose acted-on record holds a forbidden value. Key ``forbidden_action:T``, one
 finding per key and run; decisive step: the first such write; the read that showed the state
 and later such writes follow in `span_ids`. Confidence 0.8
 for an enum value, 0.6 for a threshold. Nothing about any domain is hard-coded.
@@ -213,7 +214,8 @@ class ForbiddenAction(Detector):
     Parameters: `min_support` (3) records successful runs acted on, `min_abstain` (2) records
     they left alone in the forbidden state, `max_values` (12) distinct values an enum field may
     take, `max_chance` (0.05) the chance bound, `min_presence` (0.5) share of records a field
-    is on, `thresholds` (True) whether numeric fields count.
+    is on, `thresholds` (True) whether numeric fields count, `ignore_recovered` (False) whether a
+    refused write followed by a write that went through is left out.
     """
 
     name = "forbidden_action"
@@ -230,7 +232,9 @@ class ForbiddenAction(Detector):
         max_chance: float = 0.05,
         min_presence: float = 0.5,
         thresholds: bool = True,
+        ignore_recovered: bool = False,
     ) -> None:
+        self.ignore_recovered = ignore_recovered
         self.min_presence = min_presence
         self.min_support = min_support
         self.min_abstain = min_abstain
@@ -256,7 +260,11 @@ class ForbiddenAction(Detector):
         if not self.rules_:
             return []
         findings: dict[str, Finding] = {}  # one per key: the first such write; later ones
-        for write, linked in acted_run(run).writes:  # follow in its span_ids
+        writes = acted_run(run).writes  # follow in its span_ids
+        last_done = max((w.position for w, _ in writes if not w.failed), default=-1)
+        for write, linked in writes:
+            if self.ignore_recovered and write.failed and last_done > write.position:
+                continue  # refused, and the run went on to act otherwise
             finding = self._check(run, write, {r.tool: r for r in linked})
             if finding is None:
                 continue
