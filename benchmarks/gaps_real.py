@@ -266,6 +266,10 @@ def evaluate_tau2(result: Any, s: RealSet, rows: list[GapRow], gaps: list[Any]) 
     return {
         "failed_missing_an_action": sum(bool(v) for v in missed.values()),
         "most_missed_actions": ranked(all_counts)[:6],
+        # successful runs miss expected actions too (reads, `calculate`): context for the above
+        "succeeded_missing_an_action": sum(
+            bool(missed_by_sim.get(str(_source(r, "simulation_id")))) for r in result.succeeded
+        ),
     }
 
 
@@ -343,8 +347,9 @@ def render(r: SetReport) -> str:
     if r.evaluation.get("most_missed_actions") is not None:
         actions = ", ".join(f"{a} {n}" for a, n in r.evaluation["most_missed_actions"])
         lines.append(f"failed runs missing an expected action: "
-                     f"{r.evaluation['failed_missing_an_action']}/{r.failed}; most missed: "
-                     f"{actions or '-'}")  # fmt: skip
+                     f"{r.evaluation['failed_missing_an_action']}/{r.failed} (successful "
+                     f"runs: {r.evaluation['succeeded_missing_an_action']}/{r.succeeded}); "
+                     f"most missed: {actions or '-'}")  # fmt: skip
     if r.evaluation.get("root_cause_categories") is not None:
         cats = ", ".join(f"{c} {n}" for c, n in r.evaluation["root_cause_categories"])
         lines.append(f"AgentRx root causes of {r.evaluation['labelled_failed']} labelled failed "
