@@ -4,6 +4,7 @@ domain per seed, its ground truth true of the traces it writes, and a store anal
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,18 @@ def test_planted_runs_do_what_their_cause_says(sets):
             step = runs[r.trace_id].by_span()[r.decisive_span_id]
             assert step.operation == "search_memory" and str(d.wrong_window) in step.output
             assert step.source_write_span_ids  # the store links it to the writing run
+        # update values: the user's spelling differs from the agent's only by case/separators
+        typed = differs = 0
+        for r in p.runs:
+            run = runs[r.trace_id]
+            for call in (c for c in run.tool_calls() if c.tool == d.update_tool and c.arguments):
+                value = call.arguments[d.update_field]
+                request = run.root.input or ""
+                loose = re.sub(r"[\s\-_]+", " ", request.lower())
+                assert re.sub(r"[\s\-_]+", " ", value.lower()) in loose
+                typed += 1
+                differs += value not in request
+        assert 0 < differs < typed
         # after the failed call: the seed's reaction (the cause's symptom)
         for r in _truth(p, pl.WRONG_ORDER) + _truth(p, pl.UNGROUNDED_ID):
             run = runs[r.trace_id]
