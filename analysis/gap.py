@@ -154,6 +154,9 @@ class Gap:
     successful_behaviour: str = ""
     signatures: tuple[str, ...] = ()
     symptoms: tuple[Symptom, ...] = ()
+    # when the contrast within the failed runs' kinds of request kept it (analysis.gaps.
+    # like_with_like): {"kinds", "failed", "succeeded", "delta", "stability"}
+    within_kind: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)  # fields this version does not know
 
     def __post_init__(self) -> None:
@@ -190,6 +193,7 @@ class Gap:
             "successful_behaviour": self.successful_behaviour,
             "signatures": list(self.signatures),
             "symptoms": [s.to_dict() for s in self.symptoms],
+            "within_kind": dict(self.within_kind) if self.within_kind else None,
             **dict(self.extra),
         }
 
@@ -241,6 +245,9 @@ class Gap:
             symptoms=tuple(
                 Symptom.from_dict(s) for s in data.get("symptoms") or [] if isinstance(s, Mapping)
             ),
+            within_kind=dict(within)
+            if isinstance(within := data.get("within_kind"), Mapping)
+            else None,
             extra={k: v for k, v in data.items() if k not in known},
         )
 

@@ -62,6 +62,7 @@ class Scored:
     kept: bool
     why: str
     symptoms: list[Symptom] = field(default_factory=list)  # set by `select`
+    within_kind: dict[str, Any] | None = None  # the contrast within kinds, when it kept it
 
 
 def rates(lacking: set[str], failed: Sequence[str], succeeded: Sequence[str]):
@@ -108,34 +109,62 @@ def score(candidate: Candidate, failed: Sequence[str], succeeded: Sequence[str],
     )  # fmt: skip
 
 
-MIN_PEERS = 5  # successful runs of the same kinds of request needed to compare with them
+MIN_PEERS = 5  # runs on each side needed to compare within kinds of request (detectors' support)
+
+
+def _kinds(c: Candidate, failed: Sequence[str], kind: Mapping[str, str | None]):
+    """The request kinds of the candidate's failed runs and the failed runs of those kinds."""
+    kinds = {kind[x] for x in failed if x in c.lacking}
+    return kinds, [x for x in failed if kind[x] in kinds]
 
 
 def like_with_like(scored: Sequence[Scored], runs: Sequence[Run], t: Thresholds) -> None:
-    """Spending is judged against runs that serve the same kind of request: a kept candidate
-    of a spend detector (`detector_names.SPEND_DETECTORS`) is dropped when, among the runs
-    whose request kind (`Run.request_kind`) is one of its failed runs' kinds, its failed share
-    minus its successful share falls under `min_delta` (successful runs of that kind spend as
-    much: the budget the task needs). With fewer than MIN_PEERS such successful runs the pooled
-    contrast stands."""
+    """Contrast each candidate with the runs that serve the same kinds of request as its failed
+    runs (a run's kind: `Run.request_kind`, the first write tool it calls), as well as with all
+    runs (TRACE's pooled contrast, `score`):
+
+    - *spending* (a spend detector's candidate, `detector_names.SPEND_DETECTORS`) that passed is
+      dropped when its delta within those kinds is under `min_delta`: successful runs of the
+      same kind spend as much (the budget the task needs);
+    - a *specific behaviour* (`specific`, not a symptom kind) that failed only the contrast
+      (its pooled coverage passes) is kept when, within those kinds, its delta and bootstrap
+      stability pass: a cause of one kind of request is diluted by the successes of the others.
+
+    Both need MIN_PEERS successful runs of those kinds, the second also MIN_PEERS failed runs
+    of the candidate; otherwise the pooled contrast stands. Candidates changed say so in `why`.
+    """
     kind = {r.trace_id: r.request_kind() for r in runs}
     failed = [r.trace_id for r in runs if r.success is False]
     succeeded = [r.trace_id for r in runs if r.success is True]
+    if not succeeded:
+        return
     for s in scored:
         c = s.candidate
-        if not s.kept or c.detector not in SPEND_DETECTORS:
+        spend = s.kept and c.detector in SPEND_DETECTORS
+        rescue = (not s.kept and specific(c) and not is_symptom(c.key)
+                  and s.coverage >= t.min_coverage and s.failed_lacking >= MIN_PEERS)  # fmt: skip
+        if not spend and not rescue:
             continue
-        kinds = {kind[x] for x in failed if x in c.lacking}
-        peers_failed = [x for x in failed if kind[x] in kinds]
+        kinds, peers_failed = _kinds(c, failed, kind)
         peers = [x for x in succeeded if kind[x] in kinds]
         if len(peers) < MIN_PEERS or not peers_failed:
             continue
         _, delta = rates(c.lacking, peers_failed, peers)
-        if delta is not None and delta < t.min_delta:
-            named = ", ".join(sorted(k or "(no write)" for k in kinds))
+        named = ", ".join(sorted(k or "(no write)" for k in kinds))
+        if spend and delta is not None and delta < t.min_delta:
             s.kept = False
             s.why = (f"delta {delta:.2f} < {t.min_delta} against the {len(peers)} successful runs "
                      f"of the same kind of request ({named}): they spend as much")  # fmt: skip
+        elif rescue and delta is not None and delta >= t.min_delta:
+            stable = stability(c.lacking, peers_failed, peers, t)
+            if stable >= t.min_stability:
+                s.kept = True
+                s.within_kind = {"kinds": sorted(kinds, key=lambda k: k or ""),
+                                 "failed": len(peers_failed), "succeeded": len(peers),
+                                 "delta": round(delta, 4), "stability": stable}  # fmt: skip
+                s.why = (f"kept within its kind of request ({named}: {len(peers_failed)} failed, "
+                         f"{len(peers)} successful runs): delta {delta:.2f}, stable in "
+                         f"{stable}/{t.resamples} (pooled: {s.why})")  # fmt: skip
 
 
 def candidates_from_findings(findings: Iterable[Finding]) -> list[Candidate]:
@@ -439,6 +468,14 @@ def describe(s: Scored, name: str, runs: Mapping[str, Run], successes: Sequence[
         if s.delta is not None
         else "(there are no successful runs to contrast with)"
     )
+    within = s.within_kind
+    kind_text = (
+        f"Kept within its kind of request ({', '.join(k or '(no write)' for k in within['kinds'])}"
+        f": {within['failed']} failed, {within['succeeded']} successful runs): delta "
+        f"{within['delta']:.2f}, stable in {within['stability']} resamples. "
+        if within
+        else ""
+    )
     folded = (
         "Folded in, as what follows it in the same runs: "
         + ", ".join(f"{x.name} ({x.shared}/{x.failed_runs} runs)" for x in symptoms)
@@ -450,6 +487,7 @@ def describe(s: Scored, name: str, runs: Mapping[str, Run], successes: Sequence[
         f"{what[0].upper()}{what[1:]}. Seen in {s.failed_lacking} failed runs "
         f"(coverage {s.coverage:.2f}) {contrast}, stable in {s.stability} of the bootstrap "
         f"resamples. "
+        + kind_text
         + (f"Tools involved: {', '.join(tools)}. " if tools else "")
         + (f"Typical calls: {'; '.join(patterns)}. " if patterns else "")
         + (f"Evidence, e.g.: {listed[0].evidence.rstrip('.')}. " if listed else "")
@@ -476,6 +514,7 @@ def describe(s: Scored, name: str, runs: Mapping[str, Run], successes: Sequence[
         successful_behaviour=instead,
         signatures=tuple(c.signatures[:3]),
         symptoms=tuple(symptoms),
+        within_kind=dict(within) if within else None,
     )
 
 

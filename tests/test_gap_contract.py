@@ -58,6 +58,7 @@ def _gap() -> Gap:
         successful_behaviour="10/10 call a", signatures=("wrong_tool_order: ...",),
         symptoms=(Symptom("budget_waste:out_of_steps", "budget_waste_out_of_steps",
                           "budget_waste", 7, 7, 7, "follows"),),
+        within_kind={"kinds": ["b"], "failed": 8, "succeeded": 9, "delta": 0.5, "stability": 9},
     )  # fmt: skip
 
 

@@ -315,3 +315,38 @@ def test_the_seat_agent_ranks_the_wrong_order_not_the_budget(tmp_path: Path):
     why = {s.candidate.key: s.why for s in result.scored}
     out_of_steps = why.get("budget_waste:out_of_steps", "follows")
     assert out_of_steps.startswith("follows") or "failure itself" in out_of_steps
+
+
+def test_a_cause_of_one_kind_of_request_is_contrasted_within_that_kind():
+    # 6 of the 8 failed cancel runs cancel without the lookup; 32 failed booking runs do not;
+    # pooled, the contrast is diluted by the other kind (delta 0.15 < 0.2)
+    cancels = [_run(f"fc{i}", False, ["cancel"]) for i in range(8)]
+    bookings = [_run(f"fb{i:02d}", False, ["search", "book"]) for i in range(32)]
+    ok_cancel = [_run(f"sc{i}", True, ["get_order", "cancel"]) for i in range(10)]
+    ok_book = [_run(f"sb{i:02d}", True, ["search", "book"]) for i in range(40)]
+    runs = cancels + bookings + ok_cancel + ok_book
+    failed = [r.trace_id for r in cancels + bookings]
+    succeeded = [r.trace_id for r in ok_cancel + ok_book]
+    t = Thresholds()
+
+    def scored_with(findings):
+        scored = [score(c, failed, succeeded, t) for c in candidates_from_findings(findings)]
+        return scored, next(s for s in scored if s.candidate.key == "wrong_tool_order:get>cancel")
+
+    findings = [_f("wrong_tool_order:get>cancel", r.trace_id, 0) for r in cancels[:6]]
+    scored, order = scored_with(findings)
+    assert not order.kept and "delta 0.15" in order.why
+    like_with_like(scored, runs, t)
+    assert order.kept and order.why.startswith("kept within its kind of request (cancel")
+    assert order.within_kind == {"kinds": ["cancel"], "failed": 8, "succeeded": 10,
+                                 "delta": 0.75, "stability": 10}  # fmt: skip
+    assert not next(s for s in scored if s.candidate.kind == "detector").kept  # not specific
+    # the same share in the successful cancel runs: no contrast within the kind either
+    findings += [_f("wrong_tool_order:get>cancel", r.trace_id, 1) for r in ok_cancel[:7]]
+    scored, order = scored_with(findings)
+    like_with_like(scored, runs, t)
+    assert not order.kept
+    # fewer failed runs than MIN_PEERS: the pooled contrast stands
+    scored, order = scored_with(findings[:4])
+    like_with_like(scored, runs, t)
+    assert not order.kept
