@@ -178,8 +178,14 @@ def _tool_of(finding: Any) -> str | None:
 
 
 def score_set(
-    name: str, runs: Sequence[Any], expected: Callable[[Any], Expected | None], show: int
+    name: str,
+    runs: Sequence[Any],
+    expected: Callable[[Any], Expected | None],
+    show: int,
+    brief: bool = False,
 ) -> dict[str, Any]:
+    """Fit the detectors on `runs`, score them and the baselines, print the table (`brief`:
+    only detectors with findings, and the every-write baseline)."""
     from tracegym.analysis.detectors.amounts import WrongAmount
     from tracegym.analysis.detectors.list_args import WrongListArgument
     from tracegym.analysis.detectors.missed_action import MissedAction
@@ -251,12 +257,17 @@ def score_set(
                 score.success_runs += 1
         scores.append(score)
     for score in scores:
+        if brief and not score.findings and not score.success_runs:
+            continue
+        if brief and score.name.startswith("baseline") and score.name != "baseline: every write":
+            continue
         print(score.line(wrong_runs))
         for example in score.examples:
             print(f"      {example[:300]}")
     rules = {d.name: len(getattr(d, "rules_", None) or getattr(d, "vocabulary_", None) or [])
              for d in detectors}  # fmt: skip
-    print(f"  rules learnt: {rules}")
+    if not brief:
+        print(f"  rules learnt: {rules}")
     return {"set": name, "runs": len(runs), "failed": len(failed), "wrong_runs": wrong_runs,
             "rules": rules, "scores": [asdict(s) for s in scores]}  # fmt: skip
 
@@ -368,6 +379,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             chosen = [r for r in runs if _source(r, "domain") == domain]
             results.append(score_set(f"tau2-bench {domain} [{split}]", chosen, tau2_expected,
                                      args.show))  # fmt: skip
+        print("\nper results file (one model and setting each; fitted on that file's runs):")
+        for file in sorted(tau2.glob("*.json")):
+            chosen = _load("tau2-bench", file, args.cache)
+            domain = _source(chosen[0], "domain") if chosen else "?"
+            split = "development"
+            results.append(score_set(f"tau2-bench {file.stem} ({domain}) [{split}]", chosen,
+                                     tau2_expected, 0, brief=True))  # fmt: skip
     else:
         print(f"skipped tau2-bench: {tau2} is absent")
     grok = args.data / "tau-bench-grok3-retail" / "grok-3-retail.json"

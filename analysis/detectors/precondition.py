@@ -15,10 +15,11 @@ the read tool R whose records it acts on, per field path of R's results present 
   never acted on one, and that is unlikely to be chance: if a share p of the R-records hold the
   value, n acted records all missing it has probability (1 - p)^n, which must be at most
   `max_chance` (0.05: with 3 acted records the value must be on 63% of the records, with 40 on
-  7%). p is the larger of its share among all records successful runs read and its share among
-  the records *failed* runs called T on (a state rare in general but common where failed runs
-  act is evidence too). A colour or size that the few acted records happen not to have is no
-  rule. Paths with
+  7%). Or, failed runs' evidence: at least `min_failed` (3) of the m records *failed* runs
+  called T on hold the value (a state rare in general but common where failed runs act), and k
+  of m holding it while none of the n acted records do has one-sided Fisher probability
+  C(m, k) / C(m + n, k) <= `max_chance`. A colour or size that the few acted records happen not
+  to have is no rule. Paths with
   more than `max_values` distinct values are identifiers or prose, not states;
 - *numeric fields* (numbers and ISO dates, not inside lists): the range [lo, hi] of the values
   on records T acted on (at least `min_threshold_support`, 5, of them: the range of three values
@@ -39,6 +40,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from math import comb
 
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.state import Read, acted_run, show_number
@@ -128,16 +130,26 @@ class _Bounds:
     max_chance: float
     min_presence: float
     min_threshold_support: int
+    min_failed: int = 3
 
     def field(self, acted: int, present: int, records: int) -> bool:
         """Whether a path is a state field: on enough acted records and on most records."""
         return acted >= self.min_support and present >= self.min_presence * records
 
-    def unlikely(self, holding: int, records: int, acted: int, failed_share: float) -> bool:
-        """Whether `acted` records all missing a value that `holding` of `records` hold (and
-        `failed_share` of the records failed runs acted on) is unlikely to be chance."""
-        share = max(holding / records if records else 0.0, failed_share)
-        return holding >= self.min_abstain and (1 - share) ** acted <= self.max_chance
+    def unlikely(
+        self, holding: int, records: int, acted: int, failed: tuple[int, int] = (0, 0)
+    ) -> bool:
+        """Whether `acted` records all missing a value that `holding` of `records` hold is
+        unlikely to be chance; or that `failed` = (k, m): k of the m records failed runs acted
+        on hold it, and k >= `min_failed`, when all k falling among the failed runs' records
+        is unlikely (one-sided Fisher: C(m, k) / C(m + acted, k))."""
+        if holding < self.min_abstain:
+            return False
+        share = holding / records if records else 0.0
+        if (1 - share) ** acted <= self.max_chance:
+            return True
+        k, m = failed
+        return k >= self.min_failed and comb(m, k) / comb(m + acted, k) <= self.max_chance
 
 
 def _enum_rules(
@@ -161,13 +173,13 @@ def _enum_rules(
         records = n + len(with_path)
         in_failed = [r.enums[path] for r in failed if path in r.enums]
 
-        def failed_share(value: str, in_failed: list[frozenset[str]] = in_failed) -> float:
-            return sum(value in vs for vs in in_failed) / len(in_failed) if in_failed else 0.0
+        def in_failed_runs(value: str, held: list[frozenset[str]] = in_failed) -> tuple[int, int]:
+            return sum(value in vs for vs in held), len(held)
 
         forbidden = frozenset(
             v
             for v, c in left.items()
-            if v not in allowed and bounds.unlikely(c, records, n, failed_share(v))
+            if v not in allowed and bounds.unlikely(c, records, n, in_failed_runs(v))
         )
         if forbidden:
             count = sum(1 for r in abstained if r.enums.get(path, frozenset()) & forbidden)
@@ -200,8 +212,8 @@ def _number_rules(
             (hi, None, [x for x in others if x > hi], [x for x in in_failed if x > hi]),
             (None, lo, [x for x in others if x < lo], [x for x in in_failed if x < lo]),
         ):
-            share = len(failed_beyond) / len(in_failed) if in_failed else 0.0
-            if bounds.unlikely(len(beyond), n + len(others), n, share):
+            failed_counts = (len(failed_beyond), len(in_failed))
+            if bounds.unlikely(len(beyond), n + len(others), n, failed_counts):
                 rules.append(
                     Precondition(tool, read_tool, path, frozenset(), above, below, n, len(beyond))
                 )
