@@ -994,3 +994,17 @@ def test_forbidden_action_can_leave_out_a_refused_attempt_the_run_recovered_from
         "forbidden_action:close_ticket"
     ]
     assert ForbiddenAction(ignore_recovered=True).fit(ticket_population()).detect(run) == []
+
+
+def test_forbidden_action_takes_failed_runs_as_evidence_when_there_are_enough() -> None:
+    from tracegym.analysis.detectors.precondition import ForbiddenAction
+
+    # few successful runs act, a rare state that successful runs left alone twice
+    runs = [ticket_run(f"TK-{i}", "open", act=True) for i in range(3)]
+    runs += [ticket_run(f"TK-{20 + i}", "open", act=False) for i in range(20)]
+    runs += [ticket_run(f"TK-{60 + i}", "frozen", act=False) for i in range(2)]
+    two = [ticket_run(f"TK-{80 + i}", "frozen", act=True, success=False) for i in range(2)]
+    four = two + [ticket_run(f"TK-{90 + i}", "frozen", act=True, success=False) for i in range(2)]
+    assert not ForbiddenAction().fit(runs + two).rules_  # 2 failed records: too few
+    [rule] = ForbiddenAction().fit(runs + four).rules_  # 4 of 4 vs 0 of 3: p = 1/35
+    assert rule.path == "state" and rule.forbidden == {"frozen"}
