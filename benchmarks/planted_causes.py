@@ -18,8 +18,9 @@ thresholds, as `tracegym analyze` calls it. Scored per planted cause:
   of them for the cause (a bound: it is chosen knowing the cause).
 
 Per gap: whether it matches a cause (Jaccard >= 0.6 with one), whether it mostly claims noise
-failures or successful runs (over half of its member runs), and per seed whether the top gap is
-a real cause and whether a gap that is no cause ranks above one that is.
+failures or successful runs (over half of its member runs), whether it matches none but holds
+most runs of two or more causes (a merge), and per seed whether the top gap is a real cause
+and whether a gap that is no cause ranks above one that is.
 
 Tuning seeds (default 0-9) are the ones engineers may look at while changing the detectors;
 reporting seeds (default 100-119) are for the numbers that count. Both are printed, separately.
@@ -95,6 +96,7 @@ class GapScore:
     cause: str | None  # the cause it recovers (Jaccard >= 0.6), if any
     jaccard: float
     spurious: bool  # over half of its member runs are noise failures or successful runs
+    merges: int = 0  # causes with over half of their runs in it (2+ on a no-cause gap: merged)
 
 
 @dataclass
@@ -232,6 +234,7 @@ def score_seed(planted: Any, result: Any, split: str) -> SeedScore:
             failed_members=len(g.failed_members), members=len(g.members),
             cause=cause if j >= RECOVERED else None, jaccard=round(j, 3),
             spurious=len(g.members & noise_or_ok) > len(g.members) / 2,
+            merges=sum(len(t & g.failed_members) > len(t) / 2 for t in causes.values()),
         ))  # fmt: skip
     return seed
 
@@ -274,6 +277,7 @@ def summary(seeds: Sequence[SeedScore]) -> dict[str, Any]:
         "gaps": len(gaps),
         "gaps_matching_a_cause": sum(g.cause is not None for g in gaps),
         "spurious_gaps": sum(g.spurious for g in gaps),
+        "merging_gaps": sum(g.cause is None and g.merges >= 2 for g in gaps),
         "seeds_without_gaps": len(seeds) - len(with_gaps),
         "top_is_cause": sum(bool(s.top_is_cause) for s in with_gaps),
         "seeds_with_gaps": len(with_gaps),
@@ -316,7 +320,8 @@ def render(name: str, s: dict[str, Any]) -> str:
     lines += [
         "",
         f"- gaps kept: {s['gaps']}; matching a cause: {s['gaps_matching_a_cause']}; "
-        f"claiming mostly noise or successful runs: {s['spurious_gaps']}",
+        f"claiming mostly noise or successful runs: {s['spurious_gaps']}; matching none but "
+        f"holding most runs of two or more causes: {s['merging_gaps']}",
         f"- seeds with no gap kept: {s['seeds_without_gaps']}; top gap is a real cause: "
         f"{_pct(s['top_is_cause'], s['seeds_with_gaps'])} of seeds with gaps; a gap that is no "
         f"cause ranked above one that is: {s['symptom_above_cause']} seeds",
@@ -376,7 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for g in s.gaps:
                         print(f"  gap #{g.rank} {g.name}: {g.failed_members} failed / "
                               f"{g.members} runs, cause {g.cause} (J={g.jaccard})"
-                              f"{' SPURIOUS' if g.spurious else ''}")  # fmt: skip
+                              f"{' SPURIOUS' if g.spurious else ''}"
+                              f"{f' MERGES {g.merges}' if g.merges > 1 else ''}")  # fmt: skip
     print(f"# Planted causes: analyze at default thresholds; {mode}; "
           f"{time.perf_counter() - clock:.0f} s\n")  # fmt: skip
     summaries = {}
