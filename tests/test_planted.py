@@ -162,3 +162,18 @@ def test_analyze_reads_the_store(sets, tmp_path: Path):
     score = score_seed(p, result, "tuning")
     assert {c.cause for c in score.causes} == set(p.causes)
     assert all(0.0 <= c.jaccard <= 1.0 and c.all_failed < 1.0 for c in score.causes)
+
+
+def test_benchmark_reports_both_splits(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    from tracegym.benchmarks import planted_causes
+
+    out = tmp_path / "scores.json"
+    args = ["--tuning", "0", "--reporting", "100", "--no-clusters", "--json", str(out)]
+    assert planted_causes.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "Tuning seeds 0" in printed and "Reporting seeds 100 (untuned)" in printed
+    scores = json.loads(out.read_text())
+    for split, seed in (("tuning", 0), ("reporting", 100)):
+        (one,) = scores["seeds"][split]
+        assert one["seed"] == seed and one["causes"]
+        assert scores["summaries"][split]["causes"] == len(pl.plan(seed)[1])
