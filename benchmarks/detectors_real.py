@@ -2,11 +2,12 @@
 
     .venv/bin/python benchmarks/detectors_real.py [--data ../shared/data] [--json FILE] [--show N]
 
-Runs `forbidden_action`, `missed_action`, `wrong_amount`, `wrong_list`, `unknown_value` and the
-error-named `wrong_tool_order` findings (the detectors of issue 14, item 2) on real tau-bench-style
-runs of agents nobody here wrote, each detector fitted on the set's own runs exactly as `tracegym
-analyze` fits it (from the successful runs; no labels), and scores their findings on the failed
-runs against what the benchmark itself says went wrong -- used here only, never by a detector:
+Runs `forbidden_action`, `missed_action`, `missed_request`, `wrong_amount`, `wrong_list`,
+`unknown_value` and the error-named `wrong_tool_order` findings (the detectors of issue 14, item 2)
+on real tau-bench-style runs of agents nobody here wrote, each detector fitted on the set's own
+runs exactly as `tracegym analyze` fits it (from the successful runs; no labels), and scores their
+findings on the failed runs against what the benchmark itself says went wrong -- used here only,
+never by a detector:
 
 (`unserved_request`, the older detector of an action never taken, is scored alongside, to
 compare with `missed_action`.)
@@ -29,15 +30,19 @@ every write call of a failed run, the first write of each failed run, every writ
 Splits. The detectors' rules and thresholds (the chance bound and field presence of
 forbidden_action, one record per observed state, the list relations, the linking of a write to the
 reads it acts on) were chosen while looking at tau2-bench retail and, for the linking of a write to
-several reads, at tau2-bench telecom: those two are *development* numbers. The failed-run share in
-forbidden_action's chance bound and its 5-record minimum for thresholds were chosen on planted
-tuning seeds (4 and 7 of 0-9); unknown_value's limits were set before it first ran, on tau2 retail.
-No rule or threshold was changed on account of tau-bench grok-3 retail or AgentRx tau-retail (their
-numbers were printed after each change, never used to choose one): those are the *reported*
-numbers. AgentRx's annotated root-cause categories are printed next to each detector's failed runs.
-grok-3's outcome is its `reward_info.components.base_success` (the file's `reward` is a composite
-with an efficiency penalty, which `tracegym import tau-bench` reads as the outcome today): the
-benchmark sets it before fitting.
+several reads, at tau2-bench telecom; the per-file tables of tau2-bench showed the address-field
+rules that made failed runs' evidence a Fisher test over at least 3 records: tau2-bench numbers are
+*development* numbers. forbidden_action's use of failed runs' records and its 5-record minimum for
+thresholds were chosen on planted tuning seeds (4 and 7 of 0-9); unknown_value's limits were set
+before it first ran, on tau2 retail; missed_request's condition on runs that made another write was
+found by looking at planted seed 100 (a reporting seed) and checked on tuning seeds 3 and 5, so its
+planted never_called numbers are not untuned. No rule or threshold was changed on account of
+tau-bench grok-3 retail or AgentRx tau-retail (their numbers were printed after each change, never
+used to choose one): those are the *reported* numbers. AgentRx's annotated root-cause categories
+are printed next to each detector's failed runs. grok-3's outcome is its
+`reward_info.components.base_success` (the file's `reward` is a composite with an efficiency
+penalty, which `tracegym import tau-bench` reads as the outcome today): the benchmark sets it
+before fitting.
 """
 
 from __future__ import annotations
@@ -189,6 +194,7 @@ def score_set(
     from tracegym.analysis.detectors.amounts import WrongAmount
     from tracegym.analysis.detectors.list_args import WrongListArgument
     from tracegym.analysis.detectors.missed_action import MissedAction
+    from tracegym.analysis.detectors.missed_request import MissedRequest
     from tracegym.analysis.detectors.precondition import ForbiddenAction
     from tracegym.analysis.detectors.state import is_write
     from tracegym.analysis.detectors.tool_order import WrongToolOrder
@@ -197,7 +203,8 @@ def score_set(
 
     detectors = [d.fit(runs) for d in (ForbiddenAction(), MissedAction(), WrongAmount(),
                                        WrongListArgument(), UnknownValue(),
-                                       WrongToolOrder(), UnservedRequest())]  # fmt: skip
+                                       WrongToolOrder(), MissedRequest(),
+                                       UnservedRequest())]  # fmt: skip
     failed = [r for r in runs if r.success is False]
     labelled = [(r, expected(r)) for r in failed]
     labelled = [(r, e) for r, e in labelled if e is not None]
@@ -300,7 +307,7 @@ PLANTED = {  # planted cause -> the detectors meant to find it
     "policy_forbidden": ("forbidden_action",),
     "wrong_amount": ("wrong_amount",),
     "wrong_order": ("wrong_tool_order",),
-    "never_called": ("missed_action", "unserved_request"),
+    "never_called": ("missed_action", "missed_request", "unserved_request"),
 }
 
 
@@ -308,6 +315,7 @@ def planted_recovery(seeds: Sequence[int], cache: Path, label: str) -> dict[str,
     """Per planted cause, the best Jaccard between its failed runs and the failed runs of one
     finding key of its detector (>= 0.6 is recovered), and that key's runs outside the cause."""
     sys.path.insert(0, str(ROOT))
+    from tracegym.analysis.detectors.missed_request import MissedRequest
     from tracegym.analysis.detectors.registry import make_detector
     from tracegym.analysis.runs import load_runs
     from tracegym.store.store import Store
@@ -321,7 +329,8 @@ def planted_recovery(seeds: Sequence[int], cache: Path, label: str) -> dict[str,
             runs = load_runs(store)
         for cause, members in planted.causes.items():
             for name in PLANTED.get(cause, ()):
-                rows[cause, name].append((seed, *_best_key(make_detector(name), runs, members)))
+                detector = MissedRequest() if name == "missed_request" else make_detector(name)
+                rows[cause, name].append((seed, *_best_key(detector, runs, members)))
     print(f"\nplanted causes, finding level, seeds {label}:")
     out = {}
     for (cause, name), found in sorted(rows.items()):

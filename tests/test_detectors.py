@@ -533,7 +533,8 @@ def test_registry() -> None:
     assert list(DETECTORS) == [
         "ungrounded_argument", "wrong_tool_order", "poisoned_memory", "budget_waste",
         "invalid_invocation", "premature_finish", "unserved_request", "forbidden_action",
-        "missed_action", "wrong_amount", "wrong_list", "unknown_value"]  # fmt: skip
+        "missed_action", "wrong_amount", "wrong_list", "unknown_value",
+        "missed_request"]  # fmt: skip
     first, second = default_detectors(), default_detectors()
     assert [d.name for d in first] == list(DETECTORS)
     assert all(isinstance(d, Detector) and d.description for d in first)
@@ -1008,3 +1009,28 @@ def test_forbidden_action_takes_failed_runs_as_evidence_when_there_are_enough() 
     assert not ForbiddenAction().fit(runs + two).rules_  # 2 failed records: too few
     [rule] = ForbiddenAction().fit(runs + four).rules_  # 4 of 4 vs 0 of 3: p = 1/35
     assert rule.path == "state" and rule.forbidden == {"frozen"}
+
+
+def test_missed_request_learns_the_users_word_for_an_action() -> None:
+    from tracegym.analysis.detectors.missed_request import MissedRequest
+
+    def run(receipt: bool, sent: bool, success: bool = True, n: int = 0) -> Run:
+        b = RunBuilder("refund", success=success)
+        ask = " And the receipt." if receipt else ""
+        b.user(f"Please refund order OR-{n}, I will send it back.{ask}")
+        b.tool("refund_order", {"order_id": f"OR-{n}"}, {"ok": True})
+        if sent:
+            b.tool("send_confirmation", {"order_id": f"OR-{n}"}, {"ok": True})
+        return b.build()
+
+    runs = [run(True, True, n=i) for i in range(6)] + [
+        run(False, False, n=10 + i) for i in range(8)
+    ]
+    detector = MissedRequest().fit(runs)
+    assert {(r.word, r.tool) for r in detector.rules_} == {("receipt", "send_confirmation")}
+    [finding] = detector.detect(run(True, False, success=False, n=99))
+    assert (
+        finding.key == "missed_request:send_confirmation" and finding.details["word"] == "receipt"
+    )
+    assert detector.detect(run(True, True, success=False, n=98)) == []
+    assert detector.detect(run(False, False, success=False, n=97)) == []

@@ -19,6 +19,7 @@ from tracegym.analysis.detectors.invalid import InvalidInvocation
 from tracegym.analysis.detectors.list_args import WrongListArgument
 from tracegym.analysis.detectors.memory import PoisonedMemory
 from tracegym.analysis.detectors.missed_action import MissedAction
+from tracegym.analysis.detectors.missed_request import MissedRequest
 from tracegym.analysis.detectors.precondition import ForbiddenAction
 from tracegym.analysis.detectors.premature import PrematureFinish
 from tracegym.analysis.detectors.tool_order import WrongToolOrder
@@ -41,6 +42,7 @@ DETECTORS: dict[str, type[Detector]] = {
         WrongAmount,
         WrongListArgument,
         UnknownValue,
+        MissedRequest,
     )
 }
 
