@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracegym.analysis.arithmetic import decimals_of, derived, numbers_in, parse_number
+from tracegym.analysis.detector_names import WRONG_AMOUNT
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.state import flatten, is_write
 from tracegym.analysis.detectors.ungrounded import Evidence
@@ -83,7 +84,7 @@ class WrongAmount(Detector):
     successful runs that make an underived value part of an argument's vocabulary.
     """
 
-    name = "wrong_amount"
+    name = WRONG_AMOUNT
     description = (
         "Passes an amount (a payment, refund, split or quantity) to an action that no number "
         "the run saw gives, even by simple arithmetic"

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tracegym.analysis.detector_names import WRONG_LIST
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.state import MAX_DEPTH, Read, is_write, reads
 from tracegym.analysis.detectors.ungrounded import Evidence, leaf_texts, loose
@@ -137,7 +138,7 @@ class WrongListArgument(Detector):
     share of them keeping the relation.
     """
 
-    name = "wrong_list"
+    name = WRONG_LIST
     description = (
         "Passes a list (items, flights, recipients) to an action that is neither the list it "
         "looked up nor the part of it the user named"

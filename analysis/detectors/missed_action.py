@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tracegym.analysis.detector_names import MISSED_ACTION
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.state import acted_run
 from tracegym.analysis.features import step_ref
@@ -103,7 +104,7 @@ class MissedAction(Detector):
     of their readings followed by the action.
     """
 
-    name = "missed_action"
+    name = MISSED_ACTION
     description = (
         "Leaves a record alone in a state where successful runs always act on it (resume, "
         "refund, enable ...): the needed action never taken"

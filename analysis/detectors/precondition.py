@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from math import comb
 
+from tracegym.analysis.detector_names import FORBIDDEN_ACTION
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.state import Read, acted_run, show_number
 from tracegym.analysis.features import step_ref
@@ -230,7 +231,7 @@ class ForbiddenAction(Detector):
     refused write followed by a write that went through is left out.
     """
 
-    name = "forbidden_action"
+    name = FORBIDDEN_ACTION
     description = (
         "Takes an action (cancel, change, refund ...) on a record in a state where successful "
         "runs never take it: the policy's preconditions, learnt from what they read first"
