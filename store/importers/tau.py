@@ -1,5 +1,8 @@
 """`tau-bench` and `tau2-bench` results files -> one trace per run, with its reward as outcome.
 
+Success is a full reward, or, where a run's `info.reward_info.components.base_success` is given
+(a `reward` that is a composite of success, efficiency penalties and bonuses), that base success.
+
 tau-bench: a JSON list of runs `{task_id, trial, reward, info{task{user_id, instruction,
 actions}, reward_info}, traj[OpenAI messages]}` (the AgentRx `tau_dataset_*.json` files too).
 tau2-bench: a JSON object `{info{agent_info, environment_info ...}, tasks[...],
@@ -67,18 +70,31 @@ def _labels(labels: Path | None) -> dict[str, RunLabels]:
     return load_agentrx_labels(labels) if labels is not None else {}
 
 
+def base_success(info: Mapping[str, Any]) -> float | None:
+    """`info.reward_info.components.base_success`: the pass/fail of runs whose `reward` is a
+    composite with efficiency penalties and bonuses (tau-bench's grok-3 results), else None."""
+    reward_info = info.get("reward_info")
+    components = reward_info.get("components") if isinstance(reward_info, Mapping) else None
+    value = components.get("base_success") if isinstance(components, Mapping) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
 def _finish(
     run: Run,
     *,
     reward: float | None,
     source: str,
     labels: RunLabels | None,
+    passed: float | None = None,
 ) -> list[dict[str, Any]]:
+    """The run's outcome: success from `passed` (a base success) when given, else the reward."""
     if labels is not None:
         run.mark_failures(labels.failures)
-    if reward is not None or labels is not None:
+    if reward is not None or labels is not None or passed is not None:
         run.outcome(
-            success=is_full_reward(reward),
+            success=is_full_reward(passed if passed is not None else reward),
             reward=reward,
             source=source,
             labels=labels.outcome_labels() if labels is not None else None,
@@ -162,7 +178,7 @@ def _tau_run(
             ),
         },
     )
-    return _finish(run, reward=reward, source="tau-bench", labels=labels)
+    return _finish(run, reward=reward, source="tau-bench", labels=labels, passed=base_success(info))
 
 
 # tau2-bench ------------------------------------------------------------------------------------
