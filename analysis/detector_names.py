@@ -24,6 +24,8 @@ FORBIDDEN_ACTION = "forbidden_action"
 MISSED_ACTION = "missed_action"
 WRONG_AMOUNT = "wrong_amount"
 WRONG_LIST = "wrong_list"
+UNKNOWN_VALUE = "unknown_value"
+MISSED_REQUEST = "missed_request"
 
 BUILT_IN: tuple[str, ...] = (
     UNGROUNDED_ARGUMENT,
@@ -37,6 +39,8 @@ BUILT_IN: tuple[str, ...] = (
     MISSED_ACTION,
     WRONG_AMOUNT,
     WRONG_LIST,
+    UNKNOWN_VALUE,
+    MISSED_REQUEST,
 )
 # Detectors that measure spending (calls, steps, tokens): their contrast is drawn against
 # successful runs serving the same kind of request (see `analysis.gaps.like_with_like`).
@@ -71,12 +75,14 @@ __all__ = [
     "FORBIDDEN_ACTION",
     "INVALID_INVOCATION",
     "MISSED_ACTION",
+    "MISSED_REQUEST",
     "POISONED_MEMORY",
     "PREMATURE_FINISH",
     "SPEND_DETECTORS",
     "SYMPTOM_DETECTORS",
     "SYMPTOM_KEY_PREFIXES",
     "UNGROUNDED_ARGUMENT",
+    "UNKNOWN_VALUE",
     "UNSERVED_REQUEST",
     "WRONG_AMOUNT",
     "WRONG_LIST",

@@ -535,6 +535,9 @@ def test_registry() -> None:
         "invalid_invocation", "premature_finish", "unserved_request", "forbidden_action",
         "missed_action", "wrong_amount", "wrong_list", "unknown_value",
         "missed_request"]  # fmt: skip
+    from tracegym.analysis.detector_names import BUILT_IN
+
+    assert tuple(DETECTORS) == BUILT_IN  # every registered detector's name is a constant
     first, second = default_detectors(), default_detectors()
     assert [d.name for d in first] == list(DETECTORS)
     assert all(isinstance(d, Detector) and d.description for d in first)

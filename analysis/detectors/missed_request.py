@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tracegym.analysis.detector_names import MISSED_REQUEST
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.state import is_write
 from tracegym.analysis.detectors.unserved import request_text
@@ -88,7 +89,7 @@ class MissedRequest(Detector):
     Parameters: `min_support` (5), `min_confidence` (0.9), `max_other_share` (0.1).
     """
 
-    name = "missed_request"
+    name = MISSED_REQUEST
     description = (
         "Leaves undone what the user asked for in words after which successful runs always "
         "act (a receipt, a refund ...), whatever the tool is called"

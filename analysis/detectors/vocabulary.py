@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 
 from tracegym.analysis.arithmetic import parse_number
+from tracegym.analysis.detector_names import UNKNOWN_VALUE
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.state import MAX_ENUM_TEXT, flatten, is_write
 from tracegym.analysis.detectors.ungrounded import loose
@@ -39,7 +40,7 @@ class UnknownValue(Detector):
     `min_runs` (2) successful runs per value.
     """
 
-    name = "unknown_value"
+    name = UNKNOWN_VALUE
     description = (
         "Passes an action a value outside the few its argument takes in successful runs (a "
         "code, a reason, a class): the system's vocabulary, not the user's words"
