@@ -19,12 +19,12 @@ pytest.importorskip("duckdb")
 import duckdb
 from tracegym.cli import app as cli
 from tracegym.store import lake
-from tracegym.store.records import span_record, stable_id, write_spool_file
 from tracegym.store.store import Store
 from tracegym.tracer.spool import spool_dir
 from typer.testing import CliRunner
 
-BASE_NS = 1_764_460_800_000_000_000  # 2025-11-30T00:00:00Z
+from tests.chaos.spool_data import write_spool
+
 COMPACTORS = 3
 TRIALS = 3
 
@@ -40,26 +40,6 @@ COMPACTOR = textwrap.dedent(
         print(json.dumps({"files": r.files, "spans": r.spans, "busy": r.busy}), flush=True)
     """
 )
-
-
-def write_spool(home: Path, files: int, spans_per_file: int) -> int:
-    """Complete spool files of tool spans over two days (two parts a file); the span count."""
-    for f in range(files):
-        records = []
-        for i in range(spans_per_file):
-            start = BASE_NS + (f * spans_per_file + i) * 1_000_000 + (i % 2) * 86_400 * 10**9
-            records.append(
-                span_record(
-                    trace_id=stable_id("t", f, i // 10),
-                    span_id=stable_id("s", f, i, width=16),
-                    name="execute_tool lookup",
-                    start_ns=start,
-                    end_ns=start + 500_000,
-                    attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "q"},
-                )
-            )
-        write_spool_file(home, records, f"20251130T000000-host-{f}-{f:08x}")
-    return files * spans_per_file
 
 
 def assert_lake_exact(home: Path, total: int) -> None:

@@ -19,11 +19,11 @@ pytest.importorskip("duckdb")
 
 from tracegym.dashboards.db import Database
 from tracegym.store import lake
-from tracegym.store.records import outcome_record, span_record, stable_id, write_spool_file
 from tracegym.store.store import Store
 from tracegym.tracer.spool import spool_dir
 
-BASE_NS = 1_764_460_800_000_000_000  # 2025-11-30T00:00:00Z
+from tests.chaos.spool_data import write_spool
+
 COUNTS = "SELECT (SELECT count(*) FROM spans), (SELECT count(DISTINCT span_id) FROM spans), " \
          "(SELECT count(*) FROM _outcome_spans)"  # fmt: skip
 
@@ -52,27 +52,6 @@ KILLED_COMPACTION = textwrap.dedent(
 )
 
 
-def write_spool(home: Path, files: int, spans_per_file: int) -> int:
-    """Complete spool files of tool spans over two days, one outcome each; the span count."""
-    for f in range(files):
-        records = []
-        for i in range(spans_per_file):
-            start = BASE_NS + (f * spans_per_file + i) * 1_000_000 + (i % 2) * 86_400 * 10**9
-            records.append(
-                span_record(
-                    trace_id=stable_id("t", f, i // 10),
-                    span_id=stable_id("s", f, i, width=16),
-                    name="execute_tool lookup",
-                    start_ns=start,
-                    end_ns=start + 500_000,
-                    attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "q"},
-                )
-            )
-        records.append(outcome_record(stable_id("t", f, 0), time_ns=BASE_NS + f, success=True))
-        write_spool_file(home, records, f"20251130T000000-host-{f}-{f:08x}")
-    return files * spans_per_file
-
-
 def counts(home: Path) -> tuple[tuple, tuple]:
     """What a Store that does not compact and a dashboard Database each count."""
     with Store(home, compact_on_open=False) as store:
@@ -86,7 +65,7 @@ def counts(home: Path) -> tuple[tuple, tuple]:
 
 @pytest.mark.parametrize("point", ["unlink", "replace"])
 def test_readers_after_a_killed_compaction_count_every_span_once(tmp_path: Path, point: str):
-    total = write_spool(tmp_path, files=3, spans_per_file=2000)
+    total = write_spool(tmp_path, files=3, spans_per_file=2000, outcomes=True)
     proc = subprocess.run([sys.executable, "-c", KILLED_COMPACTION, str(tmp_path), point])
     assert proc.returncode == -9
     parts = list(lake.lake_dir(tmp_path).glob("*/day=*/*.parquet"))
@@ -99,7 +78,7 @@ def test_readers_after_a_killed_compaction_count_every_span_once(tmp_path: Path,
 
 
 def test_readers_whose_spool_files_were_compacted_away_still_answer(tmp_path: Path):
-    total = write_spool(tmp_path, files=3, spans_per_file=500)
+    total = write_spool(tmp_path, files=3, spans_per_file=500, outcomes=True)
     db = Database(tmp_path)  # lists the three spool files
     store = Store(tmp_path, compact_on_open=False)
     try:
@@ -116,7 +95,7 @@ def test_readers_whose_spool_files_were_compacted_away_still_answer(tmp_path: Pa
 
 
 def test_a_dashboard_reading_during_compactions_always_counts_exactly(tmp_path: Path):
-    total = write_spool(tmp_path, files=8, spans_per_file=2500)
+    total = write_spool(tmp_path, files=8, spans_per_file=2500, outcomes=True)
     db = Database(tmp_path)
     answers: list[tuple] = []
     errors: list[BaseException] = []
