@@ -531,12 +531,16 @@ _EXEC_BANNER = re.compile(r"^\s*(exit\s*code:.*|code output:\s*)$", re.IGNORECAS
 
 def _error_quote(turn: Turn, profile: SystemProfile = EMPTY_PROFILE) -> str:
     """The line of a failed execution that says what went wrong: the last error line (a
-    traceback ends with the exception), else its first line that is neither the executor's
-    banner nor the system's boilerplate, else the recorded error type."""
+    traceback ends with the exception), else the failed span's status message (an SDK-traced
+    tool's raised error keeps its text only there), else its first line that is neither the
+    executor's banner nor the system's boilerplate, else the recorded error type."""
     lines = [line.strip() for line in turn.text.splitlines() if line.strip()]
     errors = [line for line in lines if _ERROR_LINE.match(line)]
     if errors:
         return errors[-1]
+    messages = [s.status_message.strip() for s in turn.spans if s.failed and s.status_message]
+    if any(messages):
+        return next(m for m in messages if m)
     for line in lines:
         line = re.sub(r"^code output:\s*", "", line, flags=re.IGNORECASE)
         if line and not _EXEC_BANNER.match(line) and not profile.is_boilerplate(line):

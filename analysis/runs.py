@@ -19,9 +19,9 @@ ROLE = "tracegym.message.role"  # set by the importers on message spans (user, s
 
 _STEP_COLUMNS = [
     "trace_id", "span_id", "parent_span_id", "name", "operation", "agent", "step_index", "tool",
-    "call_id", "input", "output", "status", "error_type", "start_ns", "end_ns", "duration_ms",
-    "input_tokens", "output_tokens", "memory_store", "memory_record", "memory_content_hash",
-    "memory_result_hashes", "subtask", "attributes",
+    "call_id", "input", "output", "status", "status_message", "error_type", "start_ns",
+    "end_ns", "duration_ms", "input_tokens", "output_tokens", "memory_store", "memory_record",
+    "memory_content_hash", "memory_result_hashes", "subtask", "attributes",
 ]  # fmt: skip
 
 
@@ -84,6 +84,9 @@ class Step:
     subtask: str | None  # the innermost enclosing subtask's name
     attributes: dict[str, Any]
     source_write_span_ids: list[str | None] = field(default_factory=list)
+    # The span status's description: where SDK-traced tool errors keep their text (a raised
+    # `ValueError("call get_booking first")` leaves no output, only this).
+    status_message: str | None = None
 
     @property
     def role(self) -> str | None:
@@ -194,6 +197,7 @@ def build_runs(
                 attributes=json.loads(attributes) if isinstance(attributes, str)
                 else dict(attributes or {}),
                 source_write_span_ids=list(row.get("source_write_span_ids") or []),
+                status_message=row.get("status_message"),
             ))  # fmt: skip
         _subtasks(steps)
         labels = parse_json(trace.get("outcome_labels"))

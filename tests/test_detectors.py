@@ -883,6 +883,81 @@ def test_an_error_that_names_the_fix_is_a_wrong_order_not_an_invalid_call() -> N
     assert keys(invalid) == ["invalid_invocation:change_seat"]
 
 
+NATIVE_SEAT_AGENT = """
+import sys
+import tracegym as tg
+from opentelemetry.sdk.trace import TracerProvider
+
+tg.init(home=sys.argv[1], provider=TracerProvider(), capture_messages=True)
+looked = set()
+
+@tg.tool
+def get_booking(booking_id):
+    looked.add(booking_id)
+    return {"booking_id": booking_id, "seat": "3A"}
+
+@tg.tool
+def change_seat(booking_id, seat):
+    if booking_id not in looked:
+        raise ValueError("call get_booking first")
+    return {"ok": True}
+
+@tg.llm(model="stub")
+def reply(messages):
+    return "done"
+
+for i in range(5):
+    careless = i >= 2  # two careful runs: too few to mine an order rule from them
+    with tg.agent("seat_agent", run_id=f"run-{i}"):
+        reply([{"role": "user", "content": f"Move booking BK-{i} to seat 14C."}])
+        try:
+            if not careless:
+                get_booking(f"BK-{i}")
+            change_seat(f"BK-{i}", "14C")
+            ok = True
+        except ValueError:
+            ok = False
+            reply([{"role": "user", "content": "it failed"}])
+    tg.record_outcome(f"run-{i}", success=ok)
+tg.shutdown()
+"""
+
+
+def test_a_natively_traced_tool_error_is_quoted_by_the_finding_and_the_attribution(
+    tmp_path: Path,
+) -> None:
+    """An SDK-traced tool that raises leaves its text only in the span status's message."""
+    from tracegym.analysis.attribution import attribute
+    from tracegym.dashboards.db import Database
+    from tracegym.dashboards.findings import load_runs as dashboard_runs
+    from tracegym.store.store import Store
+
+    script = tmp_path / "agent.py"
+    script.write_text(NATIVE_SEAT_AGENT)
+    subprocess.run([sys.executable, str(script), str(tmp_path / "home")], check=True,
+                   capture_output=True, timeout=120)  # fmt: skip
+    with Store(tmp_path / "home") as store:
+        runs = load_runs(store)
+    failed = [r for r in runs if r.success is False]
+    assert len(runs) == 5 and len(failed) == 3
+    call = next(s for s in failed[0].steps if s.tool == "change_seat")
+    assert call.failed and not call.output  # the error text is nowhere but the status
+    assert call.status_message == "ValueError: call get_booking first"
+    order = WrongToolOrder().fit(runs)
+    assert order.rules_ == []  # only the error can name the fix
+    [finding] = order.detect(failed[0])
+    assert finding.key == "wrong_tool_order:get_booking>change_seat"
+    assert finding.details["error_names_fix"] and "call get_booking first" in finding.message
+    assert all(order.detect(r) == [] for r in runs if r.success)
+    result = attribute(failed[0])
+    assert result.rule == "failed_execution" and "call get_booking first" in result.reason
+    # the dashboard builds its runs through the same `build_runs`: the run page sees the text
+    [seen] = dashboard_runs(Database(tmp_path / "home"), [failed[0].trace_id])
+    assert next(s for s in seen.steps if s.tool == "change_seat").status_message == (
+        call.status_message
+    )
+
+
 def test_unknown_value_knows_an_arguments_closed_vocabulary() -> None:
     from tracegym.analysis.detectors.vocabulary import UnknownValue
 

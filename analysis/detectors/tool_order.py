@@ -21,10 +21,10 @@ Any call counts (failed ones too): the rule is about the order of attempts.
   `PrematureFinish` reports; a mid-run B without its prerequisite is a wrong order.
 
 A third source of rules is the tools themselves: a failed call of B whose error text (its
-result, a message attribute, or else the tool message answering it in the next chat span's
-input: what the model read) names
-another known tool A together with a word of order ("call get_booking first", "must ... before",
-"requires", "run X", "use X") is a wrong order when A was not called (successfully) before it:
+result, its span status's message, a message attribute, or else the tool message answering it
+in the next chat span's input: what the model read) names another known tool A together
+with a word of order ("call get_booking first", "must ... before", "requires", "run X",
+"use X") is a wrong order when A was not called (successfully) before it:
 the error names the fix (confidence 0.95, `details["error_names_fix"]`). This needs no
 successful run at all, and `InvalidInvocation` leaves such an error to this detector (the error
 is the symptom, the missing step the cause).
@@ -73,10 +73,13 @@ _ORDER_WORDS = re.compile(
 
 
 def error_text(step: Step, run: Run | None = None) -> str:
-    """What a failed call said: its result, any message attribute and, when `run` is given and
+    """What a failed call said: its result, its span status's message (where an SDK-traced
+    tool's raised error keeps its text), any message attribute and, when `run` is given and
     the span holds no text, the tool message the model saw next (the result as the agent read
     it: a chat span's input message answering the call's id)."""
     texts = [step.output or ""]
+    if step.status_message and step.status_message not in texts:
+        texts.append(step.status_message)
     texts += [v for k, v in step.attributes.items() if isinstance(v, str) and "message" in k]
     if run is not None and not any(texts):
         texts.append(_answer_seen(step, run))
