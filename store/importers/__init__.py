@@ -35,6 +35,7 @@ FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
     "tau2-bench": ("tracegym.store.importers.tau", (".json",)),
     "whowhen": ("tracegym.store.importers.whowhen", (".json",)),
     "agentracer": ("tracegym.store.importers.agentracer", (".json",)),
+    "medagentbench": ("tracegym.store.importers.medagentbench", (".json",)),
     "swe-agent": ("tracegym.store.importers.swe_agent", (".traj", ".json")),
     "openai-chat": ("tracegym.store.importers.openai_chat", (".json", ".jsonl")),
     "otlp-json": ("tracegym.store.importers.otlp_json", (".json", ".jsonl")),
