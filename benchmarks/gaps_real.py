@@ -24,8 +24,18 @@ from the source files, never given to analysis:
   the tau-bench importer reads `reward` (a composite with an efficiency penalty, below 1.0 on
   every run), so this benchmark imports a copy whose `reward` is `base_success` and says so.
 
-MedAgentBench is skipped: no importer reads it yet. Nothing here is tuned: there are no
-thresholds of its own, and analysis runs at its defaults on every set.
+- MedAgentBench (four models on the same 100 clinical tasks, per model and pooled; the
+  `medagentbench` importer): its only labels are the statuses (`completedCorrect`,
+  `completedIncorrect`, `agent invalid action`) and the task each run served. Per gap: its
+  failed members' statuses, and the task kind (MedAgentBench's 10 task templates: `index // 10`,
+  which groups the 100 tasks exactly by their question on this data) most common among them,
+  with its share among the members against its share among all failed runs (lift > 1: the gap
+  groups runs of one kind of request), and how many runs of that kind failed (where every one
+  did, a gap confined to the kind cannot be told from "this was that kind of request"). Per
+  set: failed runs by status and by task kind.
+
+Nothing here is tuned: there are no thresholds of its own, and analysis runs at its defaults on
+every set.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / ".." / "shared" / "data"
 TAU2 = "tau2-retail-telecom"
+MEDAGENTBENCH = "medagentbench"
 TAU2_FILES = {
     "retail": ("ft-gpt-4.1_retail_default_gpt-4.1_1trials.json",
                "gpt-4.1_retail_default_gpt-4.1_1trials.json",
@@ -64,7 +75,7 @@ class RealSet:
     name: str
     fmt: str
     files: tuple[Path, ...]
-    evaluation: str  # "tau2", "agentrx" or "" (gaps only)
+    evaluation: str  # "tau2", "agentrx", "medagentbench" or "" (gaps only)
     note: str = ""
 
 
@@ -125,7 +136,16 @@ def real_sets(data: Path) -> tuple[list[RealSet], list[str]]:
                                  tuple(paths), "tau2"))  # fmt: skip
         if not paths:
             skipped.append(f"tau2 {domain}: no files under {data / TAU2}")
-    skipped.append("MedAgentBench: no importer reads it yet (tools are text commands); skipped")
+    mab = data / MEDAGENTBENCH
+    models = sorted(mab.glob("outputs/*/*/medagentbench-std/overall.json"))
+    for path in models:
+        found.append(RealSet(f"MedAgentBench {path.parent.parent.name}", "medagentbench",
+                             (path,), "medagentbench"))  # fmt: skip
+    if len(models) > 1:
+        found.append(RealSet(f"MedAgentBench pooled ({len(models)} models)", "medagentbench",
+                             tuple(models), "medagentbench"))  # fmt: skip
+    if not models:
+        skipped.append(f"MedAgentBench: no */medagentbench-std/overall.json under {mab}")
     return found, skipped
 
 
@@ -301,6 +321,47 @@ def evaluate_agentrx(result: Any, s: RealSet, rows: list[GapRow], gaps: list[Any
     }
 
 
+def task_kind(index: Any) -> str | None:
+    """MedAgentBench's task template of a raw result: `task{index // 10 + 1}` (its 100 tasks
+    are 10 templates of 10 patients, numbered in order; checked on the shared data by the
+    questions in tests/test_medagentbench.py)."""
+    if isinstance(index, bool) or not isinstance(index, int):
+        return None
+    return f"task{index // 10 + 1}"
+
+
+def evaluate_medagentbench(result: Any, rows: list[GapRow], gaps: list[Any]) -> dict[str, Any]:
+    """Gaps against the only labels the set has: the runs' statuses and task kinds."""
+    status = {r.trace_id: str(_source(r, "status")) for r in result.failed}
+    kind = {r.trace_id: task_kind(_source(r, "index")) or "?" for r in result.failed}
+    all_kinds = Counter(kind.values())
+    succeeded = Counter(task_kind(_source(r, "index")) or "?" for r in result.succeeded)
+    n_failed = len(kind)
+    for row, gap in zip(rows, gaps, strict=True):
+        members = [t for t in gap.failed_members if t in kind]
+        if not members:
+            continue
+        kinds = Counter(kind[t] for t in members)
+        top, n_top = min(kinds.items(), key=lambda kv: (-kv[1], kv[0]))
+        share, base = n_top / len(members), all_kinds[top] / n_failed
+        row.evaluation = {
+            "statuses": ranked(Counter(status[t] for t in members)),
+            "top_task_kind": top,
+            "top_share": round(share, 2),
+            "top_share_all_failed": round(base, 2),
+            "lift": round(share / base, 2) if base else None,
+            "task_kinds": len(kinds),
+            # how the top kind's runs ended: a kind every run of which fails leaves a gap
+            # confined to it unable to tell its cause from "this was that kind of request"
+            "top_kind_failed": f"{all_kinds[top]}/{all_kinds[top] + succeeded[top]}",
+        }
+    return {
+        "failed_statuses": ranked(Counter(status.values())),
+        "failed_task_kinds": ranked(all_kinds),
+        "succeeded_task_kinds": ranked(succeeded),
+    }
+
+
 def analyse(s: RealSet, home: Path, embedder: Any) -> SetReport:
     from tracegym.analysis.pipeline import analyze
     from tracegym.benchmarks.planted_causes import gap_field, kept_gaps
@@ -334,6 +395,8 @@ def analyse(s: RealSet, home: Path, embedder: Any) -> SetReport:
         report.evaluation = evaluate_tau2(result, s, rows, gaps)
     elif s.evaluation == "agentrx":
         report.evaluation = evaluate_agentrx(result, s, rows, gaps, _member_steps(result))
+    elif s.evaluation == "medagentbench":
+        report.evaluation = evaluate_medagentbench(result, rows, gaps)
     report.seconds = round(time.perf_counter() - clock, 1)
     return report
 
@@ -354,6 +417,10 @@ def render(r: SetReport) -> str:
         cats = ", ".join(f"{c} {n}" for c, n in r.evaluation["root_cause_categories"])
         lines.append(f"AgentRx root causes of {r.evaluation['labelled_failed']} labelled failed "
                      f"runs: {cats}")  # fmt: skip
+    if r.evaluation.get("failed_statuses") is not None:
+        statuses = ", ".join(f"{c} {n}" for c, n in r.evaluation["failed_statuses"])
+        kinds = ", ".join(f"{c} {n}" for c, n in r.evaluation["failed_task_kinds"])
+        lines.append(f"failed runs by status: {statuses}; by task kind: {kinds}")
     if not r.gaps:
         lines.append("\nno gap kept; closest rejected candidates: "
                      + ("; ".join(r.closest_rejected) or "none"))  # fmt: skip
@@ -367,6 +434,12 @@ def render(r: SetReport) -> str:
                     f"{ev['members_missing_a_named_tool']:.0%}; top {ev['top_missed_action']} "
                     f"{ev['top_share']:.0%} (all failed {ev['top_share_all_failed']:.0%}, "
                     f"lift {ev['lift']})")  # fmt: skip
+        elif "top_task_kind" in ev:
+            statuses = ", ".join(f"{c} {n}" for c, n in ev["statuses"])
+            text = (f"statuses: {statuses}; top kind {ev['top_task_kind']} {ev['top_share']:.0%} "
+                    f"(all failed {ev['top_share_all_failed']:.0%}, lift {ev['lift']}; "
+                    f"{ev['top_kind_failed']} of its runs failed), "
+                    f"{ev['task_kinds']} kinds")  # fmt: skip
         elif "root_cause_categories" in ev:
             cats = ", ".join(f"{c} {n}" for c, n in ev["root_cause_categories"])
             text = (f"{ev['labelled_members']} labelled: {cats or '-'}; step exact "

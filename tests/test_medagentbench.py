@@ -270,3 +270,49 @@ def test_the_shared_runs(tmp_path: Path) -> None:
         assert len(invalid) == sum(r["status"] == "agent invalid action" for r in doc)
         assert {r["name"] for r in records if r["name"].startswith("chat ")} == {
             f"chat {path.parent.parent.name}"}  # fmt: skip
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason=f"MedAgentBench data not found at {DATA}")
+def test_index_tens_are_the_task_templates() -> None:
+    """benchmarks/gaps_real.py groups runs by `task_kind(index)` = index // 10: on the shared
+    data every group of ten holds one question template, and the ten groups ten templates."""
+    from tracegym.benchmarks.gaps_real import task_kind
+
+    def template(prompt: str) -> str:
+        words = prompt.split("Question:")[-1].replace("’", "'").lower().split()
+        return " ".join([w for w in words if not any(c.isdigit() for c in w)][:4])
+
+    kinds: dict[str, set[str]] = {}
+    for path in sorted(DATA.rglob("overall.json")):
+        for item in json.loads(path.read_text())["custom"]["raw_results"]:
+            kind = task_kind(item["index"])
+            kinds.setdefault(kind, set()).add(template(item["history"][0]["content"]))
+    assert len(kinds) == 10 and all(len(t) == 1 for t in kinds.values())
+    assert len(set().union(*kinds.values())) == 10
+    assert task_kind(True) is None and task_kind("3") is None
+
+
+def test_gaps_real_scores_gaps_against_statuses_and_task_kinds(tmp_path: Path) -> None:
+    from types import SimpleNamespace as NS
+
+    from tracegym.benchmarks import gaps_real
+
+    def run(trace: str, index: int, status: str) -> NS:
+        attrs = {"tracegym.source.index": index, "tracegym.source.status": status}
+        return NS(trace_id=trace, root=NS(attributes=attrs))
+
+    failed = [run("a", 60, "completedIncorrect"), run("b", 61, "agent invalid action"),
+              run("c", 5, "completedIncorrect"), run("d", 7, "completedIncorrect")]  # fmt: skip
+    result = NS(failed=failed, succeeded=[run("e", 62, "completedCorrect"), run("f", 1, "x")])
+    row = gaps_real.GapRow(1, "g", "d", 0.5, 0.5, 2, 0, [], "")
+    summary = gaps_real.evaluate_medagentbench(result, [row], [NS(failed_members={"a", "b"})])
+    assert row.evaluation["top_task_kind"] == "task7" and row.evaluation["lift"] == 2.0
+    assert row.evaluation["top_kind_failed"] == "2/3"
+    assert dict(row.evaluation["statuses"]) == {"completedIncorrect": 1, "agent invalid action": 1}
+    assert dict(summary["failed_task_kinds"]) == {"task7": 2, "task1": 2}
+    _, skipped = gaps_real.real_sets(tmp_path)
+    assert any(line.startswith("MedAgentBench") for line in skipped)
+    if DATA.is_dir():
+        found, _ = gaps_real.real_sets(DATA.parent.resolve())
+        names = [s.name for s in found if s.fmt == "medagentbench"]
+        assert len(names) == 5 and any("pooled" in n for n in names)
