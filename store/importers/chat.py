@@ -149,6 +149,8 @@ def hint(value: Any) -> str:
     if isinstance(value, Mapping):
         if "simulations" in value:
             guess = "tau2-bench input"
+        elif isinstance(value.get("custom"), Mapping) and "raw_results" in value["custom"]:
+            guess = "medagentbench input"
         elif "mistake_agent" in value or ("history" in value and "question" in value):
             guess = "whowhen input"
         elif "trajectory" in value:
@@ -165,6 +167,8 @@ def hint(value: Any) -> str:
         first = value[0]
         if "traj" in first:
             guess = "tau-bench input"
+        elif "mistake_agent" in first and "history" in first:
+            guess = "agentracer input"
         elif "messages" in first:
             guess = "openai-chat input"
         elif "role" in first:
