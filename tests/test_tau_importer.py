@@ -1,4 +1,4 @@
-"""tau-bench outcomes: a composite `reward` defers to the run's base success when it has one."""
+"""The tau-bench importer: outcomes from a base success, and hints when a file is another format."""
 
 from __future__ import annotations
 
@@ -40,3 +40,13 @@ def test_base_success_decides_when_the_reward_is_a_composite(tmp_path: Path) -> 
 def test_without_a_base_success_a_full_reward_is_success(tmp_path: Path) -> None:
     assert _outcome(tmp_path, _run(1.0, None))[sc.OUTCOME_SUCCESS] is True
     assert _outcome(tmp_path, _run(0.93, None))[sc.OUTCOME_SUCCESS] is False
+
+
+def test_a_medagentbench_file_imported_as_tau_bench_says_what_it_looks_like(tmp_path: Path):
+    import pytest
+    from tracegym.store.importers import ImportFormatError
+
+    path = tmp_path / "overall.json"
+    path.write_text(json.dumps({"custom": {"raw_results": []}}))
+    with pytest.raises(ImportFormatError, match="looks like medagentbench input"):
+        tau.convert(path, path.read_bytes())
