@@ -220,11 +220,31 @@ def _follower(c: Candidate) -> bool:
     return is_symptom(c.key) or c.detector == INVALID_INVOCATION
 
 
+def more_specific(a: Scored, b: Scored, fails: Mapping[int, set[str]]) -> bool:
+    """Whether cause `a`, where its finding sits on the same step (span) as `b`'s, says more
+    precisely what went wrong there, so `b` is its symptom at that step: `b` is a follower
+    (a failed call or a symptom kind; a refused forbidden write is an `invalid_invocation`)
+    and `a` is not; `b` names no behaviour (a detector's whole kind, a cluster); or both name
+    one, `a` is no failed call, and `a` claims fewer failed runs (a narrower account of the
+    same steps). A strict order: of two candidates at one step, at most one is the other's."""
+    if _follower(a.candidate):
+        return False  # a failed call does not explain another finding at its own step
+    if _follower(b.candidate) or not specific(b.candidate):
+        return True
+    return len(fails[id(a)]) < len(fails[id(b)])
+
+
 def _causes_of(
-    b: Scored, causes: Sequence[Scored], fails: dict[int, set[str]], at: dict[int, dict[str, int]]
+    b: Scored,
+    causes: Sequence[Scored],
+    fails: dict[int, set[str]],
+    at: dict[int, dict[str, int]],
+    same_span: bool = True,
 ) -> tuple[Scored | None, int, int]:
-    """The cause `b` follows (the one sharing most of its runs), the runs earlier causes
-    explain, and the runs of that one cause; (None, 0, 0) when under FOLD_SHARE."""
+    """The cause `b` follows (the one sharing most of its runs), the runs causes explain
+    (their earliest finding comes before `b`'s, or at the same step when the cause is
+    `more_specific`), and the runs of that one cause; (None, 0, 0) when under FOLD_SHARE.
+    `same_span=False` is the previous rule (only followers tie at the same step)."""
     mine = fails[id(b)]
     if not mine:
         return None, 0, 0
@@ -234,7 +254,9 @@ def _causes_of(
     for a in causes:
         if a is b:
             continue
-        same_step = tie and not _follower(a.candidate)  # a failed call does not cause itself
+        # previously: only a follower ties, and a failed call does not cause itself
+        previous = tie and not _follower(a.candidate)
+        same_step = more_specific(a, b, fails) if same_span else previous
         pa, pb = at[id(a)], at[id(b)]
         runs = {r for r in mine & fails[id(a)] if r in pa and r in pb
                 and (pa[r] < pb[r] or (same_step and pa[r] == pb[r]))}  # fmt: skip
@@ -248,7 +270,9 @@ def _causes_of(
     return best, len(explained), best_runs
 
 
-def select(scored: Sequence[Scored], failed: Sequence[str], t: Thresholds) -> list[Scored]:
+def select(
+    scored: Sequence[Scored], failed: Sequence[str], t: Thresholds, same_span: bool = True
+) -> list[Scored]:
     """The kept candidates, best first: causes, with the symptoms that follow them folded in,
     without near-duplicates.
 
@@ -256,9 +280,15 @@ def select(scored: Sequence[Scored], failed: Sequence[str], t: Thresholds) -> li
        no specific behaviour (`specific`) is not kept (its `why` says so).
     2. *Symptoms*: a candidate whose failed runs are, for FOLD_SHARE of them, runs where a kept
        cause's earliest finding comes first is folded into that cause (`Scored.symptoms`): it
-       follows the cause. Symptom kinds (`detector_names.is_symptom`: budget, retries,
-       apologies) and failed calls also follow a cause at the same step. A cluster (it names
-       no behaviour) and a symptom kind are never the cause.
+       follows the cause. At the same step (the same decisive span) it follows a cause that is
+       `more_specific`: symptom kinds (`detector_names.is_symptom`: budget, retries,
+       apologies) and failed calls (a refused forbidden write's `invalid_invocation`) follow
+       any cause that is no failed call; a detector's whole kind or a cluster follows any such
+       cause; of two behaviours on the same calls the one claiming more failed runs follows
+       the narrower one. A cluster (it names no behaviour) and a symptom kind are never the
+       cause. A detector's whole kind folded into its own precise key is not listed as a
+       symptom (its findings are that key's). `same_span=False` is the previous rule (only
+       symptom kinds and failed calls tie at a step), for benchmarks.
     3. The rest are ranked: causes that name a specific behaviour, then candidates that name
        none, then symptom kinds (`_tier`); within each by coverage x delta (coverage alone
        without successes); at equal rank a precise finding key comes before its detector's
@@ -283,7 +313,7 @@ def select(scored: Sequence[Scored], failed: Sequence[str], t: Thresholds) -> li
     causes = [s for s in passing if specific(s.candidate) and not is_symptom(s.candidate.key)]
     parent: dict[int, tuple[Scored, int, int]] = {}
     for b in passing:
-        cause, explained, shared = _causes_of(b, causes, fails, at)
+        cause, explained, shared = _causes_of(b, causes, fails, at, same_span)
         if cause is not None:
             parent[id(b)] = (cause, explained, shared)
 
@@ -302,9 +332,12 @@ def select(scored: Sequence[Scored], failed: Sequence[str], t: Thresholds) -> li
             if home is b or id(home) in parent:  # a cycle: keep b as a gap of its own
                 roots.append(b)
                 continue
-            home.symptoms.append(_symptom(b, len(fails[id(b)]), shared, explained, cause))
             b.kept = False
             b.why = f"follows {cause.candidate.key}: folded into {home.candidate.key}"
+            if b.candidate.kind == "detector" and b.candidate.detector == home.candidate.detector:
+                b.why = f"its findings are {home.candidate.key}'s, on the same steps"
+                continue  # a detector's whole kind is no symptom of its own precise key
+            home.symptoms.append(_symptom(b, len(fails[id(b)]), shared, explained, cause))
     kept: list[Scored] = []
     for s in sorted(roots, key=rank):
         if id(s) in failure:

@@ -211,10 +211,10 @@ def _f(key: str, trace: str, position: int) -> Finding:
                    (f"{trace}-{position}",), f"{key} at {position}")  # fmt: skip
 
 
-def _select(findings, failed, succeeded):
+def _select(findings, failed, succeeded, **options):
     t = Thresholds()
     scored = [score(c, failed, succeeded, t) for c in candidates_from_findings(findings)]
-    return select(scored, failed, t), scored
+    return select(scored, failed, t, **options), scored
 
 
 def test_a_symptom_that_follows_a_cause_is_folded_into_it():
@@ -251,6 +251,62 @@ def test_what_comes_first_is_the_cause_and_other_runs_keep_their_gap():
     findings += [_f("ungrounded_argument:b.x", t, 1) for t in failed[:10]]
     kept, _ = _select(findings, failed, succeeded)
     assert [s.candidate.key for s in kept] == ["ungrounded_argument:b.x"]
+
+
+def test_a_refused_forbidden_write_is_the_forbidden_action_not_an_invalid_call():
+    failed = [f"f{i:02d}" for i in range(30)]
+    succeeded = [f"s{i:02d}" for i in range(30)]
+    # the refused write: both findings sit on the same call, in every run of the cause
+    findings = [_f("forbidden_action:cancel_order", t, 3) for t in failed[:12]]
+    findings += [_f("invalid_invocation:cancel_order", t, 3) for t in failed[:12]]
+    findings += [_f("invalid_invocation:cancel_order", t, 5) for t in failed[12:14]]  # others
+    kept, scored = _select(findings, failed, succeeded)
+    assert [s.candidate.key for s in kept] == ["forbidden_action:cancel_order"]
+    folded = {x.key: x for x in kept[0].symptoms}
+    assert folded["invalid_invocation:cancel_order"].shared == 12
+    assert folded["invalid_invocation:cancel_order"].failed_runs == 14
+    why = {s.candidate.key: s.why for s in scored}
+    assert why["invalid_invocation:cancel_order"].startswith("follows forbidden_action:")
+
+
+def test_a_candidate_on_the_same_steps_as_a_more_specific_cause_is_its_symptom():
+    failed = [f"f{i:02d}" for i in range(30)]
+    succeeded = [f"s{i:02d}" for i in range(30)]
+    # a wider account of the same calls: 10 of its 22 runs sit on wrong_amount's call, 9
+    # follow an earlier wrong order, 3 are its own (19/22 explained)
+    findings = [_f("wrong_amount:pay.amount", t, 4) for t in failed[:10]]
+    findings += [_f("ungrounded_argument:pay.amount", t, 4) for t in failed[:10]]
+    findings += [_f("wrong_tool_order:get_bill>pay", t, 1) for t in failed[10:19]]
+    findings += [_f("ungrounded_argument:pay.amount", t, 4) for t in failed[10:22]]
+    kept, _ = _select(findings, failed, succeeded)
+    keys = [s.candidate.key for s in kept]
+    assert "ungrounded_argument:pay.amount" not in keys and keys[0] == "wrong_amount:pay.amount"
+    assert "ungrounded_argument:pay.amount" in {x.key for x in kept[0].symptoms}
+    # the previous rule (only failed calls and symptom kinds tie at a step) kept it
+    before, _ = _select(findings, failed, succeeded, same_span=False)
+    assert "ungrounded_argument:pay.amount" in [s.candidate.key for s in before]
+    # a failed call never explains another behaviour found at its own step
+    findings = [_f("invalid_invocation:pay", t, 4) for t in failed[:10]]
+    findings += [_f("ungrounded_argument:pay.amount", t, 4) for t in failed[:12]]
+    kept, _ = _select(findings, failed, succeeded)
+    assert kept[0].candidate.key == "ungrounded_argument:pay.amount"
+
+
+def test_a_detector_kind_whose_findings_sit_on_its_causes_steps_is_no_gap():
+    failed = [f"f{i:02d}" for i in range(30)]
+    succeeded = [f"s{i:02d}" for i in range(30)]
+    # a refund outside the window follows a poisoned memory read (a symptom of it); another
+    # write is forbidden on its own: the detector's whole kind holds both, on the same calls
+    findings = [_f("poisoned_memory:notes/window", t, 1) for t in failed[:9]]
+    findings += [_f("forbidden_action:refund", t, 4) for t in failed[:9]]
+    findings += [_f("forbidden_action:void", t, 2) for t in failed[10:19]]
+    kept, scored = _select(findings, failed, succeeded)
+    assert {s.candidate.key for s in kept} == {"poisoned_memory:notes/window",
+                                               "forbidden_action:void"}  # fmt: skip
+    why = {s.candidate.key: s.why for s in scored}
+    assert why["detector:forbidden_action"].startswith("follows ")
+    before, _ = _select(findings, failed, succeeded, same_span=False)
+    assert "detector:forbidden_action" in [s.candidate.key for s in before]  # two causes merged
 
 
 def test_failure_itself_is_not_a_capability():
