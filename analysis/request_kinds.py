@@ -1,0 +1,151 @@
+"""Kinds of request learnt from the requests themselves, so gaps compare like with like.
+
+A run's first write tool (`Run.request_kind`) says what the run *did*, not what it was *asked*:
+a run that only reads (a question answered from the records) has none, and a run that failed
+by not acting has a different one than the successes of its own request. The request text is
+what every run of one kind shares: benchmarks and users fill a few templates with different
+values ("What is the status of my shipment #SH43087?"). So:
+
+1. the request (`unserved.request_text`: the first user message, else the root span's input);
+2. boilerplate every run repeats (a system prompt pasted into the user turn, a tool list) is
+   cut: the longest prefix and suffix all requests share, then words in more than `max_df` of
+   them;
+3. run-specific values are masked (e-mail addresses, quoted text, ids and numbers:
+   `signatures.mask`), and words seen in fewer than `min_df` requests (names, item names) drop
+   out of the vocabulary;
+4. TF-IDF (words and word pairs, sublinear counts) and agglomerative clustering (average
+   linkage, cosine distance, a distance threshold, no cluster count): deterministic, and fast
+   (hundreds of requests in a fraction of a second; no sentence embedder).
+
+No domain word is written down. A run without request text has no kind (None), and neither
+does any run when there are fewer than two requests.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from sklearn.cluster import AgglomerativeClustering
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.metrics.pairwise import cosine_distances
+from tracegym.analysis.detectors.unserved import request_text
+from tracegym.analysis.runs import Run
+from tracegym.analysis.signatures import mask
+
+_EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
+_QUOTED = re.compile(r"\"[^\"\n]{1,80}\"|“[^”\n]{1,80}”")
+_PLACEHOLDER = {"<id>": " xid ", "<n>": " xnum "}
+
+
+def normalise(text: str) -> str:
+    """The request with run-specific values masked, lower case."""
+    text = _QUOTED.sub(" xquoted ", _EMAIL.sub(" xemail ", text))
+    text = mask(text)
+    for placeholder, word in _PLACEHOLDER.items():
+        text = text.replace(placeholder, word)
+    return text.lower()
+
+
+def strip_common(texts: Sequence[str]) -> list[str]:
+    """The texts less the longest prefix and suffix all of them share (cut at whitespace)."""
+    nonempty = [t for t in texts if t]
+    if len(nonempty) < 2:
+        return list(texts)
+    prefix = _common_prefix(nonempty)
+    suffix = _common_prefix([t[::-1] for t in nonempty])[::-1]
+    cut_head = prefix.rfind(" ") + 1 if " " in prefix else 0
+    cut_tail = len(suffix) - suffix.find(" ") if " " in suffix else 0
+    out = []
+    for t in texts:
+        end = len(t) - cut_tail
+        out.append(t[cut_head:end] if end > cut_head else t)
+    return out
+
+
+def _common_prefix(texts: Sequence[str]) -> str:
+    """The longest prefix of every text (that of the smallest and the largest one)."""
+    low, high = min(texts), max(texts)
+    n = next((i for i, (a, b) in enumerate(zip(low, high, strict=False)) if a != b), len(low))
+    return low[:n]
+
+
+@dataclass
+class RequestKinds:
+    """Cluster runs by their request text; `fit(runs)`, then `kind_of(run)`.
+
+    `distance` is the cosine distance (average linkage) under which requests are one kind;
+    `min_df` the number of requests a word must occur in to count; `max_df` the share of
+    requests above which a word is boilerplate."""
+
+    distance: float = 0.6
+    min_df: int = 2
+    max_df: float = 0.95
+    kinds_: dict[str, str] = field(default_factory=dict)  # trace id -> kind
+    names_: dict[str, str] = field(default_factory=dict)  # kind -> its most telling words
+
+    def fit(self, runs: Sequence[Run]) -> RequestKinds:
+        self.kinds_, self.names_ = {}, {}
+        texts = [request_text(r).strip() for r in runs]
+        have = [i for i, t in enumerate(texts) if t]
+        if len(have) < 2:
+            return self
+        docs = [normalise(t) for t in strip_common([texts[i] for i in have])]
+        vectorizer = TfidfVectorizer(
+            ngram_range=(1, 2),
+            sublinear_tf=True,
+            min_df=min(self.min_df, len(docs)),
+            max_df=self.max_df,
+            token_pattern=r"(?u)\b[^\W\d_]\w+\b",
+        )
+        try:
+            matrix = vectorizer.fit_transform(docs)
+        except ValueError:  # no word survives: every request is the same template
+            labels = np.zeros(len(docs), dtype=int)
+            words: list[str] = []
+        else:
+            labels = _cluster(matrix, self.distance)
+            words = list(vectorizer.get_feature_names_out())
+        order: dict[int, int] = {}
+        for i, label in zip(have, labels, strict=True):
+            kind = f"k{order.setdefault(int(label), len(order))}"
+            self.kinds_[runs[i].trace_id] = kind
+        for label, k in order.items():
+            rows = matrix[labels == label] if words else None
+            top = []
+            if rows is not None and rows.shape[0]:
+                weight = np.asarray(rows.mean(axis=0)).ravel()
+                top = [words[j] for j in np.argsort(-weight, kind="stable")[:3] if weight[j] > 0]
+            self.names_[f"k{k}"] = f"k{k} ({' / '.join(top)})" if top else f"k{k}"
+        return self
+
+    def kind_of(self, run: Run) -> str | None:
+        """The run's kind (a fitted run's), None for a run without request text or not fitted."""
+        return self.kinds_.get(run.trace_id)
+
+    def name(self, kind: str | None) -> str:
+        """A readable name: the kind and its most telling words."""
+        return "(no request)" if kind is None else self.names_.get(kind, kind)
+
+    def members(self) -> dict[str, list[str]]:
+        """Trace ids per kind, in fit order."""
+        out: dict[str, list[str]] = {}
+        for trace, kind in self.kinds_.items():
+            out.setdefault(kind, []).append(trace)
+        return out
+
+
+def _cluster(matrix, threshold: float) -> np.ndarray:
+    """Average-linkage clusters under a cosine distance; requests with no word left (all of
+    theirs are boilerplate or rare) are one kind together."""
+    n = matrix.shape[0]
+    distances = cosine_distances(matrix)
+    empty = np.asarray(matrix.getnnz(axis=1) == 0)
+    distances[np.ix_(empty, empty)] = 0.0
+    np.fill_diagonal(distances, 0.0)
+    model = AgglomerativeClustering(
+        n_clusters=None, metric="precomputed", linkage="average", distance_threshold=threshold
+    )
+    return model.fit_predict(np.clip(distances, 0.0, None)) if n > 1 else np.zeros(n, dtype=int)
