@@ -74,6 +74,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracegym.analysis.arithmetic import decimals_of, derived, parse_number
 from tracegym.analysis.runs import Run, Step, parse_json
 from tracegym.tracer import semconv as sc
 
@@ -662,26 +663,15 @@ def _rule_failed_execution(ctx: _Context) -> _Decision | None:
 
 
 def _derived(value: str, known: Sequence[float]) -> bool:
-    """Whether `value` is the sum, difference, product or ratio of two known numbers (rounded
-    to the value's own decimals): arithmetic on grounded numbers is grounded."""
-    try:
-        target = float(value)
-    except ValueError:
+    """Whether `value` is arithmetic on known numbers (`analysis.arithmetic.derived`: one of
+    them, two combined, three summed; at the value's own decimals, formatting aside):
+    arithmetic on grounded numbers is grounded. Without its count-times-one and splits
+    (`counts=()`): in prose the small numbers seen are list items and step numbers, and "10"
+    from memory would be "5 x 2" (docs/attribution.md has the measurement)."""
+    target = parse_number(value)
+    if target is None:
         return False
-    decimals = len(value.split(".")[1]) if "." in value else 0
-    tolerance = 0.5 * 10**-decimals + 1e-9
-    for i, a in enumerate(known):
-        for b in known[i:]:
-            for result in (
-                a + b,
-                abs(a - b),
-                a * b,
-                a / b if b else math.inf,
-                b / a if a else math.inf,
-            ):
-                if abs(result - target) <= tolerance:
-                    return True
-    return False
+    return derived(target, known, decimals=decimals_of(value), counts=()) is not None
 
 
 def _rule_ungrounded_claim(ctx: _Context) -> _Decision | None:

@@ -322,6 +322,21 @@ def test_numbers_seen_or_derived_are_grounded() -> None:
     assert (result.step, result.rule) == (1, "first_action")
 
 
+def test_a_sum_of_three_seen_numbers_is_grounded_a_count_times_one_is_not() -> None:
+    seen = [
+        ("Sports_Expert", TASK),
+        ("Data_Expert", "Let me look.\n```python\nprint(table)\n```"),
+        ("Computer_terminal", "exitcode: 0 (execution succeeded)\nCode output: 13 26 7"),
+        ("Data_Expert", "The table lists 13 gold, 26 silver and 7 bronze medals."),
+    ]
+    run = team_run([*seen, ("Math_Expert", "So 46 medals in all.")])  # 13 + 26 + 7
+    assert attribute(run).rule != "ungrounded_claim"
+    # 65 is 5 x 13 (a count times a seen number), which prose does not compute: still a claim
+    run = team_run([*seen, ("Math_Expert", "So Norway won 65 medals in all.")])
+    result = attribute(run)
+    assert result.rule == "ungrounded_claim" and "65" in result.reason
+
+
 def test_single_agent_tool_run() -> None:
     lookup_then_write = [
         ("system", "You are a retail agent. Follow the policy."),
