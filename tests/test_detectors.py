@@ -497,6 +497,16 @@ def test_schema_inference_and_violations() -> None:
     assert finding.confidence == 0.9
 
 
+def test_a_failed_call_is_reported_with_its_error_text() -> None:
+    b = RunBuilder("a task", success=False)
+    b.tool("cancel", {"order_id": "A1"}, "Error: order A1 is delivered and cannot be cancelled",
+           error="ToolError")  # fmt: skip
+    b.tool("refund", {"order_id": "A1"}, error="Declined")  # no text: its error type
+    messages = [f.message for f in InvalidInvocation().detect(b.build())]
+    assert messages == ["cancel failed (Error: order A1 is delivered and cannot be cancelled)",
+                        "refund failed (Declined)"]  # fmt: skip
+
+
 def test_tool_errors_and_recovery() -> None:
     b = RunBuilder("a task", success=False)
     first = b.tool("find_user", {"email": "x@y.z"}, error="UserNotFound")

@@ -34,7 +34,7 @@ from typing import Any
 
 from tracegym.analysis.detector_names import INVALID_INVOCATION
 from tracegym.analysis.detectors.base import Detector, Finding
-from tracegym.analysis.detectors.tool_order import named_prerequisites
+from tracegym.analysis.detectors.tool_order import error_text, named_prerequisites
 from tracegym.analysis.features import is_tool, step_ref
 from tracegym.analysis.runs import Run, Step, json_type, parse_json
 
@@ -138,7 +138,10 @@ class InvalidInvocation(Detector):
             and not order_error
             and not (recovered and self.ignore_recovered)
         ):
-            problems.append((tool, "error", f"{tool} failed ({call.error_type or call.status})"))
+            said = next((line.strip() for line in error_text(call).splitlines() if line.strip()),
+                        "")  # fmt: skip
+            what = said[:120] or call.error_type or call.status  # the real error, not its type
+            problems.append((tool, "error", f"{tool} failed ({what})"))
         if self.unknown_tools and self.known_tools_ is not None and tool not in self.known_tools_:
             problems.append((tool, "unknown_tool", f"{tool} never succeeded in any run"))
         schema = self.schemas_.get(tool) if self.schema else None
