@@ -26,6 +26,7 @@ import numpy as np
 from tracegym.analysis.detector_names import INVALID_INVOCATION, SPEND_DETECTORS, is_symptom
 from tracegym.analysis.detectors.base import Finding
 from tracegym.analysis.gap import Gap, GapMember, GapRequest, Symptom
+from tracegym.analysis.request_kinds import RequestKinds
 from tracegym.analysis.runs import Run
 from tracegym.analysis.signatures import mask
 
@@ -118,10 +119,23 @@ def _kinds(c: Candidate, failed: Sequence[str], kind: Mapping[str, str | None]):
     return kinds, [x for x in failed if kind[x] in kinds]
 
 
-def like_with_like(scored: Sequence[Scored], runs: Sequence[Run], t: Thresholds) -> None:
+FIRST_WRITE = "first_write"  # a run's kind of request: the first write tool it calls
+LEARNT = "learnt"  # ... the kind `RequestKinds` learns from its request text, else FIRST_WRITE
+
+
+def like_with_like(
+    scored: Sequence[Scored],
+    runs: Sequence[Run],
+    t: Thresholds,
+    *,
+    contrast_kinds: str = LEARNT,
+    kind_itself: bool = True,
+) -> None:
     """Contrast each candidate with the runs that serve the same kinds of request as its failed
-    runs (a run's kind: `Run.request_kind`, the first write tool it calls), as well as with all
-    runs (TRACE's pooled contrast, `score`):
+    runs (a run's kind: the one `request_kinds.RequestKinds` learns from its request text, and
+    for a run without one, or with `contrast_kinds=FIRST_WRITE` for every run, the first write
+    tool it calls, `Run.request_kind`), as well as with all runs (TRACE's pooled contrast,
+    `score`):
 
     - *spending* (a spend detector's candidate, `detector_names.SPEND_DETECTORS`) that passed is
       dropped when its delta within those kinds is under `min_delta`: successful runs of the
@@ -131,13 +145,31 @@ def like_with_like(scored: Sequence[Scored], runs: Sequence[Run], t: Thresholds)
       stability pass: a cause of one kind of request is diluted by the successes of the others.
 
     Both need MIN_PEERS successful runs of those kinds, the second also MIN_PEERS failed runs
-    of the candidate; otherwise the pooled contrast stands. Candidates changed say so in `why`.
+    of the candidate; otherwise the pooled contrast stands. Then, with `kind_itself`, a kept
+    candidate that is only its kind of request is dropped (`the_kind_itself`). Candidates
+    changed say so in `why`.
     """
-    kind = {r.trace_id: r.request_kind() for r in runs}
     failed = [r.trace_id for r in runs if r.success is False]
     succeeded = [r.trace_id for r in runs if r.success is True]
-    if not succeeded:
-        return
+    learnt = RequestKinds().fit(runs) if kind_itself or contrast_kinds == LEARNT else None
+    kind: dict[str, str | None] = {r.trace_id: r.request_kind() for r in runs}
+    if learnt is not None and contrast_kinds == LEARNT:
+        for r in runs:
+            asked = learnt.kind_of(r)
+            kind[r.trace_id] = learnt.name(asked) if asked is not None else kind[r.trace_id]
+    if succeeded:
+        _spending_and_rescue(scored, failed, succeeded, kind, t)
+    if learnt is not None and kind_itself:
+        the_kind_itself(scored, runs, learnt, t)
+
+
+def _spending_and_rescue(
+    scored: Sequence[Scored],
+    failed: Sequence[str],
+    succeeded: Sequence[str],
+    kind: Mapping[str, str | None],
+    t: Thresholds,
+) -> None:
     for s in scored:
         c = s.candidate
         spend = s.kept and c.detector in SPEND_DETECTORS
@@ -165,6 +197,59 @@ def like_with_like(scored: Sequence[Scored], runs: Sequence[Run], t: Thresholds)
                 s.why = (f"kept within its kind of request ({named}: {len(peers_failed)} failed, "
                          f"{len(peers)} successful runs): delta {delta:.2f}, stable in "
                          f"{stable}/{t.resamples} (pooled: {s.why})")  # fmt: skip
+
+
+KIND_SHARE = 0.8  # a candidate confined to one kind: this share of its failed runs is of it
+KIND_COVERAGE = 0.5  # ... covering this share of the kind's failed runs, which all failed
+
+
+def the_kind_itself(
+    scored: Sequence[Scored], runs: Sequence[Run], kinds: RequestKinds, t: Thresholds
+) -> None:
+    """Drop a kept candidate that cannot be told from "this was a run of that kind of request":
+    KIND_SHARE of its failed runs serve one kind (learnt from the request text,
+    `request_kinds.RequestKinds`), and either
+
+    - MIN_PEERS or more successful runs of that kind show it about as often as its failed
+      runs (the delta within the kind is under `min_delta`): a marker of the kind, not of
+      failing; or
+    - the kind has no successful run at all and the candidate covers KIND_COVERAGE of its
+      failed runs: nothing of that kind succeeded to contrast with, so nothing tells the
+      candidate from the kind (a task every run fails).
+
+    With 1 to MIN_PEERS - 1 successful runs of the kind, none in the whole store, or a single
+    kind learnt (the pooled contrast already judged it), the pooled verdict stands. Dropped
+    candidates say why (they are listed in `rejected`)."""
+    failed = [r.trace_id for r in runs if r.success is False]
+    succeeded = [r.trace_id for r in runs if r.success is True]
+    if not succeeded or len(kinds.members()) < 2:
+        return  # no contrast anywhere (coverage alone ranks), or one kind: the pooled one
+    kind = {r.trace_id: kinds.kind_of(r) for r in runs}
+    for s in scored:
+        if not s.kept:
+            continue
+        mine = [x for x in failed if x in s.candidate.lacking]
+        counts = Counter(kind[x] for x in mine if kind[x] is not None)
+        if not mine or not counts:
+            continue
+        top, n_top = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        if n_top / len(mine) < KIND_SHARE:
+            continue
+        failed_k = [x for x in failed if kind[x] == top]
+        succeeded_k = [x for x in succeeded if kind[x] == top]
+        coverage, delta = rates(s.candidate.lacking, failed_k, succeeded_k)
+        named = kinds.name(top)
+        confined = (f"{n_top} of its {len(mine)} failed runs serve request kind {named}, "
+                    f"{len(failed_k)} failed and {len(succeeded_k)} successful runs")  # fmt: skip
+        if not succeeded_k and coverage >= KIND_COVERAGE:
+            s.kept = False
+            s.why = (f"the kind of request itself: {confined}; it covers {coverage:.2f} of "
+                     "them and no run of the kind succeeded to contrast with")  # fmt: skip
+        elif len(succeeded_k) >= MIN_PEERS and delta is not None and delta < t.min_delta:
+            s.kept = False
+            s.why = (f"the kind of request itself: {confined}; within the kind delta "
+                     f"{delta:.2f} < {t.min_delta} (successful runs of the kind show it as "
+                     "often)")  # fmt: skip
 
 
 def candidates_from_findings(findings: Iterable[Finding]) -> list[Candidate]:

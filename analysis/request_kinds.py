@@ -37,6 +37,7 @@ from tracegym.analysis.signatures import mask
 
 _EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
 _QUOTED = re.compile(r"\"[^\"\n]{1,80}\"|“[^”\n]{1,80}”")
+_WORD = re.compile(r"(?u)\b[^\W\d_]\w+\b")  # a word: a letter, then letters or digits
 _PLACEHOLDER = {"<id>": " xid ", "<n>": " xnum "}
 
 
@@ -93,12 +94,16 @@ class RequestKinds:
         if len(have) < 2:
             return self
         docs = [normalise(t) for t in strip_common([texts[i] for i in have])]
+        worded = [j for j, d in enumerate(docs) if _WORD.search(d)]  # "{}" asks nothing
+        have, docs = [have[j] for j in worded], [docs[j] for j in worded]
+        if len(have) < 2:
+            return self
         vectorizer = TfidfVectorizer(
             ngram_range=(1, 2),
             sublinear_tf=True,
             min_df=min(self.min_df, len(docs)),
             max_df=self.max_df,
-            token_pattern=r"(?u)\b[^\W\d_]\w+\b",
+            token_pattern=_WORD.pattern,
         )
         try:
             matrix = vectorizer.fit_transform(docs)
@@ -117,7 +122,12 @@ class RequestKinds:
             top = []
             if rows is not None and rows.shape[0]:
                 weight = np.asarray(rows.mean(axis=0)).ravel()
-                top = [words[j] for j in np.argsort(-weight, kind="stable")[:3] if weight[j] > 0]
+                # heaviest first; at equal weight the longer (more telling) word or pair
+                best = sorted(
+                    range(len(words)),
+                    key=lambda j: (-round(weight[j], 9), -len(words[j]), words[j]),
+                )
+                top = [words[j] for j in best[:3] if weight[j] > 0]
             self.names_[f"k{k}"] = f"k{k} ({' / '.join(top)})" if top else f"k{k}"
         return self
 

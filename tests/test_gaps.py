@@ -22,7 +22,7 @@ from tracegym.analysis.gaps import (
     score,
     select,
 )
-from tracegym.analysis.runs import Run, Step
+from tracegym.analysis.runs import ROLE, Run, Step
 from tracegym.analysis.signatures import mask
 
 # Planted gaps: (share of failed runs lacking it, share of successful runs lacking it).
@@ -406,3 +406,94 @@ def test_a_cause_of_one_kind_of_request_is_contrasted_within_that_kind():
     scored, order = scored_with(findings[:4])
     like_with_like(scored, runs, t)
     assert not order.kept
+
+
+def _asked(trace: str, success: bool, text: str, tools: list[str]) -> Run:
+    """A run whose first user message is `text`, then `tools`."""
+    run = _run(trace, success, tools)
+    user = Step(position=0, trace_id=trace, span_id=f"{trace}-user", parent_span_id=None,
+                name="user", operation="chat", agent="a", step_index=None, tool=None,
+                call_id=None, input=text, output=None, status="OK", error_type=None, start_ns=0,
+                end_ns=0, duration_ms=0.0, input_tokens=None, output_tokens=None,
+                memory_store=None, memory_record=None, memory_content_hash=None,
+                memory_result_hashes=[], subtask=None, attributes={ROLE: "user"})  # fmt: skip
+    for step in run.steps:
+        step.position += 1
+    run.steps.insert(0, user)
+    return run
+
+
+READING = "What is the latest glucose reading of patient S{n:05d} in the chart?"
+ORDER = "Please order a referral to orthopedic surgery for patient S{n:05d} today."
+ADDRESS = "Update the home address on file for patient S{n:05d} to {n} Main Street."
+
+
+def _kind_population(ok_order_showing: int):
+    """10 failed reading runs (no reading run succeeds), 10 failed and 10 successful order
+    runs, 50 successful address runs; `ok_order_showing` of the successful order runs show the
+    order candidate, which 8 of the failed order runs show."""
+    fr = [_asked(f"fr{i}", False, READING.format(n=i), ["get_obs"]) for i in range(10)]
+    fo = [_asked(f"fo{i}", False, ORDER.format(n=100 + i), ["get_pt", "post"]) for i in range(10)]
+    so = [_asked(f"so{i}", True, ORDER.format(n=200 + i), ["get_pt", "post"]) for i in range(10)]
+    sa = [_asked(f"sa{i:02d}", True, ADDRESS.format(n=300 + i), ["put"]) for i in range(50)]
+    runs = fr + fo + so + sa
+    findings = [_f("invalid_invocation:get_obs._count", r.trace_id, 1) for r in fr]
+    showing = fo[:8] + so[:ok_order_showing]
+    findings += [_f("unknown_value:post.code", r.trace_id, 2) for r in showing]
+    failed = [r.trace_id for r in fr + fo]
+    succeeded = [r.trace_id for r in so + sa]
+    t = Thresholds()
+    scored = [score(c, failed, succeeded, t) for c in candidates_from_findings(findings)]
+    by_key = {s.candidate.key: s for s in scored}
+    return runs, scored, by_key, t
+
+
+def test_a_gap_confined_to_a_request_kind_no_run_of_which_succeeds_is_the_kind_itself():
+    runs, scored, by_key, t = _kind_population(ok_order_showing=0)
+    reading, order = by_key["invalid_invocation:get_obs._count"], by_key["unknown_value:post.code"]
+    assert reading.kept and order.kept  # pooled: 10/20 and 8/20 failed vs 0/60
+    like_with_like(scored, runs, t, kind_itself=False)
+    assert reading.kept and order.kept
+    like_with_like(scored, runs, t)
+    assert not reading.kept
+    assert reading.why.startswith("the kind of request itself: 10 of its 10 failed runs")
+    assert "10 failed and 0 successful runs" in reading.why and "glucose" in reading.why
+    assert order.kept  # its kind's 10 successful runs never show it: within-kind delta 0.8
+
+
+def test_a_gap_the_successful_runs_of_its_kind_show_as_often_is_the_kind_itself():
+    runs, scored, by_key, t = _kind_population(ok_order_showing=7)
+    order = by_key["unknown_value:post.code"]
+    assert order.kept and order.delta > 0.25  # pooled: 8/20 failed vs 7/60 successful
+    like_with_like(scored, runs, t)
+    assert not order.kept and "within the kind delta 0.10 < 0.2" in order.why
+    # fewer than MIN_PEERS successful runs of the kind: the pooled verdict stands
+    runs, scored, by_key, t = _kind_population(ok_order_showing=7)
+    few = [r for r in runs if r.trace_id not in {f"so{i}" for i in range(3, 10)}]
+    like_with_like(scored, few, t)
+    assert by_key["unknown_value:post.code"].kept
+
+
+def test_within_kind_contrasts_use_the_kinds_learnt_from_the_requests():
+    # two kinds of question that only read (no first write tool tells them apart): the failed
+    # status questions show the finding, their successful peers never do; the successful
+    # opening-hours questions often do, and under the first-write kind they are the peers
+    status, hours = "What is the status of parcel PX{n:05d}?", "When does the depot in {n} open?"
+    fs = [_asked(f"fs{i}", False, status.format(n=i), ["get_parcel"]) for i in range(8)]
+    fb = [_asked(f"fb{i:02d}", False, ORDER.format(n=i), ["get_pt", "post"]) for i in range(32)]
+    ss = [_asked(f"ss{i}", True, status.format(n=50 + i), ["get_parcel"]) for i in range(10)]
+    sh = [_asked(f"sh{i:02d}", True, hours.format(n=i), ["get_depot"]) for i in range(40)]
+    sb = [_asked(f"sb{i:02d}", True, ORDER.format(n=90 + i), ["get_pt", "post"]) for i in range(40)]
+    runs = fs + fb + ss + sh + sb
+    findings = [_f("wrong_tool_order:find>get_parcel", r.trace_id, 1) for r in fs[:6] + sh[:30]]
+    failed = [r.trace_id for r in fs + fb]
+    succeeded = [r.trace_id for r in ss + sh + sb]
+    t = Thresholds()
+    for contrast, kept in (("first_write", False), ("learnt", True)):
+        scored = [score(c, failed, succeeded, t) for c in candidates_from_findings(findings)]
+        order = next(s for s in scored if s.candidate.key == "wrong_tool_order:find>get_parcel")
+        assert not order.kept  # pooled: 6/40 failed vs 30/90 successful
+        like_with_like(scored, runs, t, contrast_kinds=contrast)
+        assert order.kept is kept, (contrast, order.why)
+    assert order.within_kind["failed"] == 8 and order.within_kind["succeeded"] == 10
+    assert "status" in order.within_kind["kinds"][0]

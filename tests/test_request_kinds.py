@@ -106,6 +106,8 @@ def test_runs_without_request_text_have_no_kind():
     model = RequestKinds().fit([*runs, silent])
     assert model.kind_of(silent) is None and model.name(None) == "(no request)"
     assert RequestKinds().fit([runs[0]]).kind_of(runs[0]) is None  # nothing to compare with
+    empty = [_run(f"e{i}", "{}") for i in range(3)]  # an agent's empty arguments ask nothing
+    assert {RequestKinds().fit([*runs, *empty]).kind_of(r) for r in empty} == {None}
     unseen = _run("unseen", "What is the status of my parcel #PX12345?")
     assert model.kind_of(unseen) is None  # kinds are of fitted runs
 
