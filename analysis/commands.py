@@ -74,6 +74,35 @@ def _written(target: Path, where: str, output: Path | None) -> str:
     return f"wrote {target / 'gaps.json'}"
 
 
+JUDGE_KEY_ENV = "TRACEGYM_JUDGE_API_KEY"
+
+
+def _judge(url: str | None, model: str | None, fail: Any) -> tuple[Any, Any]:
+    """(what the judge said, the `extra_candidates` hook), both None without --judge-url."""
+    if url is None and model is None:
+        return None, None
+    if not url or not model:
+        fail("--judge-url and --judge-model go together")
+    from tracegym.analysis.judge import Judged, OpenAICompatibleJudge, judge_hook
+
+    try:
+        judge = OpenAICompatibleJudge(url, model, api_key=os.environ.get(JUDGE_KEY_ENV) or None)
+    except ValueError as exc:
+        fail(f"--judge-url: {exc}")
+    judged = Judged()
+    return judged, judge_hook(judge, judged)
+
+
+def _judge_line(judged: Any) -> str:
+    if judged.error:
+        return f"judge: no candidates ({judged.error})"
+    line = (f"judge: {len(judged.capabilities)} capabilities proposed, "
+            f"{len(judged.labels)} runs labelled, {len(judged.skipped)} skipped")  # fmt: skip
+    if judged.skipped:
+        line += f" (e.g. {next(iter(judged.skipped.values()))})"
+    return line
+
+
 def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
     """Add `analyze` and `attribute` to `app`."""
 
@@ -97,6 +126,18 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             Path | None,
             typer.Option("--output", "-o", help="Write the gaps here, not to <home>/gaps.json."),
         ] = None,
+        judge_url: Annotated[
+            str | None,
+            typer.Option(
+                help="Off by default. An OpenAI-compatible server (http(s)://host:port/v1) whose "
+                "model proposes capabilities and labels runs, scored like every other candidate. "
+                "Summaries of every run (request, tool calls, errors, answer) are SENT TO THIS "
+                "URL. Needs --judge-model; the key, if any, is read from TRACEGYM_JUDGE_API_KEY."
+            ),
+        ] = None,
+        judge_model: Annotated[
+            str | None, typer.Option(help="The model name sent to --judge-url.")
+        ] = None,
         home: HomeOption = None,
     ) -> None:
         """Find the capability gaps behind failed runs; writes <home>/gaps.json.
@@ -114,11 +155,13 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 check_read_only(f"SELECT * FROM traces WHERE {where}")
             except ValueError as exc:
                 fail(f"--where: {exc}")
+        judged, hook = _judge(judge_url, judge_model, fail)
         target = existing_home(home_of(ctx, home), fail)
         thresholds = Thresholds(min_coverage, min_delta, resamples, min_stability, seed)
         store_wide = not where and output is None
         try:
-            result = run_analysis(target, thresholds=thresholds, where=where, write=store_wide)
+            result = run_analysis(target, thresholds=thresholds, where=where, write=store_wide,
+                                  extra_candidates=hook)  # fmt: skip
         except Exception as exc:
             fail(f"analysis failed: {exc}")
         document = result.gaps_document()
@@ -137,6 +180,11 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             Console(stderr=True, soft_wrap=True).print(
                 escape(_written(target, where, output)), style="dim", highlight=False
             )
+        if judged is not None:
+            Console(stderr=True, soft_wrap=True).print(
+                escape(_judge_line(judged)), style="yellow" if judged.error else "dim",
+                highlight=False,
+            )  # fmt: skip
 
     @app.command()
     def attribute(ctx: typer.Context, home: HomeOption = None) -> None:

@@ -8,7 +8,7 @@ import json
 import os
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,8 +160,11 @@ def analyze(
     embedder: Embedder | None = None,
     where: str = "",
     write: bool = True,
+    extra_candidates: Callable[[Sequence[Run]], Sequence[Candidate]] | None = None,
 ) -> Analysis:
-    """Analyse the runs under `home` (or an open `store`) and write `<home>/gaps.json`."""
+    """Analyse the runs under `home` (or an open `store`) and write `<home>/gaps.json`.
+    `extra_candidates`, given the loaded runs, adds candidates (an optional LLM judge's:
+    `analysis.judge.judge_hook`) scored and selected like the detectors' and clusters'."""
     from tracegym.store.store import Store
 
     t = thresholds or Thresholds()
@@ -188,6 +191,10 @@ def analyze(
     candidates = candidates_from_findings(f for fs in findings.values() for f in fs)
     candidates += cluster_candidates(runs, findings, embedder, cluster_distance)
     timings["cluster"] = time.perf_counter() - clock
+    if extra_candidates is not None:
+        clock = time.perf_counter()
+        candidates += list(extra_candidates(runs))
+        timings["extra"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
     failed = [r.trace_id for r in runs if r.success is False]
