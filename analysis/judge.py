@@ -100,7 +100,7 @@ def _final_answer(run: Run) -> str:
     if root is not None and root.output:
         return root.output
     chats = [s for s in run.steps if s.operation == sc.OP_CHAT and s.output]
-    return chats[-1].output or "" if chats else ""
+    return (chats[-1].output or "") if chats else ""
 
 
 def summarize(run: Run) -> RunSummary:

@@ -193,6 +193,16 @@ def test_summaries_are_bounded():
     assert len(json.dumps(summary.to_dict())) < 20_000
 
 
+def test_the_final_answer_is_the_root_output_else_the_last_model_output():
+    run = _run("t1", True, "r")
+    assert summarize(run).final_answer == "Done."
+    run.steps[0].output = None
+    assert summarize(run).final_answer == ""  # no model call either
+    run.steps += [_step(2, "t1", operation=sc.OP_CHAT, output="first"),
+                  _step(3, "t1", operation=sc.OP_CHAT, output="Your seat is 3C.")]  # fmt: skip
+    assert summarize(run).final_answer == "Your seat is 3C."
+
+
 @pytest.mark.parametrize(
     ("reply", "message"),
     [
