@@ -116,7 +116,7 @@ def summarize(run: Run) -> RunSummary:
         for s in calls[:MAX_CALLS]
     )
     errors = tuple(
-        _cut(f"{s.label}: {s.status_message or s.error_type or s.output or 'error'}")
+        _cut(f"{s.label}: {s.status_message or s.output or s.error_type or 'error'}")
         for s in run.steps
         if s.failed
     )[:10]

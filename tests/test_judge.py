@@ -193,6 +193,15 @@ def test_summaries_are_bounded():
     assert len(json.dumps(summary.to_dict())) < 20_000
 
 
+def test_errors_quote_the_error_text():
+    run = _run("t1", False, "r")
+    run.steps[1].status, run.steps[1].error_type = "ERROR", "ToolError"
+    run.steps[1].output = '{"error": "call get_booking first"}'
+    summary = summarize(run)
+    assert summary.errors == ('get_booking: {"error": "call get_booking first"}',)
+    assert summary.calls[0].error == "ToolError"
+
+
 def test_the_final_answer_is_the_root_output_else_the_last_model_output():
     run = _run("t1", True, "r")
     assert summarize(run).final_answer == "Done."
