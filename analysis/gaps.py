@@ -130,6 +130,7 @@ def like_with_like(
     *,
     contrast_kinds: str = LEARNT,
     kind_itself: bool = True,
+    spread: bool = True,
 ) -> None:
     """Contrast each candidate with the runs that serve the same kinds of request as its failed
     runs (a run's kind: the one `request_kinds.RequestKinds` learns from its request text, and
@@ -160,7 +161,7 @@ def like_with_like(
     if succeeded:
         _spending_and_rescue(scored, failed, succeeded, kind, t)
     if learnt is not None and kind_itself:
-        the_kind_itself(scored, runs, learnt, t)
+        the_kind_itself(scored, runs, learnt, t, spread)
 
 
 def _spending_and_rescue(
@@ -204,7 +205,11 @@ KIND_COVERAGE = 0.5  # ... covering this share of the kind's failed runs, which 
 
 
 def the_kind_itself(
-    scored: Sequence[Scored], runs: Sequence[Run], kinds: RequestKinds, t: Thresholds
+    scored: Sequence[Scored],
+    runs: Sequence[Run],
+    kinds: RequestKinds,
+    t: Thresholds,
+    spread: bool = True,
 ) -> None:
     """Drop a kept candidate that cannot be told from "this was a run of that kind of request":
     KIND_SHARE of its failed runs serve one kind (learnt from the request text,
@@ -218,8 +223,9 @@ def the_kind_itself(
       candidate from the kind (a task every run fails).
 
     With 1 to MIN_PEERS - 1 successful runs of the kind, none in the whole store, or a single
-    kind learnt (the pooled contrast already judged it), the pooled verdict stands. Dropped
-    candidates say why (they are listed in `rejected`)."""
+    kind learnt (the pooled contrast already judged it), the pooled verdict stands. With
+    `spread`, a candidate over several kinds is judged by `_across_kinds`. Dropped candidates
+    say why (they are listed in `rejected`)."""
     failed = [r.trace_id for r in runs if r.success is False]
     succeeded = [r.trace_id for r in runs if r.success is True]
     if not succeeded or len(kinds.members()) < 2:
@@ -234,6 +240,8 @@ def the_kind_itself(
             continue
         top, n_top = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         if n_top / len(mine) < KIND_SHARE:
+            if spread:
+                _across_kinds(s, mine, counts, failed, succeeded, kind, kinds, t)
             continue
         failed_k = [x for x in failed if kind[x] == top]
         succeeded_k = [x for x in succeeded if kind[x] == top]
@@ -250,6 +258,47 @@ def the_kind_itself(
             s.why = (f"the kind of request itself: {confined}; within the kind delta "
                      f"{delta:.2f} < {t.min_delta} (successful runs of the kind show it as "
                      "often)")  # fmt: skip
+
+
+def _across_kinds(
+    s: Scored,
+    mine: Sequence[str],
+    counts: Counter,
+    failed: Sequence[str],
+    succeeded: Sequence[str],
+    kind: Mapping[str, str | None],
+    kinds: RequestKinds,
+    t: Thresholds,
+) -> None:
+    """A candidate over several kinds, judged kind by kind: in a kind with MIN_PEERS successful
+    runs, by its delta there (averaged over those kinds with Mantel-Haenszel weights, failed x
+    successful / all runs of the kind); in a kind none of whose runs succeeded, it is the kind
+    itself where it covers KIND_COVERAGE of the kind's failures. When such kinds hold
+    KIND_SHARE of its failed runs and the averaged delta is under `min_delta` (or there is
+    none: every such kind failed throughout), it is dropped: its pooled contrast came from the
+    mix of kinds (failing kinds over-represented among the failures), not from what runs did
+    within a kind."""
+    total = weight = 0.0
+    judged = itself = 0
+    for k in counts:
+        failed_k = [x for x in failed if kind[x] == k]
+        succeeded_k = [x for x in succeeded if kind[x] == k]
+        coverage, delta = rates(s.candidate.lacking, failed_k, succeeded_k)
+        if len(succeeded_k) >= MIN_PEERS and delta is not None:
+            w = len(failed_k) * len(succeeded_k) / (len(failed_k) + len(succeeded_k))
+            total, weight, judged = total + w * delta, weight + w, judged + counts[k]
+        elif not succeeded_k and coverage >= KIND_COVERAGE:
+            itself += counts[k]
+    if (judged + itself) / len(mine) < KIND_SHARE:
+        return
+    within = total / weight if weight else None
+    if within is None or within < t.min_delta:
+        s.kept = False
+        contrast = ("" if within is None else f"; the {judged} in kinds with successful runs: "
+                    f"Mantel-Haenszel delta {within:.2f} < {t.min_delta} within them")  # fmt: skip
+        s.why = (f"the kinds of request themselves: {itself} of its {len(mine)} failed runs "
+                 f"serve kinds no run of which succeeded{contrast} (pooled delta "
+                 f"{s.delta if s.delta is not None else 0:.2f})")  # fmt: skip
 
 
 def candidates_from_findings(findings: Iterable[Finding]) -> list[Candidate]:

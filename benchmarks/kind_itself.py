@@ -38,11 +38,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     variants = (
         ("before (kind_itself=False; contrasts by first write tool)",
-         {"kind_itself": False, "contrast_kinds": gaps.FIRST_WRITE}),
+         {"kind_itself": False, "contrast_kinds": gaps.FIRST_WRITE, "spread": False}),
         ("kind itself only (kind_itself=True; contrasts by first write tool)",
-         {"kind_itself": True, "contrast_kinds": gaps.FIRST_WRITE}),
-        ("learnt everywhere, the default (kind_itself=True; contrasts by learnt kinds)",
-         {"kind_itself": True, "contrast_kinds": gaps.LEARNT}),
+         {"kind_itself": True, "contrast_kinds": gaps.FIRST_WRITE, "spread": False}),
+        ("learnt everywhere (kind_itself=True; contrasts by learnt kinds; spread=False)",
+         {"kind_itself": True, "contrast_kinds": gaps.LEARNT, "spread": False}),
+        ("+ across kinds, the default (spread=True)",
+         {"kind_itself": True, "contrast_kinds": gaps.LEARNT, "spread": True}),
     )  # fmt: skip
     bench = planted_causes if args[0] == "planted" else gaps_real
     original = pipeline.like_with_like

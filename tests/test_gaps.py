@@ -497,3 +497,32 @@ def test_within_kind_contrasts_use_the_kinds_learnt_from_the_requests():
         assert order.kept is kept, (contrast, order.why)
     assert order.within_kind["failed"] == 8 and order.within_kind["succeeded"] == 10
     assert "status" in order.within_kind["kinds"][0]
+
+
+def test_a_gap_over_several_kinds_is_judged_within_each():
+    # 10 reading runs, all failed, all showing it; 5 failed order runs (4 showing) next to 10
+    # successful order runs; 40 successful address runs that never show it
+    def population(ok_showing: int):
+        fr = [_asked(f"fr{i}", False, READING.format(n=i), ["get_obs"]) for i in range(10)]
+        fo = [_asked(f"fo{i}", False, ORDER.format(n=50 + i), ["post"]) for i in range(5)]
+        so = [_asked(f"so{i}", True, ORDER.format(n=80 + i), ["post"]) for i in range(10)]
+        sa = [_asked(f"sa{i:02d}", True, ADDRESS.format(n=200 + i), ["put"]) for i in range(40)]
+        showing = fr + fo[:4] + so[:ok_showing]
+        findings = [_f("unserved_request:post", r.trace_id, 1) for r in showing]
+        failed, succeeded = [r.trace_id for r in fr + fo], [r.trace_id for r in so + sa]
+        t = Thresholds()
+        scored = [score(c, failed, succeeded, t) for c in candidates_from_findings(findings)]
+        found = next(s for s in scored if s.candidate.key == "unserved_request:post")
+        assert found.kept  # pooled: 14/15 failed vs at most 8/50 successful
+        return fr + fo + so + sa, scored, found, t
+
+    runs, scored, found, t = population(ok_showing=8)
+    like_with_like(scored, runs, t, spread=False)
+    assert found.kept  # 10 of its 14 failed runs are of one kind: under KIND_SHARE
+    runs, scored, found, t = population(ok_showing=8)
+    like_with_like(scored, runs, t)
+    assert not found.kept and found.why.startswith("the kinds of request themselves: 10 of")
+    assert "Mantel-Haenszel delta 0.00" in found.why
+    runs, scored, found, t = population(ok_showing=0)  # within the order kind it separates
+    like_with_like(scored, runs, t)
+    assert found.kept
