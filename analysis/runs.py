@@ -146,8 +146,9 @@ class Run:
 
     def request_kind(self) -> str | None:
         """The kind of request the run serves, from its own calls: the first write tool it
-        calls (read and answer tools by name, `tool_kinds`), None when it calls none. Runs of
-        one kind are compared with each other where spending is judged."""
+        calls (read and answer tools by name, `tool_kinds`), None when it calls none. Gap
+        selection compares runs of one kind learnt from the request text
+        (`analysis.request_kinds`) and takes this for runs without request text."""
         for tool in self.tool_sequence():
             if not is_read_tool(tool) and not is_answer_tool(tool):
                 return tool
