@@ -180,10 +180,13 @@ def _spending_and_rescue(
             continue
         kinds, peers_failed = _kinds(c, failed, kind)
         peers = [x for x in succeeded if kind[x] in kinds]
+        named = ", ".join(sorted(k or "(no write)" for k in kinds))
+        if rescue and len(peers) < MIN_PEERS:
+            s.why += (f"; its kinds of request ({named}) have {len(peers)} successful runs, "
+                      f"under {MIN_PEERS}: no contrast within them")  # fmt: skip
         if len(peers) < MIN_PEERS or not peers_failed:
             continue
         _, delta = rates(c.lacking, peers_failed, peers)
-        named = ", ".join(sorted(k or "(no write)" for k in kinds))
         if spend and delta is not None and delta < t.min_delta:
             s.kept = False
             s.why = (f"delta {delta:.2f} < {t.min_delta} against the {len(peers)} successful runs "

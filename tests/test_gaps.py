@@ -526,3 +526,18 @@ def test_a_gap_over_several_kinds_is_judged_within_each():
     runs, scored, found, t = population(ok_showing=0)  # within the order kind it separates
     like_with_like(scored, runs, t)
     assert found.kept
+
+
+def test_a_candidate_whose_kind_has_no_successes_is_not_rescued_and_says_so():
+    runs, _, _, t = _kind_population(ok_order_showing=0)
+    failed = [r.trace_id for r in runs if r.success is False]
+    succeeded = [r.trace_id for r in runs if r.success is True]
+    showing = [r.trace_id for r in runs if r.trace_id.startswith("fr")] + succeeded[10:30]
+    findings = [_f("invalid_invocation:get_obs._count", x, 1) for x in showing]
+    scored = [score(c, failed, succeeded, t) for c in candidates_from_findings(findings)]
+    count = next(s for s in scored if s.candidate.key == "invalid_invocation:get_obs._count")
+    assert not count.kept  # pooled: 10/20 failed vs 20/60 successful
+    like_with_like(scored, runs, t)
+    assert not count.kept and count.why.endswith("have 0 successful runs, under 5: no contrast "
+                                                 "within them")  # fmt: skip
+    assert "glucose" in count.why
