@@ -64,6 +64,7 @@ class Scored:
     why: str
     symptoms: list[Symptom] = field(default_factory=list)  # set by `select`
     within_kind: dict[str, Any] | None = None  # the contrast within kinds, when it kept it
+    confined: str | None = None  # set by `the_kind_itself`: only failing kinds of request hold it
 
 
 def rates(lacking: set[str], failed: Sequence[str], succeeded: Sequence[str]):
@@ -214,21 +215,22 @@ def the_kind_itself(
     t: Thresholds,
     spread: bool = True,
 ) -> None:
-    """Drop a kept candidate that cannot be told from "this was a run of that kind of request":
-    KIND_SHARE of its failed runs serve one kind (learnt from the request text,
-    `request_kinds.RequestKinds`), and either
+    """Tell a kept candidate from "this was a run of that kind of request" (kinds learnt from
+    the request text, `request_kinds.RequestKinds`), when KIND_SHARE of its failed runs serve
+    one kind:
 
     - MIN_PEERS or more successful runs of that kind show it about as often as its failed
       runs (the delta within the kind is under `min_delta`): a marker of the kind, not of
-      failing; or
+      failing. It is dropped (`why`, listed in `rejected`);
     - the kind has no successful run at all and the candidate covers KIND_COVERAGE of its
-      failed runs: nothing of that kind succeeded to contrast with, so nothing tells the
-      candidate from the kind (a task every run fails).
+      failed runs (a task every run fails): nothing in the store tells the candidate from the
+      kind. It is kept but marked (`Scored.confined`, said in the gap's description; it ranks
+      after unmarked gaps of its tier): the behaviour may be the kind's cause (the demo's
+      refunds without a look-up) or only what runs of a failing task share.
 
     With 1 to MIN_PEERS - 1 successful runs of the kind, none in the whole store, or a single
     kind learnt (the pooled contrast already judged it), the pooled verdict stands. With
-    `spread`, a candidate over several kinds is judged by `_across_kinds`. Dropped candidates
-    say why (they are listed in `rejected`)."""
+    `spread`, a candidate over several kinds is judged by `_across_kinds`."""
     failed = [r.trace_id for r in runs if r.success is False]
     succeeded = [r.trace_id for r in runs if r.success is True]
     if not succeeded or len(kinds.members()) < 2:
@@ -244,7 +246,7 @@ def the_kind_itself(
         top, n_top = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         if n_top / len(mine) < KIND_SHARE:
             if spread:
-                _across_kinds(s, mine, counts, failed, succeeded, kind, kinds, t)
+                _across_kinds(s, mine, counts, failed, succeeded, kind, t)
             continue
         failed_k = [x for x in failed if kind[x] == top]
         succeeded_k = [x for x in succeeded if kind[x] == top]
@@ -253,9 +255,8 @@ def the_kind_itself(
         confined = (f"{n_top} of its {len(mine)} failed runs serve request kind {named}, "
                     f"{len(failed_k)} failed and {len(succeeded_k)} successful runs")  # fmt: skip
         if not succeeded_k and coverage >= KIND_COVERAGE:
-            s.kept = False
-            s.why = (f"the kind of request itself: {confined}; it covers {coverage:.2f} of "
-                     "them and no run of the kind succeeded to contrast with")  # fmt: skip
+            s.confined = (f"{confined}: no run of that kind succeeded, so nothing tells it from "
+                          "the kind of request itself")  # fmt: skip
         elif len(succeeded_k) >= MIN_PEERS and delta is not None and delta < t.min_delta:
             s.kept = False
             s.why = (f"the kind of request itself: {confined}; within the kind delta "
@@ -270,17 +271,16 @@ def _across_kinds(
     failed: Sequence[str],
     succeeded: Sequence[str],
     kind: Mapping[str, str | None],
-    kinds: RequestKinds,
     t: Thresholds,
 ) -> None:
-    """A candidate over several kinds, judged kind by kind: in a kind with MIN_PEERS successful
-    runs, by its delta there (averaged over those kinds with Mantel-Haenszel weights, failed x
-    successful / all runs of the kind); in a kind none of whose runs succeeded, it is the kind
-    itself where it covers KIND_COVERAGE of the kind's failures. When such kinds hold
-    KIND_SHARE of its failed runs and the averaged delta is under `min_delta` (or there is
-    none: every such kind failed throughout), it is dropped: its pooled contrast came from the
-    mix of kinds (failing kinds over-represented among the failures), not from what runs did
-    within a kind."""
+    """A candidate over several kinds, judged kind by kind: in the kinds with MIN_PEERS
+    successful runs, by its delta there (averaged with Mantel-Haenszel weights, failed x
+    successful / all runs of the kind); a kind none of whose runs succeeded is the kind itself
+    where the candidate covers KIND_COVERAGE of its failures. When these kinds hold KIND_SHARE
+    of its failed runs: dropped if the first hold MIN_PEERS of them and the averaged delta is
+    under `min_delta` (its pooled contrast came from failing kinds being over-represented among
+    the failures, not from what runs did within a kind); marked (`confined`) if the first hold
+    fewer and the averaged delta does not pass (every kind it is in failed throughout)."""
     total = weight = 0.0
     judged = itself = 0
     for k in counts:
@@ -295,13 +295,19 @@ def _across_kinds(
     if (judged + itself) / len(mine) < KIND_SHARE:
         return
     within = total / weight if weight else None
-    if within is None or within < t.min_delta:
+    if within is not None and within >= t.min_delta:
+        return
+    contrast = ("" if within is None else f"; the {judged} in kinds with successful runs: "
+                f"Mantel-Haenszel delta {within:.2f} < {t.min_delta} within them")  # fmt: skip
+    what = (
+        f"{itself} of its {len(mine)} failed runs serve kinds of request no run of which "
+        f"succeeded{contrast} (pooled delta {s.delta if s.delta is not None else 0:.2f})"
+    )
+    if judged >= MIN_PEERS:
         s.kept = False
-        contrast = ("" if within is None else f"; the {judged} in kinds with successful runs: "
-                    f"Mantel-Haenszel delta {within:.2f} < {t.min_delta} within them")  # fmt: skip
-        s.why = (f"the kinds of request themselves: {itself} of its {len(mine)} failed runs "
-                 f"serve kinds no run of which succeeded{contrast} (pooled delta "
-                 f"{s.delta if s.delta is not None else 0:.2f})")  # fmt: skip
+        s.why = f"the kinds of request themselves: {what}"
+    else:
+        s.confined = f"{what}: nothing tells it from those kinds of request"
 
 
 def candidates_from_findings(findings: Iterable[Finding]) -> list[Candidate]:
@@ -427,18 +433,21 @@ def select(
        symptom (its findings are that key's). `same_span=False` is the previous rule (only
        symptom kinds and failed calls tie at a step), for benchmarks.
     3. The rest are ranked: causes that name a specific behaviour, then candidates that name
-       none, then symptom kinds (`_tier`); within each by coverage x delta (coverage alone
-       without successes); at equal rank a precise finding key comes before its detector's
-       whole kind, and that before a cluster. A detector's kind is kept only if it covers
-       enough failures its kept precise keys miss; any candidate that mostly repeats
-       (Jaccard >= 0.8) a kept gap's failed runs is dropped (its symptoms go to that gap).
+       none, then symptom kinds (`_tier`); within each, gaps `the_kind_itself` marked as
+       confined to kinds of request that failed throughout come after the others, and then
+       by coverage x delta (coverage alone without successes); at equal rank a precise
+       finding key comes before its detector's whole kind, and that before a cluster. A
+       detector's kind is kept only if it covers enough failures its kept precise keys miss;
+       any candidate that mostly repeats (Jaccard >= 0.8) a kept gap's failed runs is
+       dropped (its symptoms go to that gap).
     """
     failed_set = set(failed)
 
     def rank(s: Scored) -> tuple:
         impact = s.coverage * (s.delta if s.delta is not None else 1.0)
         specificity = {"finding": 0, "detector": 1, "cluster": 2}[s.candidate.kind]
-        return (_tier(s.candidate), -round(impact, 6), specificity, s.candidate.key)
+        return (_tier(s.candidate), s.confined is not None, -round(impact, 6), specificity,
+                s.candidate.key)  # fmt: skip
 
     passing = sorted((s for s in scored if s.kept), key=rank)
     for s in passing:
@@ -658,6 +667,7 @@ def describe(s: Scored, name: str, runs: Mapping[str, Run], successes: Sequence[
         f"(coverage {s.coverage:.2f}) {contrast}, stable in {s.stability} of the bootstrap "
         f"resamples. "
         + kind_text
+        + (f"Confined to failing kinds of request: {s.confined}. " if s.confined else "")
         + (f"Tools involved: {', '.join(tools)}. " if tools else "")
         + (f"Typical calls: {'; '.join(patterns)}. " if patterns else "")
         + (f"Evidence, e.g.: {listed[0].evidence.rstrip('.')}. " if listed else "")

@@ -17,6 +17,7 @@ from tracegym.analysis.embeddings import Embedder
 from tracegym.analysis.gaps import (
     Thresholds,
     candidates_from_findings,
+    describe,
     like_with_like,
     rates,
     score,
@@ -455,10 +456,16 @@ def test_a_gap_confined_to_a_request_kind_no_run_of_which_succeeds_is_the_kind_i
     like_with_like(scored, runs, t, kind_itself=False)
     assert reading.kept and order.kept
     like_with_like(scored, runs, t)
-    assert not reading.kept
-    assert reading.why.startswith("the kind of request itself: 10 of its 10 failed runs")
-    assert "10 failed and 0 successful runs" in reading.why and "glucose" in reading.why
-    assert order.kept  # its kind's 10 successful runs never show it: within-kind delta 0.8
+    assert reading.kept and order.kept  # nothing in the store tells: kept, but marked
+    assert reading.confined.startswith("10 of its 10 failed runs serve request kind")
+    assert "10 failed and 0 successful runs" in reading.confined and "glucose" in reading.confined
+    assert order.confined is None  # its kind's 10 successful runs never show it: delta 0.8
+    failed = [r.trace_id for r in runs if r.success is False]
+    ranked = [x.candidate.key for x in select(scored, failed, t)]
+    assert ranked.index("unknown_value:post.code") < ranked.index(reading.candidate.key)
+    gap = describe(reading, "g", {r.trace_id: r for r in runs},
+                   [r for r in runs if r.success], {})  # fmt: skip
+    assert "Confined to failing kinds of request: 10 of its 10" in gap.description
 
 
 def test_a_gap_the_successful_runs_of_its_kind_show_as_often_is_the_kind_itself():
@@ -500,32 +507,36 @@ def test_within_kind_contrasts_use_the_kinds_learnt_from_the_requests():
 
 
 def test_a_gap_over_several_kinds_is_judged_within_each():
-    # 10 reading runs, all failed, all showing it; 5 failed order runs (4 showing) next to 10
-    # successful order runs; 40 successful address runs that never show it
-    def population(ok_showing: int):
+    # 10 reading runs, all failed, all showing it; 6 failed order runs (`ordering` showing)
+    # next to 10 successful order runs; 40 successful address runs that never show it
+    def population(ok_showing: int, ordering: int = 5):
         fr = [_asked(f"fr{i}", False, READING.format(n=i), ["get_obs"]) for i in range(10)]
-        fo = [_asked(f"fo{i}", False, ORDER.format(n=50 + i), ["post"]) for i in range(5)]
+        fo = [_asked(f"fo{i}", False, ORDER.format(n=50 + i), ["post"]) for i in range(6)]
         so = [_asked(f"so{i}", True, ORDER.format(n=80 + i), ["post"]) for i in range(10)]
         sa = [_asked(f"sa{i:02d}", True, ADDRESS.format(n=200 + i), ["put"]) for i in range(40)]
-        showing = fr + fo[:4] + so[:ok_showing]
+        showing = fr + fo[:ordering] + so[:ok_showing]
         findings = [_f("unserved_request:post", r.trace_id, 1) for r in showing]
         failed, succeeded = [r.trace_id for r in fr + fo], [r.trace_id for r in so + sa]
         t = Thresholds()
         scored = [score(c, failed, succeeded, t) for c in candidates_from_findings(findings)]
         found = next(s for s in scored if s.candidate.key == "unserved_request:post")
-        assert found.kept  # pooled: 14/15 failed vs at most 8/50 successful
+        assert found.kept  # pooled: 10 + `ordering` of 16 failed vs at most 8/50 successful
         return fr + fo + so + sa, scored, found, t
 
     runs, scored, found, t = population(ok_showing=8)
     like_with_like(scored, runs, t, spread=False)
-    assert found.kept  # 10 of its 14 failed runs are of one kind: under KIND_SHARE
+    assert found.kept  # 10 of its 15 failed runs are of one kind: under KIND_SHARE
     runs, scored, found, t = population(ok_showing=8)
     like_with_like(scored, runs, t)
     assert not found.kept and found.why.startswith("the kinds of request themselves: 10 of")
-    assert "Mantel-Haenszel delta 0.00" in found.why
+    assert "Mantel-Haenszel delta 0.03" in found.why
     runs, scored, found, t = population(ok_showing=0)  # within the order kind it separates
     like_with_like(scored, runs, t)
-    assert found.kept
+    assert found.kept and found.confined is None
+    # fewer than MIN_PEERS of its failed runs where a contrast exists: kept, but marked
+    runs, scored, found, t = population(ok_showing=8, ordering=4)
+    like_with_like(scored, runs, t)
+    assert found.kept and "serve kinds of request no run of which succeeded" in found.confined
 
 
 def test_a_candidate_whose_kind_has_no_successes_is_not_rescued_and_says_so():
