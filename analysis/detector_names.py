@@ -26,6 +26,9 @@ WRONG_AMOUNT = "wrong_amount"
 WRONG_LIST = "wrong_list"
 UNKNOWN_VALUE = "unknown_value"
 MISSED_REQUEST = "missed_request"
+# Not a detector of the registry: the name of the optional LLM judge's candidates
+# (`analysis/judge.py`, keys "judge:<capability>").
+JUDGE = "judge"
 
 BUILT_IN: tuple[str, ...] = (
     UNGROUNDED_ARGUMENT,
@@ -74,6 +77,7 @@ __all__ = [
     "BUILT_IN",
     "FORBIDDEN_ACTION",
     "INVALID_INVOCATION",
+    "JUDGE",
     "MISSED_ACTION",
     "MISSED_REQUEST",
     "POISONED_MEMORY",

@@ -23,7 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tracegym.analysis.detector_names import INVALID_INVOCATION, SPEND_DETECTORS, is_symptom
+from tracegym.analysis.detector_names import (
+    INVALID_INVOCATION,
+    JUDGE,
+    SPEND_DETECTORS,
+    is_symptom,
+)
 from tracegym.analysis.detectors.base import Finding
 from tracegym.analysis.gap import Gap, GapMember, GapRequest, Symptom
 from tracegym.analysis.request_kinds import RequestKinds
@@ -436,7 +441,8 @@ def select(
        none, then symptom kinds (`_tier`); within each, gaps `the_kind_itself` marked as
        confined to kinds of request that failed throughout come after the others, and then
        by coverage x delta (coverage alone without successes); at equal rank a precise
-       finding key comes before its detector's whole kind, and that before a cluster. A
+       finding key comes before its detector's whole kind, and that before a cluster, and a
+       detector's candidate before an LLM judge's (`analysis/judge.py`). A
        detector's kind is kept only if it covers enough failures its kept precise keys miss;
        any candidate that mostly repeats (Jaccard >= 0.8) a kept gap's failed runs is
        dropped (its symptoms go to that gap).
@@ -446,8 +452,11 @@ def select(
     def rank(s: Scored) -> tuple:
         impact = s.coverage * (s.delta if s.delta is not None else 1.0)
         specificity = {"finding": 0, "detector": 1, "cluster": 2}[s.candidate.kind]
-        return (_tier(s.candidate), s.confined is not None, -round(impact, 6), specificity,
-                s.candidate.key)  # fmt: skip
+        # at equal impact the traces' own evidence (a detector, with its decisive steps) comes
+        # before an optional LLM judge's label of the same runs
+        judged = s.candidate.detector == JUDGE
+        return (_tier(s.candidate), s.confined is not None, -round(impact, 6), judged,
+                specificity, s.candidate.key)  # fmt: skip
 
     passing = sorted((s for s in scored if s.kept), key=rank)
     for s in passing:

@@ -28,13 +28,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from tracegym.analysis.detector_names import JUDGE
 from tracegym.analysis.detectors.base import Finding
 from tracegym.analysis.detectors.unserved import request_text
 from tracegym.analysis.gaps import Candidate
 from tracegym.analysis.runs import Run
 from tracegym.tracer import semconv as sc
 
-JUDGE = "judge"  # the detector name of judge candidates (their keys are "judge:<capability>")
 # `gaps.select` and `gap.KINDS` know the kinds "finding", "detector" and "cluster"; a judge's
 # capability names a behaviour, as a precise finding key does, so its candidates are of that kind.
 CANDIDATE_KIND = "finding"

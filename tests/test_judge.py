@@ -419,3 +419,24 @@ def test_without_the_options_no_network_is_used(tmp_path: Path, monkeypatch: pyt
     assert done.exit_code == 0, done.output
     assert attempts == []
     assert not any(g["detector"] == JUDGE for g in json.loads(done.stdout)["gaps"])
+
+
+def test_a_judge_label_of_the_same_runs_ranks_after_the_detectors_gap(tmp_path: Path):
+    """At equal impact the traces' own evidence (with its decisive steps) wins the tie."""
+    from tracegym.analysis.pipeline import analyze
+    from tracegym.tests.fixtures.seat_agent import write_seat_agent
+
+    write_seat_agent(tmp_path, failed=13)
+
+    class TwinJudge:  # labels exactly the runs whose change_seat failed: wrong_tool_order's runs
+        def propose(self, failed: Any) -> list[Capability]:
+            return [Capability("aaa_look_up_first", "looks the booking up before changing it")]
+
+        def label(self, run: Any, capabilities: Any) -> list[str]:
+            failed_seat = any(c.tool == "change_seat" and c.error for c in run.calls)
+            return ["aaa_look_up_first"] if failed_seat else []
+
+    result = analyze(tmp_path, embedder=HashEmbedder(tmp_path / "cache"), write=False,
+                     extra_candidates=judge_hook(TwinJudge()))  # fmt: skip
+    assert result.gaps[0].key == "wrong_tool_order:get_booking>change_seat"
+    assert result.gaps[0].members  # with its decisive steps
