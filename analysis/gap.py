@@ -157,6 +157,9 @@ class Gap:
     # when the contrast within the failed runs' kinds of request kept it (analysis.gaps.
     # like_with_like): {"kinds", "failed", "succeeded", "delta", "stability"}
     within_kind: Mapping[str, Any] | None = None
+    # why the gap is confined to kinds of request that failed throughout (analysis.gaps.
+    # the_kind_itself): nothing in the traces tells it from those kinds; None for the others
+    confined: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)  # fields this version does not know
 
     def __post_init__(self) -> None:
@@ -194,6 +197,7 @@ class Gap:
             "signatures": list(self.signatures),
             "symptoms": [s.to_dict() for s in self.symptoms],
             "within_kind": dict(self.within_kind) if self.within_kind else None,
+            "confined": self.confined,
             **dict(self.extra),
         }
 
@@ -248,6 +252,7 @@ class Gap:
             within_kind=dict(within)
             if isinstance(within := data.get("within_kind"), Mapping)
             else None,
+            confined=str(data["confined"]) if data.get("confined") else None,
             extra={k: v for k, v in data.items() if k not in known},
         )
 

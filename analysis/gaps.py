@@ -704,6 +704,7 @@ def describe(s: Scored, name: str, runs: Mapping[str, Run], successes: Sequence[
         signatures=tuple(c.signatures[:3]),
         symptoms=tuple(symptoms),
         within_kind=dict(within) if within else None,
+        confined=s.confined,
     )
 
 

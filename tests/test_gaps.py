@@ -14,6 +14,7 @@ pytest.importorskip("sklearn")
 from tracegym.analysis.clustering import assign, cluster
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.embeddings import Embedder
+from tracegym.analysis.gap import Gap
 from tracegym.analysis.gaps import (
     Thresholds,
     candidates_from_findings,
@@ -466,6 +467,8 @@ def test_a_gap_confined_to_a_request_kind_no_run_of_which_succeeds_is_the_kind_i
     gap = describe(reading, "g", {r.trace_id: r for r in runs},
                    [r for r in runs if r.success], {})  # fmt: skip
     assert "Confined to failing kinds of request: 10 of its 10" in gap.description
+    assert gap.confined == reading.confined  # typed, not only in the text
+    assert Gap.from_dict(gap.to_dict()).confined == gap.confined
 
 
 def test_a_gap_the_successful_runs_of_its_kind_show_as_often_is_the_kind_itself():
