@@ -19,7 +19,6 @@ content}` or that list written as a Python literal string (single quotes), read 
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from tracegym.store.importers.chat import (
     guarded,
     hint,
     keyed,
+    literal_list,
     source_attrs,
     synthetic_start,
 )
@@ -71,17 +71,7 @@ def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict
 
 
 def _history(path: Path, value: Any, where: str) -> list[Mapping[str, Any]]:
-    if value is None:
-        raise ImportFormatError(path, "missing field 'history'", where)
-    if isinstance(value, str):
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
-            raise ImportFormatError(
-                path, f"'history' is not a Python literal ({type(exc).__name__})", where
-            ) from None
-    if not isinstance(value, list):
-        raise ImportFormatError(path, f"'history' should be a list, got {describe(value)}", where)
+    value = literal_list(path, value, where)
     for j, entry in enumerate(value):
         if not isinstance(entry, Mapping):
             raise ImportFormatError(

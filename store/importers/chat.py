@@ -16,6 +16,7 @@ in it), so the same run gets the same trace and span ids whichever file it is im
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
@@ -174,6 +175,23 @@ def hint(value: Any) -> str:
         elif "role" in first:
             guess = 'chat messages, not runs (wrap each message list as {"messages": [...]})'
     return f" (this looks like {guess})" if guess else ""
+
+
+def literal_list(path: Path, value: Any, where: str, name: str = "history") -> list[Any]:
+    """A list field that sources write as a list or as a Python literal string (AgenTracer,
+    MedAgentBench), read with `ast.literal_eval` (never evaluated as code)."""
+    if value is None:
+        raise ImportFormatError(path, f"missing field {name!r}", where)
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
+            raise ImportFormatError(
+                path, f"{name!r} is not a Python literal ({type(exc).__name__})", where
+            ) from None
+    if not isinstance(value, list):
+        raise ImportFormatError(path, f"{name!r} should be a list, got {describe(value)}", where)
+    return value
 
 
 def describe(value: Any) -> str:

@@ -29,7 +29,6 @@ context limit`, `task limit reached`) are failures; any other status (`task erro
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from collections.abc import Mapping
@@ -48,6 +47,7 @@ from tracegym.store.importers.chat import (
     guarded,
     hint,
     keyed,
+    literal_list,
     source_attrs,
     synthetic_start,
 )
@@ -148,17 +148,7 @@ def _results(path: Path, doc: Any) -> list[Any]:
 
 
 def _history(path: Path, value: Any, where: str) -> list[Mapping[str, Any]]:
-    if value is None:
-        raise ImportFormatError(path, "missing field 'history'", where)
-    if isinstance(value, str):
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
-            raise ImportFormatError(
-                path, f"'history' is not a Python literal ({type(exc).__name__})", where
-            ) from None
-    if not isinstance(value, list):
-        raise ImportFormatError(path, f"'history' should be a list, got {describe(value)}", where)
+    value = literal_list(path, value, where)
     if not value:
         raise ImportFormatError(path, "'history' is empty", where)
     for j, turn in enumerate(value):
