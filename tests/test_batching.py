@@ -10,6 +10,9 @@ from tracegym.training.model import tiny_model
 from tracegym.training.rollout import ChatEncoder, Session, rollout, rollout_batched
 from tracegym.training.toy import press_env
 
+# Trains or runs real models: out of the quick loop (`pytest -m "not slow"`).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def policy():

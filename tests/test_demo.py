@@ -36,6 +36,9 @@ from tracegym.testing import capture
 from tracegym.training import adapters
 from tracegym.training.rollout import format_call
 
+# Trains or runs real models: out of the quick loop (`pytest -m "not slow"`).
+pytestmark = pytest.mark.slow
+
 
 # The shop ----------------------------------------------------------------------------------------
 def test_tasks_are_seeded_and_every_kind_occurs():

@@ -23,6 +23,9 @@ from tracegym.training.nightly import (
 from tracegym.training.router import HashEmbedder as FakeEmbedder
 from tracegym.training.toy import press_env
 
+# Trains or runs real models: out of the quick loop (`pytest -m "not slow"`).
+pytestmark = pytest.mark.slow
+
 DATE = "2026-01-02"
 VOLATILE = {"seconds", "finished_at", "created_at", "tokens_per_second", "since"}
 

@@ -26,6 +26,9 @@ from tracegym.training.sft import (
 )
 from tracegym.training.toy import press_env
 
+# Trains or runs real models: out of the quick loop (`pytest -m "not slow"`).
+pytestmark = pytest.mark.slow
+
 HELDOUT = range(1_000_000, 1_000_020)
 
 

@@ -12,6 +12,9 @@ pytest.importorskip("peft")
 
 from tracegym.training.router import Router, apply_weights, routing_accuracy  # noqa: E402
 
+# Trains or runs real models: out of the quick loop (`pytest -m "not slow"`).
+pytestmark = pytest.mark.slow
+
 
 class FakeEmbedder:
     """Bag of words hashed into 64 dimensions, unit length: fast and deterministic."""
