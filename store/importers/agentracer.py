@@ -25,11 +25,8 @@ from typing import Any
 
 from tracegym.store.importers import ImportFormatError, load_json
 from tracegym.store.importers.chat import (
-    MESSAGE_INDEX,
-    MESSAGE_ROLE,
     Run,
     as_text,
-    boundaries,
     check_no_labels,
     content_text,
     describe,
@@ -40,11 +37,11 @@ from tracegym.store.importers.chat import (
     source_attrs,
     synthetic_start,
 )
+from tracegym.store.importers.whowhen import add_turns, finish_labelled, success_of
 from tracegym.tracer import semconv as sc
 
 FORMAT = "agentracer"
 TEAM = "MetaGPT"
-_OUTCOME_FIELDS = ("is_correct", "is_corrected")
 
 
 def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict[str, Any]]:
@@ -65,7 +62,7 @@ def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict
         if "question" not in item:
             raise ImportFormatError(path, f"missing field 'question'{hint(item)}", where)
         history = _history(path, item.get("history"), where)
-        success = _success(path, item, where)
+        success = success_of(path, item, where)
         records += guarded(path, where, _run, item, history, success, seen)
     return records
 
@@ -82,25 +79,6 @@ def _history(path: Path, value: Any, where: str) -> list[Mapping[str, Any]]:
     return value
 
 
-def _success(path: Path, item: Mapping[str, Any], where: str) -> bool:
-    for name in _OUTCOME_FIELDS:
-        value = item.get(name)
-        if value is not None:
-            if not isinstance(value, bool):
-                raise ImportFormatError(path, f"{name} should be true or false", where)
-            return value
-    return False  # TracerTraj holds failed runs only
-
-
-def _mistake_index(value: Any, steps: int) -> int | None:
-    """The 0-based history index `mistake_step` names (the source writes it as text)."""
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value.strip())
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < steps:
-        return value
-    return None
-
-
 def _run(
     item: Mapping[str, Any],
     history: list[Mapping[str, Any]],
@@ -111,25 +89,7 @@ def _run(
     question_id = item.get("question_ID")
     run = Run(FORMAT, key, f"{FORMAT}/{question_id or 'run'}/{key[:8]}", TEAM)
     start = synthetic_start(key)
-    times = boundaries(len(history), start)
-    for j, entry in enumerate(history):
-        role = entry.get("role")
-        name = entry.get("name") or role or "unknown"
-        own = entry.get("step")
-        run.add(
-            ("history", j),
-            f"{sc.OP_AGENT} {name}",
-            times[j],
-            times[j + 1],
-            {
-                sc.OPERATION: sc.OP_AGENT,
-                sc.AGENT_NAME: str(name),
-                sc.STEP_INDEX: j,
-                MESSAGE_INDEX: own if isinstance(own, int) and not isinstance(own, bool) else None,
-                MESSAGE_ROLE: as_text(role),
-                sc.OUTPUT: content_text(entry.get("content")),
-            },
-        )
+    times = add_turns(run, history, start)
     run.root(
         start,
         times[len(history)],
@@ -139,32 +99,4 @@ def _run(
             **source_attrs(question_id=question_id),
         },
     )
-    step = _mistake_index(item.get("mistake_step"), len(history))
-    labels: dict[str, Any] = {
-        "mistake_agent": item.get("mistake_agent"),
-        "mistake_step": item.get("mistake_step"),
-        "mistake_step_index": step,
-        "mistake_reason": item.get("mistake_reason"),
-        "ground_truth": item.get("ground_truth"),
-    }
-    has_labels = any(labels[k] is not None for k in ("mistake_agent", "mistake_step"))
-    if step is not None:
-        run.mark_failures(
-            [
-                {
-                    "failure_id": 1,
-                    "step_index": step,
-                    "failed_agent": item.get("mistake_agent"),
-                    "step_reason": item.get("mistake_reason"),
-                    "root_cause": True,
-                }
-            ]
-        )
-    run.outcome(
-        success=success,
-        reward=None,
-        source=FORMAT,
-        labels=labels if has_labels else None,
-        labelled=has_labels,
-    )
-    return run.records
+    return finish_labelled(run, item, len(history), success, FORMAT)

@@ -25,6 +25,7 @@ from typing import Any
 
 from tracegym.store.importers import ImportFormatError, load_json
 from tracegym.store.importers.chat import (
+    MESSAGE_INDEX,
     MESSAGE_ROLE,
     Run,
     as_text,
@@ -66,16 +67,22 @@ def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict
             raise ImportFormatError(path, "missing field 'content'", record=f"history {j}")
     if "question" not in doc:
         raise ImportFormatError(path, "missing field 'question'", record="run")
-    field = next((f for f in OUTCOME_FIELDS if doc.get(f) is not None), OUTCOME_FIELDS[0])
-    correct = doc.get(field)
-    if correct is not None and not isinstance(correct, bool):
-        raise ImportFormatError(path, f"{field} should be true or false", record="run")
-    if correct is None:
-        correct = False  # a Who&When log is a failure by construction
+    correct = success_of(path, doc, "run")
     return guarded(path, "run", _run, doc, history, correct, path.stem)
 
 
-def _mistake_index(value: Any, steps: int) -> int | None:
+def success_of(path: Path, doc: Mapping[str, Any], where: str) -> bool:
+    """`is_correct`, else `is_corrected`; a failure when neither says (failure logs are failures
+    by construction: Who&When's, AgenTracer's)."""
+    field = next((f for f in OUTCOME_FIELDS if doc.get(f) is not None), None)
+    if field is None:
+        return False
+    if not isinstance(doc[field], bool):
+        raise ImportFormatError(path, f"{field} should be true or false", record=where)
+    return doc[field]
+
+
+def mistake_index(value: Any, steps: int) -> int | None:
     """The 0-based history index `mistake_step` names (the source writes it as text)."""
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         value = int(value.strip())
@@ -99,23 +106,7 @@ def _run(
     question_id = doc.get("question_ID")
     run = Run("whowhen", key, f"whowhen/{question_id or 'run'}/{key[:8]}", _system(history))
     start = synthetic_start(key)
-    times = boundaries(len(history), start)
-    for j, entry in enumerate(history):
-        role = entry.get("role")
-        name = entry.get("name") or role or "unknown"
-        run.add(
-            ("history", j),
-            f"{sc.OP_AGENT} {name}",
-            times[j],
-            times[j + 1],
-            {
-                sc.OPERATION: sc.OP_AGENT,
-                sc.AGENT_NAME: str(name),
-                sc.STEP_INDEX: j,
-                MESSAGE_ROLE: as_text(role),
-                sc.OUTPUT: content_text(entry.get("content")),
-            },
-        )
+    times = add_turns(run, history, start)
     final = content_text(history[-1].get("content")) if history else None
     run.root(
         start,
@@ -131,7 +122,39 @@ def _run(
             ),
         },
     )
-    step = _mistake_index(doc.get("mistake_step"), len(history))
+    return finish_labelled(run, doc, len(history), correct, "whowhen")
+
+
+def add_turns(run: Run, history: list[Mapping[str, Any]], start: int) -> list[int]:
+    """History entry `j` -> an `invoke_agent {name}` span at step index `j` (with the entry's
+    own `step` as message index where it has one); returns the turns' time boundaries."""
+    times = boundaries(len(history), start)
+    for j, entry in enumerate(history):
+        role = entry.get("role")
+        name = entry.get("name") or role or "unknown"
+        own = entry.get("step")
+        run.add(
+            ("history", j),
+            f"{sc.OP_AGENT} {name}",
+            times[j],
+            times[j + 1],
+            {
+                sc.OPERATION: sc.OP_AGENT,
+                sc.AGENT_NAME: str(name),
+                sc.STEP_INDEX: j,
+                MESSAGE_INDEX: own if isinstance(own, int) and not isinstance(own, bool) else None,
+                MESSAGE_ROLE: as_text(role),
+                sc.OUTPUT: content_text(entry.get("content")),
+            },
+        )
+    return times
+
+
+def finish_labelled(
+    run: Run, doc: Mapping[str, Any], steps: int, success: bool, source: str
+) -> list[dict[str, Any]]:
+    """The run's outcome with its Who&When-style labels, the labelled step's span marked."""
+    step = mistake_index(doc.get("mistake_step"), steps)
     labels: dict[str, Any] = {
         "mistake_agent": doc.get("mistake_agent"),
         "mistake_step": doc.get("mistake_step"),
@@ -143,22 +166,19 @@ def _run(
         labels["category"] = doc["labels"]
     has_labels = any(labels[k] is not None for k in ("mistake_agent", "mistake_step"))
     if step is not None:
-        run.mark_failures(
-            [
-                {
-                    "failure_id": 1,
-                    "step_index": step,
-                    "failed_agent": doc.get("mistake_agent"),
-                    "step_reason": doc.get("mistake_reason"),
-                    "failure_category": doc.get("labels"),
-                    "root_cause": True,
-                }
-            ]
-        )
-    run.outcome(  # every file has one: its own, else a failure
-        success=correct,
+        failure = {
+            "failure_id": 1,
+            "step_index": step,
+            "failed_agent": doc.get("mistake_agent"),
+            "step_reason": doc.get("mistake_reason"),
+            "failure_category": doc.get("labels"),
+            "root_cause": True,
+        }
+        run.mark_failures([failure])
+    run.outcome(  # every log has one: its own, else a failure
+        success=success,
         reward=None,
-        source="whowhen",
+        source=source,
         labels=labels if has_labels else None,
         labelled=has_labels,
     )
