@@ -108,26 +108,9 @@ def test_a_converter_that_recurses_too_deep_is_a_format_error(
 # analyze --where --------------------------------------------------------------------------------
 def _store(home: Path) -> Path:
     """40 runs of one tool: those whose payment is declined fail."""
-    from tracegym.store.records import outcome_record, span_record, write_spool_file
+    from tracegym.tests.fixtures.declined_store import write_declined_store
 
-    records = []
-    for i in range(40):
-        trace, failed = f"{i + 1:032x}", i % 2 == 0
-        base = 1_764_460_800_000_000_000 + i * 10**9
-        records.append(span_record(
-            trace_id=trace, span_id=f"{i + 1:016x}", name="invoke_agent a", start_ns=base,
-            end_ns=base + 10, attributes={"gen_ai.operation.name": "invoke_agent"},
-        ))  # fmt: skip
-        records.append(span_record(
-            trace_id=trace, span_id=f"{i + 1001:016x}", parent_span_id=f"{i + 1:016x}",
-            name="execute_tool pay", start_ns=base + 1, end_ns=base + 5,
-            status="ERROR" if failed else "UNSET",
-            attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "pay",
-                        **({"error.type": "Declined"} if failed else {})},
-        ))  # fmt: skip
-        records.append(outcome_record(trace, time_ns=base + 20, success=not failed))
-    write_spool_file(home, records, "population")
-    return home
+    return write_declined_store(home)
 
 
 @pytest.mark.slow
