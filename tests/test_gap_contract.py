@@ -4,12 +4,10 @@ show the same member runs as gaps.json; the view is empty and typed without a ga
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("duckdb")
@@ -17,25 +15,11 @@ pytest.importorskip("sklearn")
 
 from rich.console import Console
 from tracegym.analysis.commands import render_gaps
-from tracegym.analysis.embeddings import Embedder
 from tracegym.analysis.gap import Gap, GapError, GapMember, GapRequest, Symptom
 from tracegym.analysis.pipeline import analyze
 from tracegym.store.store import Store
+from tracegym.tests.fixtures.hash_embedder import HashEmbedder
 from tracegym.tests.fixtures.seat_agent import write_seat_agent
-
-
-class HashEmbedder(Embedder):
-    """Deterministic vectors from a hash of the text: no model to load."""
-
-    def _load_model(self):
-        class Model:
-            def encode(self, texts, **_):
-                raw = [np.frombuffer(hashlib.sha256(t.encode()).digest()[:16], dtype=np.uint8)
-                       for t in texts]  # fmt: skip
-                vectors = np.array(raw, dtype=np.float32)
-                return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-
-        return Model()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ other candidate, and no network without the options."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import socket
@@ -16,12 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 pytest.importorskip("duckdb")
 
-from tracegym.analysis.embeddings import Embedder
 from tracegym.analysis.gaps import Thresholds, rates, stability
 from tracegym.analysis.judge import (
     JUDGE,
@@ -37,6 +34,7 @@ from tracegym.analysis.judge import (
     summarize,
 )
 from tracegym.analysis.runs import Run, Step
+from tracegym.tests.fixtures.hash_embedder import HashEmbedder
 from tracegym.tracer import semconv as sc
 
 Answer = Callable[[dict[str, Any]], tuple[int, str]]  # request body -> (status, reply body)
@@ -307,20 +305,6 @@ class _Crashing:
 def test_a_crashing_user_judge_skips_runs():
     judged = judge_runs(_Crashing(), [_run("t1", False, "r")])
     assert judged.skipped == {"t1": "RuntimeError: a bug in the judge"}
-
-
-class HashEmbedder(Embedder):
-    """Deterministic vectors from a hash of the text: no model to load."""
-
-    def _load_model(self):
-        class Model:
-            def encode(self, texts, **_):
-                raw = [np.frombuffer(hashlib.sha256(t.encode()).digest()[:16], dtype=np.uint8)
-                       for t in texts]  # fmt: skip
-                vectors = np.array(raw, dtype=np.float32)
-                return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-
-        return Model()
 
 
 def _seat_answer(labelled: set[str], noisy: set[str]) -> Answer:
