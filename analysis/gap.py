@@ -113,6 +113,83 @@ class Symptom:
                    str(data.get("why") or ""))  # fmt: skip
 
 
+@dataclass(frozen=True)
+class MinedRule:
+    """A rule a detector mined from the agent's own successful runs, which the gap's failed runs
+    break. Synthesis enforces exactly these and nothing invented (docs/gaps.md):
+
+    - ``precondition`` (forbidden_action): `tool` is never called on a record `read_tool` showed
+      with `path` in `values` (or above `above` / below `below`);
+    - ``trigger`` (missed_action): after `read_tool` shows `path` = `values[0]`, `tool` is called;
+    - ``amount`` (wrong_amount): `argument` of `tool` follows from numbers the run saw;
+    - ``list`` (wrong_list): `argument` of `tool` holds the `relation` (equal | subset | named) to
+      what the run looked up or the user named.
+
+    `support` counts the successful records or calls the rule held on, `abstained` the records
+    successful runs left alone in the forbidden state, `confidence` the share of successful cases
+    it held on, `failed_runs` the gap's members that break it, `evidence_runs` (some of) the
+    successful trace ids it was mined from.
+    """
+
+    detector: str
+    kind: str  # precondition | trigger | amount | list
+    tool: str
+    statement: str  # one sentence a person can check
+    read_tool: str | None = None
+    path: str | None = None
+    values: tuple[str, ...] = ()
+    above: float | None = None
+    below: float | None = None
+    argument: str | None = None
+    relation: str | None = None
+    support: int = 0
+    abstained: int = 0
+    confidence: float | None = None
+    failed_runs: int = 0
+    evidence_runs: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"detector": self.detector, "kind": self.kind, "tool": self.tool,
+                "statement": self.statement, "read_tool": self.read_tool, "path": self.path,
+                "values": list(self.values), "above": self.above, "below": self.below,
+                "argument": self.argument, "relation": self.relation, "support": self.support,
+                "abstained": self.abstained, "confidence": self.confidence,
+                "failed_runs": self.failed_runs,
+                "evidence_runs": list(self.evidence_runs)}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MinedRule:
+        if not isinstance(data, Mapping):
+            raise GapError(f"a rule must be an object, got {type(data).__name__}")
+        if not data.get("tool") or not data.get("kind"):
+            raise GapError("a rule needs a 'kind' and a 'tool'")
+
+        def number(name: str) -> float | None:
+            value = data.get(name)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            return float(value) if ok else None
+
+        confidence = number("confidence")
+        return cls(
+            detector=str(data.get("detector") or ""), kind=str(data["kind"]),
+            tool=str(data["tool"]), statement=str(data.get("statement") or ""),
+            read_tool=str(data["read_tool"]) if data.get("read_tool") else None,
+            path=str(data["path"]) if data.get("path") else None,
+            values=_strings(data.get("values"), "values"), above=number("above"),
+            below=number("below"),
+            argument=str(data["argument"]) if data.get("argument") else None,
+            relation=str(data["relation"]) if data.get("relation") else None,
+            support=_int(data.get("support")) or 0, abstained=_int(data.get("abstained")) or 0,
+            confidence=confidence, failed_runs=_int(data.get("failed_runs")) or 0,
+            evidence_runs=_strings(data.get("evidence_runs"), "evidence_runs"),
+        )  # fmt: skip
+
+    def identity(self) -> tuple[Any, ...]:
+        """Two findings state the same rule when these agree (their counts may differ)."""
+        return (self.detector, self.kind, self.tool, self.read_tool, self.path, self.values,
+                self.above, self.below, self.argument, self.relation)  # fmt: skip
+
+
 def derive_detector(key: str, kind: str, signatures: Sequence[str]) -> str | None:
     """The detector behind a record that does not name one: the key's `<detector>:` prefix
     (`detector:<name>` for a whole kind), else the most frequent detector heading its failure
@@ -154,6 +231,9 @@ class Gap:
     successful_behaviour: str = ""
     signatures: tuple[str, ...] = ()
     symptoms: tuple[Symptom, ...] = ()
+    # the mined rules its failed runs break (forbidden_action, missed_action, wrong_amount,
+    # wrong_list): what synthesis may enforce; empty for the other detectors
+    rules: tuple[MinedRule, ...] = ()
     # when the contrast within the failed runs' kinds of request kept it (analysis.gaps.
     # like_with_like): {"kinds", "failed", "succeeded", "delta", "stability"}
     within_kind: Mapping[str, Any] | None = None
@@ -196,6 +276,7 @@ class Gap:
             "successful_behaviour": self.successful_behaviour,
             "signatures": list(self.signatures),
             "symptoms": [s.to_dict() for s in self.symptoms],
+            "rules": [r.to_dict() for r in self.rules],
             "within_kind": dict(self.within_kind) if self.within_kind else None,
             "confined": self.confined,
             **dict(self.extra),
@@ -249,6 +330,9 @@ class Gap:
             symptoms=tuple(
                 Symptom.from_dict(s) for s in data.get("symptoms") or [] if isinstance(s, Mapping)
             ),
+            rules=tuple(
+                MinedRule.from_dict(r) for r in data.get("rules") or [] if isinstance(r, Mapping)
+            ),
             within_kind=dict(within)
             if isinstance(within := data.get("within_kind"), Mapping)
             else None,
@@ -269,5 +353,5 @@ def as_gap(gap: Gap | Mapping[str, Any]) -> Gap:
     return gap if isinstance(gap, Gap) else Gap.from_dict(gap)
 
 
-__all__ = ["EXAMPLES", "KINDS", "Gap", "GapError", "GapMember", "GapRequest", "Symptom",
-           "as_gap", "derive_detector"]  # fmt: skip
+__all__ = ["EXAMPLES", "KINDS", "Gap", "GapError", "GapMember", "GapRequest", "MinedRule",
+           "Symptom", "as_gap", "derive_detector"]  # fmt: skip

@@ -19,7 +19,7 @@ import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from tracegym.analysis.detector_names import (
     is_symptom,
 )
 from tracegym.analysis.detectors.base import Finding
-from tracegym.analysis.gap import Gap, GapMember, GapRequest, Symptom
+from tracegym.analysis.gap import Gap, GapError, GapMember, GapRequest, MinedRule, Symptom
 from tracegym.analysis.request_kinds import RequestKinds
 from tracegym.analysis.runs import Run
 from tracegym.analysis.signatures import mask
@@ -703,9 +703,28 @@ def describe(s: Scored, name: str, runs: Mapping[str, Run], successes: Sequence[
         successful_behaviour=instead,
         signatures=tuple(c.signatures[:3]),
         symptoms=tuple(symptoms),
+        rules=mined_rules(first, {m.trace_id for m in listed}),
         within_kind=dict(within) if within else None,
         confined=s.confined,
     )
+
+
+def mined_rules(findings: Sequence[Finding], members: set[str]) -> tuple[MinedRule, ...]:
+    """The distinct rules the findings of the gap's member runs break (a detector that mines
+    rules puts `MinedRule.to_dict()` in `Finding.details["mined_rule"]`), each with the number of
+    member runs breaking it, most broken first."""
+    rules: dict[tuple[Any, ...], tuple[MinedRule, set[str]]] = {}
+    for f in findings:
+        data = f.details.get("mined_rule")
+        if f.trace_id not in members or not isinstance(data, Mapping):
+            continue
+        try:
+            rule = MinedRule.from_dict(data)
+        except GapError:
+            continue
+        rules.setdefault(rule.identity(), (rule, set()))[1].add(f.trace_id)
+    ordered = sorted(rules.values(), key=lambda item: (-len(item[1]), item[0].statement))
+    return tuple(replace(rule, failed_runs=len(runs)) for rule, runs in ordered)
 
 
 def gap_id(key: str) -> str:

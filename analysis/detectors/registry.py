@@ -6,12 +6,19 @@
     findings = [f for run in runs for d in detectors for f in d.detect(run)]
 
 A user's own detector is any `Detector` subclass; pass it alongside (or instead of) these.
+A new built-in is a module of this package defining a `Detector` subclass with a `name`: it is
+found by `discover` and runs after the ones listed here (whose order is fixed: ties in gap
+ranking follow it), so adding one edits no other file.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pkgutil
 from typing import Any
 
+import tracegym.analysis.detectors as _package
 from tracegym.analysis.detectors.amounts import WrongAmount
 from tracegym.analysis.detectors.base import Detector
 from tracegym.analysis.detectors.budget import BudgetWaste
@@ -27,24 +34,45 @@ from tracegym.analysis.detectors.ungrounded import UngroundedArgument
 from tracegym.analysis.detectors.unserved import UnservedRequest
 from tracegym.analysis.detectors.vocabulary import UnknownValue
 
-DETECTORS: dict[str, type[Detector]] = {
-    cls.name: cls
-    for cls in (
-        UngroundedArgument,
-        WrongToolOrder,
-        PoisonedMemory,
-        BudgetWaste,
-        InvalidInvocation,
-        PrematureFinish,
-        UnservedRequest,
-        ForbiddenAction,
-        MissedAction,
-        WrongAmount,
-        WrongListArgument,
-        UnknownValue,
-        MissedRequest,
-    )
-}
+_ORDERED: tuple[type[Detector], ...] = (
+    UngroundedArgument,
+    WrongToolOrder,
+    PoisonedMemory,
+    BudgetWaste,
+    InvalidInvocation,
+    PrematureFinish,
+    UnservedRequest,
+    ForbiddenAction,
+    MissedAction,
+    WrongAmount,
+    WrongListArgument,
+    UnknownValue,
+    MissedRequest,
+)
+_SHARED = {"base", "registry", "state"}  # modules of machinery, not detectors
+
+
+def discover() -> dict[str, type[Detector]]:
+    """The built-in detectors by name: the fixed list first, then any other `Detector` subclass
+    with a `name` defined in a module of this package (by module name)."""
+    found: dict[str, type[Detector]] = {cls.name: cls for cls in _ORDERED}
+    for info in sorted(pkgutil.iter_modules(_package.__path__), key=lambda m: m.name):
+        if info.name in _SHARED or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{_package.__name__}.{info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if (
+                issubclass(cls, Detector)
+                and cls.__module__ == module.__name__
+                and not inspect.isabstract(cls)
+                and cls.name
+                and cls.name not in found
+            ):
+                found[cls.name] = cls
+    return found
+
+
+DETECTORS: dict[str, type[Detector]] = discover()
 
 
 def default_detectors(**options: dict[str, Any]) -> list[Detector]:

@@ -1,0 +1,529 @@
+"""The chain machinery every record-based family shares: roles, world generation, oracle chains
+and instruction phrasing (`ChainEnvironment`). A family subclasses it in a module of its own in
+this package (see `synthesis/families/__init__.py`)."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracegym.analysis.gap import Gap
+from tracegym.synthesis.base import Action, Environment, Task
+from tracegym.synthesis.conventions import Conventions
+from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec
+from tracegym.synthesis.world import (
+    LABEL_NAMES,
+    NotSynthesizable,
+    Roles,
+    ToolWorld,
+    WorldBuilder,
+    get_all,
+    infer_roles,
+    path_tokens,
+    shape_at,
+    sibling_descriptor,
+    synthetic_status,
+)
+
+SYSTEM_PROMPT = (
+    "You are a customer-support agent. Use the tools to look records up and to act on them. "
+    "Never guess an id or a value: take it from the user's message or from a tool result. "
+    "Act only on what the user asked for. When you are done, give the user one short final "
+    "answer that names every record you handled and what happened to it."
+)
+
+
+def human(name: str) -> str:
+    """`payment_method_id` -> `payment method`, `item_ids` -> `items`."""
+    plural = bool(re.search(r"(_ids|Ids)$", name))
+    text = re.sub(r"(_ids?|Ids?|ID)$", "", name).replace("_", " ").strip() or name
+    return text + "s" if plural and not text.endswith("s") else text
+
+
+def with_article(noun: str) -> str:
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
+
+
+def join_and(items: list[str]) -> str:
+    items = list(items)
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+@dataclass
+class Ctx:
+    """One generated world and what the user wants done in it."""
+
+    rng: random.Random
+    state: dict[str, Any]
+    owner_id: str | None
+    attrs: dict[str, Any]
+    entities: list[str]
+    targets: list[str]
+    labels: dict[str, str]
+    calls: dict[str, dict[str, Any]]  # target -> the exact arguments of the action
+    phrases: dict[str, list[str]]  # target -> how the user describes the other arguments
+    needs_owner: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ChainEnvironment(Environment):
+    """Shared machinery: roles, world generation, oracle chains, instruction phrasing."""
+
+    family = "chain"
+    capability = ""
+    detectors: tuple[str, ...] = ()
+    needs_status = False
+    memory = False
+    strict_formats = False
+    mode = "id"  # how the user names the records: "id" or "label" (via their own identity)
+
+    def __init__(self, spec: EnvironmentSpec, **knobs: Any) -> None:
+        super().__init__(spec, **knobs)
+        self.catalog = spec.catalog
+        self.roles = Roles.from_dict(spec.roles)
+        wants_status = self.needs_status or int(self.knobs.get("refused", 0)) > 0
+        if wants_status and not self.roles.status:
+            self.roles.status = synthetic_status(self.roles)
+        self.world = ToolWorld(
+            self.catalog, self.roles, memory=self.memory, strict_formats=self.strict_formats
+        )
+        self.answer_tool, self.answer_arg = self.roles.answer_tool, self.roles.answer_arg
+        self.conventions = Conventions.from_dict(spec.extra.get("conventions"))
+        self._schemas = self._as_recorded(self.world.json_schemas())
+        self.action_schema = self.catalog.tools[self.roles.action]
+
+    def _as_recorded(self, schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The agent's own definitions (and order) for the tools it recorded them for."""
+        if not self.conventions.tools:
+            return schemas
+        order = {
+            str(t.get("function", t).get("name")): i for i, t in enumerate(self.conventions.tools)
+        }
+        out = [self.conventions.tool_definition(s["function"]["name"]) or s for s in schemas]
+        return sorted(out, key=lambda s: order.get(s["function"]["name"], len(order)))
+
+    # Environment hooks ---------------------------------------------------------------------
+    def fork_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The backend only replaces top-level fields of records, notes and counters, and
+        appends writes: copying those levels is enough (and much cheaper than a deep copy)."""
+        out = dict(state)
+        for key in ("entities", "owners"):
+            out[key] = {k: dict(v) for k, v in state[key].items()}
+        for key in ("memory", "_flaky", "_silent"):
+            out[key] = dict(state[key])
+        out["writes"] = list(state["writes"])
+        return out
+
+    def call_tool(self, state: dict[str, Any], name: str, arguments: Any) -> Any:
+        return self.world.call(state, name, arguments)
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return self._schemas
+
+    def default_knobs(self) -> dict[str, Any]:
+        return {"targets": 1, "distractors": 1, "slack": 6}
+
+    def levels(self) -> list[dict[str, Any]]:
+        base = {k: v for k, v in self.knobs.items()}
+        return [
+            {**base, "targets": t, "distractors": d}
+            for t, d in ((1, 0), (1, 1), (2, 1), (2, 2), (3, 2), (3, 3), (4, 4))
+        ]
+
+    # Spec construction ---------------------------------------------------------------------
+    @classmethod
+    def requirements(cls, roles: Roles, catalog: Catalog, gap: Gap) -> None:
+        """Raise NotSynthesizable when the roles cannot express this family's tasks."""
+        if roles.lookup is None:
+            raise NotSynthesizable(
+                f"no recorded read tool returns the record {roles.action} acts on "
+                f"(none takes {roles.id_arg}), so there is nothing to look up first"
+            )
+
+    @classmethod
+    def choose_action(cls, gap: Gap, catalog: Catalog) -> tuple[str, list[str], str]:
+        """The write tool the tasks ask for, other gap tools to keep callable, and a note on
+        the choice: the gap's own write tool when it fits, else the most used one that does."""
+        tools = [t for t in gap.tools if t in catalog.tools]
+        for pattern in gap.argument_patterns:
+            name = pattern.split("(", 1)[0].strip()
+            if name in catalog.tools and name not in tools:
+                tools.append(name)
+        writes = [t for t in tools if not catalog.tools[t].read and not is_answer(t)]
+        why = []
+        for name in writes:
+            try:
+                infer_roles(catalog, name)
+            except NotSynthesizable as exc:
+                why.append(str(exc))
+                continue
+            return name, tools, f"{name}: the gap's own write tool"
+        candidates = [t for t in catalog.tools.values() if not t.read and not is_answer(t.name)]
+        for tool in sorted(candidates, key=lambda t: (-t.calls, t.name)):
+            if tool.name in writes:
+                continue
+            try:
+                infer_roles(catalog, tool.name)
+            except NotSynthesizable as exc:
+                why.append(str(exc))
+                continue
+            reason = f" ({'; '.join(why)})" if why else ""
+            own = "no write tool of the gap fits" if writes else "the gap names no write tool"
+            return tool.name, tools, f"{tool.name}: the most used recorded write; {own}{reason}"
+        raise NotSynthesizable(
+            "no recorded write tool fits" + (f" ({'; '.join(why[:3])})" if why else "")
+        )
+
+    @classmethod
+    def build_spec(
+        cls, gap: Gap, catalog: Catalog, conventions: Conventions | None = None
+    ) -> EnvironmentSpec:
+        action, extra_tools, note = cls.choose_action(gap, catalog)
+        roles = infer_roles(catalog, action, extra_tools=extra_tools)
+        cls.requirements(roles, catalog, gap)
+        gap_id = gap.id
+        env_id = f"{cls.family}-{gap_id.removeprefix('gap-')}"
+        used = {
+            n
+            for n in (
+                roles.action,
+                roles.lookup,
+                roles.owner,
+                roles.finder,
+                roles.answer_tool,
+                *roles.others,
+            )
+            if n
+        }
+        spec = EnvironmentSpec(
+            env_id=env_id,
+            family=cls.family,
+            entry_point=f"{cls.__module__}:{cls.__name__}",
+            gap=gap.summary(),
+            catalog=catalog.subset(used),
+            roles=roles.to_dict(),
+            description=f"{cls.capability} Action: {action}; lookup: {roles.lookup}"
+            + (f"; owner: {roles.owner}" if roles.owner else "")
+            + (f"; finder: {roles.finder}" if roles.finder else "")
+            + ".",
+            extra={"action_choice": note},
+        )
+        if conventions is not None and conventions.runs:
+            spec.extra["conventions"] = conventions.to_dict()
+        spec.knobs = cls(spec).knobs
+        return spec
+
+    # World generation ----------------------------------------------------------------------
+    def world_ctx(
+        self,
+        seed: int,
+        *,
+        n_targets: int,
+        n_entities: int,
+        refused: int = 0,
+        user_extras: bool = False,
+    ) -> Ctx:
+        """Owner, entities and the target calls for one task."""
+        rng = random.Random(f"{self.family}:{seed}")
+        r = self.roles
+        mined = bool(r.status and r.status.get("mined"))
+        status = r.status if (self.needs_status or refused or mined) else None
+        builder = WorldBuilder(self.catalog, r, rng, status)
+        gen = builder.gen
+        owner_id, attrs = None, {}
+        if r.owner:
+            owner_id = builder.new_id(self.catalog.tools[r.owner].arguments.get(r.owner_arg))
+            finder = self.catalog.tools.get(r.finder) if r.finder else None
+            if finder:
+                attrs = {a: gen.argument(finder.arguments[a]) for a in finder.required}
+            else:
+                attrs = {r.owner_arg: owner_id}
+        entities = [
+            builder.new_id(self.action_schema.arguments[r.id_arg]) for _ in range(n_entities)
+        ]
+        targets = entities[:n_targets]
+        refused_set = set(rng.sample(targets, min(refused, len(targets))))
+        extras = {} if user_extras else r.extras
+        # entity records, with the values the action's other arguments come from
+        records: dict[str, dict[str, Any]] = {}
+        for eid in entities:
+            plants = [
+                (
+                    src["path"],
+                    self._sibling_values(
+                        builder,
+                        self.action_schema.arguments[name],
+                        builder.lookup_shape,
+                        src["path"],
+                    ),
+                )
+                for name, src in extras.items()
+                if src["source"] in ("lookup", "record")
+            ]
+            value = None
+            if status:
+                refuse = eid in refused_set or (eid not in targets and rng.random() < 0.5)
+                value = rng.choice(status["refused"]) if refuse else status["allowed"][0]
+            records[eid] = builder.entity(eid, owner_id, value, plants)
+        # the owner's record, listing the entities (and e.g. its payment methods)
+        owners: dict[str, Any] = {}
+        needs_owner = False
+        if r.owner and owner_id is not None:
+            shape = self.catalog.tools[r.owner].result
+            record = builder.owner(owner_id, entities, records, attrs)
+            for name, src in extras.items():
+                if src["source"] == "owner":
+                    values = self._sibling_values(
+                        builder, self.action_schema.arguments[name], shape, src["path"]
+                    )
+                    record = builder.plant(record, src["path"], values, shape)
+                    needs_owner = True
+            owners[owner_id] = record
+        # what the user wants: exact arguments, and how the user describes them
+        calls: dict[str, dict[str, Any]] = {t: {r.id_arg: t} for t in targets}
+        phrases: dict[str, list[str]] = {t: [] for t in targets}
+        for t in targets:
+            for name, src in r.extras.items():
+                arg = self.action_schema.arguments[name]
+                if user_extras or src["source"] == "user":
+                    value = gen.argument(arg)
+                    calls[t][name] = value
+                    phrases[t].append(f"{human(name)}: {self._say(value)}")
+                    continue
+                where, record = (
+                    ("account", owners[owner_id])
+                    if src["source"] == "owner"
+                    else (r.entity_noun, records[t])
+                )
+                chosen = self._choose(rng, arg, get_all(record, path_tokens(src["path"])))
+                calls[t][name] = chosen
+                phrases[t].append(self._phrase(name, record, src["path"], chosen, where))
+        labels = {}
+        if r.label_path:
+            for eid in entities:
+                found = get_all(records[eid], path_tokens(r.label_path))
+                if found:
+                    labels[eid] = found[0]
+        state = {
+            "owners": owners,
+            "entities": records,
+            "memory": {},
+            "writes": [],
+            "_finder": {owner_id: attrs} if owner_id is not None else {},
+            "_flaky": {},
+            "_silent": {},
+            "_seed": seed,
+            "_status": status,
+            "_guard": bool(self.knobs.get("guard", False)),
+        }
+        return Ctx(
+            rng, state, owner_id, attrs, entities, targets, labels, calls, phrases, needs_owner
+        )
+
+    def _sibling_values(
+        self, builder: WorldBuilder, arg: ArgSchema, shape: Mapping[str, Any], path: str
+    ) -> list[Any]:
+        tokens = path_tokens(path)
+        fan = next((i for i, t in enumerate(tokens) if t in ("[*]", "{*}")), None)
+        count = 1
+        if fan is not None:
+            element = shape_at(shape, tokens[: fan + 1])
+            labelled = any(
+                k in LABEL_NAMES and v.get("type") == "string"
+                for k, v in element.get("properties", {}).items()
+            )
+            if labelled:
+                count = 2 + min(int(self.knobs.get("distractors", 1)), 2)
+            if arg.type == "array" and count < 2:
+                count = 2
+        make = (
+            (lambda: builder.new_id(arg))
+            if (arg.formats or arg.type == "string")
+            else (lambda: builder.gen.argument(arg))
+        )
+        return [make() for _ in range(count)]
+
+    @staticmethod
+    def _choose(rng: random.Random, arg: ArgSchema, values: list[Any]) -> Any:
+        if not values:
+            return [] if arg.type == "array" else None
+        if arg.type == "array":
+            k = 1 if len(values) < 3 else rng.randint(1, 2)
+            picked = rng.sample(values, k)
+            return [v for v in values if v in picked]
+        return rng.choice(values)
+
+    def _phrase(self, name: str, record: Any, path: str, chosen: Any, where: str) -> str:
+        values = chosen if isinstance(chosen, list) else [chosen]
+        descs = [sibling_descriptor(record, path, v) for v in values]
+        tokens = path_tokens(path)
+        fan = next((i for i, t in enumerate(tokens) if t in ("[*]", "{*}")), None)
+        siblings = len(get_all(record, tokens[: fan + 1])) if fan is not None else 1
+        if siblings > 1 and all(descs):
+            return f"{human(name)}: {join_and(descs)}"  # type: ignore[arg-type]
+        if siblings == 1 or fan is None:
+            return f"{human(name)}: the one on the {where}'s record"
+        return f"{human(name)}: {self._say(chosen)}"
+
+    @staticmethod
+    def _say(value: Any) -> str:
+        if isinstance(value, list):
+            return join_and([str(v) for v in value])
+        return str(value)
+
+    # Phrasing and oracle helpers -----------------------------------------------------------
+    def identity(self, ctx: Ctx) -> str:
+        if not ctx.attrs:
+            return ""
+        parts = [f"{human(k)} {v}" for k, v in ctx.attrs.items()]
+        return f"I'm the customer with {join_and(parts)}. "
+
+    def request(
+        self, ctx: Ctx, targets: list[str], how: str = "id", ids: Mapping[str, str] | None = None
+    ) -> str:
+        verb = human(self.roles.action)
+        noun = self.roles.entity_noun
+        # "refund order" + "order ORD-1" -> "refund order ORD-1"; else "... for order ORD-1"
+        joined = verb.endswith(noun)
+        out = []
+        for i, t in enumerate(targets):
+            if how == "label":
+                what = f"my {noun} with the {ctx.labels[t]}"
+            else:
+                what = f"{noun} {(ids or {}).get(t, t)}"
+            if joined and i == 0 and how != "label":
+                what = what[len(noun) + 1 :]
+            extra = f" ({'; '.join(ctx.phrases[t])})" if ctx.phrases[t] else ""
+            out.append(f"{what}{extra}")
+        if joined and how != "label":
+            return f"Please {verb} {join_and(out)}."
+        return f"Please {verb} for {join_and(out)}."
+
+    def lookup_call(self, eid: str) -> Action:
+        return {"name": self.roles.lookup, "arguments": {self.roles.lookup_arg: eid}}
+
+    def action_call(self, ctx: Ctx, eid: str) -> Action:
+        return {"name": self.roles.action, "arguments": dict(ctx.calls[eid])}
+
+    def owner_chain(self, ctx: Ctx) -> list[Action]:
+        r = self.roles
+        chain: list[Action] = []
+        if r.finder:
+            chain.append({"name": r.finder, "arguments": dict(ctx.attrs)})
+        if r.owner:
+            chain.append({"name": r.owner, "arguments": {r.owner_arg: ctx.owner_id}})
+        return chain
+
+    def status_of(self, ctx: Ctx, eid: str) -> Any:
+        status = ctx.state["_status"]
+        return ctx.state["entities"][eid].get(status["field"]) if status else None
+
+    def allowed(self, ctx: Ctx, eid: str) -> bool:
+        status = ctx.state["_status"]
+        return status is None or self.status_of(ctx, eid) in status["allowed"]
+
+    def answer(self, ctx: Ctx, done: list[str], refused: list[str]) -> str:
+        noun = self.roles.entity_noun
+        status = ctx.state["_status"]
+        parts = []
+        for t in done:
+            after = f" (status now {status['after']})" if status else ""
+            parts.append(f"{human(self.roles.action)} done for {noun} {t}{after}")
+        for t in refused:
+            parts.append(f"{noun} {t} was left unchanged: its status is {self.status_of(ctx, t)}")
+        return "; ".join(parts) + "."
+
+    def build_task(
+        self,
+        seed: int,
+        ctx: Ctx,
+        instruction: str,
+        goal: dict[str, Any],
+        oracle: list[Action],
+        max_steps: int | None = None,
+        prompt: str = "",
+    ) -> Task:
+        instruction, goal, oracle, added = self.follow_conventions(ctx, instruction, goal, oracle)
+        calls = sum(1 for a in oracle if "name" in a)
+        if max_steps is not None:
+            max_steps += added
+        steps = max_steps if max_steps is not None else calls + int(self.knobs.get("slack", 6))
+        system = self.conventions.system_prompt or SYSTEM_PROMPT
+        system += " " + prompt if prompt else ""
+        if self.answer_tool:
+            system += f" Give the final answer by calling {self.answer_tool}."
+        return Task(
+            seed=seed,
+            instruction=instruction,
+            state=ctx.state,
+            goal=goal,
+            oracle=oracle,
+            max_steps=steps,
+            system_prompt=system,
+            meta={"targets": ctx.targets, "knobs": dict(self.knobs)},
+        )
+
+    def follow_conventions(
+        self, ctx: Ctx, instruction: str, goal: dict[str, Any], oracle: list[Action]
+    ) -> tuple[str, dict[str, Any], list[Action], int]:
+        """The task as the agent's successful runs would do it: its opening calls first (the user
+        says who they are), and the read it makes before each write on the same record. Returns
+        the instruction, goal and oracle, and how many calls were added."""
+        conv = self.conventions
+        oracle = list(oracle)
+        added = 0
+        r = self.roles
+        chain = {c["name"]: c for c in self.owner_chain(ctx)}
+        opening: list[Action] = []
+        for name in conv.opening:  # the part of the agent's opening this world can answer
+            if name not in chain:
+                break
+            opening.append(dict(chain[name]))
+        if opening:
+            names = [c["name"] for c in opening]
+            if [a.get("name") for a in oracle[: len(opening)]] != names:
+                oracle = opening + oracle
+                added += len(opening)
+            said = self.identity(ctx)
+            if said and not all(str(v) in instruction for v in ctx.attrs.values()):
+                instruction = said + instruction
+            goal = {**goal, "opening": names}
+        lookup = conv.lookups.get(r.action)
+        if lookup and lookup == r.lookup:
+            out: list[Action] = []
+            order = list(goal.get("order", []))
+            for action in oracle:
+                eid = (action.get("arguments") or {}).get(r.id_arg)
+                if action.get("name") == r.action and isinstance(eid, str):
+                    read = self.lookup_call(eid)
+                    if not any(a.get("name") == lookup and a == read for a in out):
+                        out.append(read)
+                        added += 1
+                    pair = [read, {"name": r.action, "arguments": {r.id_arg: eid}}]
+                    if pair not in order:
+                        order.append(pair)
+                out.append(action)
+            oracle = out
+            goal = {**goal, "order": order}
+        return instruction, goal, oracle, added
+
+    def status_rule_text(self) -> str:
+        status = self.roles.status
+        if not status:
+            return ""
+        return (
+            f"Call {self.roles.action} only for {with_article(self.roles.entity_noun)} whose "
+            f"{status['field']} is {join_and(status['allowed'])}; otherwise leave it unchanged "
+            "and tell the user why."
+        )
+
+
+def is_answer(name: str) -> bool:
+    from tracegym.analysis.tool_kinds import is_answer_tool
+
+    return is_answer_tool(name)

@@ -1,0 +1,238 @@
+"""The `requested_action` family: call the tool the user asked for, in the users' own wording."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from tracegym.analysis import detector_names as dn
+from tracegym.analysis.gap import Gap
+from tracegym.analysis.tool_kinds import is_read_tool
+from tracegym.synthesis.base import Action, Environment, Task
+from tracegym.synthesis.conventions import Conventions
+from tracegym.synthesis.families.chain import (
+    SYSTEM_PROMPT,
+    human,
+    is_answer,
+    join_and,
+)
+from tracegym.synthesis.spec import Catalog, EnvironmentSpec, is_id_name
+from tracegym.synthesis.wording import Wording, WordingError, learn_wording
+from tracegym.synthesis.world import (
+    Gen,
+    NotSynthesizable,
+    ToolError,
+    canonical,
+    clone,
+)
+
+
+class RequestedActionEnv(Environment):
+    """Do what the user asks: find the user's record the way the agent always does, then call
+    the tool that performs the requested action, with ids from the record and values from the
+    request. For `unserved_request` gaps, where the agent never calls that tool at all.
+
+    Unlike the chain families it needs no recorded call of the action: the tool's definition
+    comes from the agent's conventions (`gen_ai.tool.definitions`), the wording of the request
+    from the users' own requests (`Gap.requests`, see `synthesis.wording`), the record from
+    the recorded result of the agent's opening call.
+    """
+
+    family = "requested_action"
+    capability = "Do what the user asked for: call the tool that performs it."
+    detectors = (dn.UNSERVED_REQUEST,)
+
+    def __init__(self, spec: EnvironmentSpec, **knobs: Any) -> None:
+        super().__init__(spec, **knobs)
+        extra = spec.extra["requested"]
+        self.catalog = spec.catalog
+        self.conventions = Conventions.from_dict(spec.extra.get("conventions"))
+        self.action: str = extra["action"]
+        self.action_def: dict[str, Any] = extra["definition"]
+        self.opening: str = extra["opening"]
+        self.key_arg: str = extra["key_arg"]
+        self.record_args: list[str] = extra["record_args"]
+        self.user_args: list[str] = extra["user_args"]
+        self.wording = Wording.from_dict(extra["wording"])
+        self._arguments: dict[str, set[str]] | None = None
+
+    def default_knobs(self) -> dict[str, Any]:
+        return {"slack": 4}
+
+    # Spec construction ---------------------------------------------------------------------
+    @classmethod
+    def build_spec(
+        cls, gap: Gap, catalog: Catalog, conventions: Conventions | None = None
+    ) -> EnvironmentSpec:
+        conv = conventions or Conventions()
+        key = gap.key
+        if not key.startswith(f"{dn.UNSERVED_REQUEST}:"):
+            raise NotSynthesizable(
+                "the gap is not about one tool (its per-tool unserved_request gaps are)"
+            )
+        action = key.split(":", 1)[1]
+        if is_read_tool(action) or is_answer(action):
+            raise NotSynthesizable(f"{action} is not a write tool the user asked for")
+        if conv.lookups.get(action):
+            raise NotSynthesizable(
+                f"{action} acts on a record the agent looks up first ({conv.lookups[action]}); "
+                "this family covers actions on the user's own record (the chain families cover "
+                "the rest)"
+            )
+        definition = conv.tool_definition(action) or (
+            catalog.tools[action].json_schema() if action in catalog.tools else None
+        )
+        if definition is None:
+            raise NotSynthesizable(f"{action}'s definition is unknown (not recorded, never called)")
+        params = definition.get("function", definition).get("parameters") or {}
+        required = list(params.get("required") or list(params.get("properties") or {}))
+        requests = gap.requests
+        firsts = Counter(r.first_call.get("tool") for r in requests if r.first_call)
+        opening = conv.opening[0] if conv.opening else (firsts.most_common(1) or [(None, 0)])[0][0]
+        if not opening or opening not in catalog.tools:
+            raise NotSynthesizable(
+                "no recorded opening call finds the user's record (nothing to take ids from)"
+            )
+        opening_schema = catalog.tools[opening]
+        if len(opening_schema.required) != 1:
+            raise NotSynthesizable(f"{opening} does not take exactly one key argument")
+        key_arg = opening_schema.required[0]
+        shape = opening_schema.result
+        fields = shape.get("properties", {}) if shape.get("type") == "object" else {}
+        record_args = [a for a in required if a in fields]
+        user_args = [a for a in required if a not in fields]
+        looked_up = [
+            (a, t.name)
+            for a in user_args
+            if is_id_name(a)
+            for t in catalog.tools.values()
+            if t.read and a in t.required and t.name != opening
+        ]
+        if looked_up:
+            arg, read = looked_up[0]
+            raise NotSynthesizable(
+                f"{action} acts on a record the user names ({arg}) and {read} looks up: this "
+                "family covers actions on the user's own record (the chain families cover the "
+                "rest)"
+            )
+        said = []
+        for r in requests:
+            call = r.first_call or {}
+            value = (
+                (call.get("arguments") or {}).get(key_arg) if call.get("tool") == opening else None
+            )
+            said.append((r.text, value if isinstance(value, str) else None))
+        try:
+            wording = learn_wording(said)
+        except WordingError as exc:
+            raise NotSynthesizable(f"cannot learn how users ask for {action}: {exc}") from None
+        if "identity" not in wording.slots:
+            raise NotSynthesizable(f"the requests never state the {key_arg} {opening} needs")
+        if wording.value_slots != len(user_args):
+            raise NotSynthesizable(
+                f"the requests vary in {wording.value_slots} place(s) but {action} takes "
+                f"{len(user_args)} value(s) from the user ({', '.join(user_args) or 'none'})"
+            )
+        gap_id = gap.id
+        tools = [opening] + [t for t in catalog.tools if t != opening]
+        spec = EnvironmentSpec(
+            env_id=f"{cls.family}-{gap_id.removeprefix('gap-')}",
+            family=cls.family,
+            entry_point=f"{cls.__module__}:{cls.__name__}",
+            gap=gap.summary(),
+            catalog=catalog.subset(tools),
+            roles={"action": action, "lookup": opening},
+            description=f"{cls.capability} Action: {action}; the record from {opening}.",
+            extra={
+                "requested": {
+                    "action": action,
+                    "definition": definition,
+                    "opening": opening,
+                    "key_arg": key_arg,
+                    "record_args": record_args,
+                    "user_args": user_args,
+                    "wording": wording.to_dict(),
+                },
+            },
+        )
+        if conv.runs:
+            spec.extra["conventions"] = conv.to_dict()
+        spec.knobs = cls(spec).knobs
+        return spec
+
+    # Environment hooks ---------------------------------------------------------------------
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        if self.conventions.tools:
+            return [dict(t) for t in self.conventions.tools]
+        schemas = [t.json_schema() for t in self.catalog.tools.values() if t.name != self.action]
+        return [*schemas, self.action_def]
+
+    def _known(self) -> dict[str, set[str]]:
+        """Tool name -> its argument names (computed once: every tool call checks it)."""
+        if self._arguments is None:
+            self._arguments = {
+                str(t.get("function", t).get("name")): set(
+                    (t.get("function", t).get("parameters") or {}).get("properties") or {}
+                )
+                for t in self.tool_schemas()
+            }
+        return self._arguments
+
+    def generate(self, seed: int) -> Task:
+        rng = random.Random(f"{self.family}:{seed}")
+        gen = Gen(rng)
+        key = gen.argument(self.catalog.tools[self.opening].arguments[self.key_arg])
+        record = gen.value(self.catalog.tools[self.opening].result)
+        if not isinstance(record, dict):
+            record = {}
+        for name in self.record_args:
+            if record.get(name) in (None, "", [], {}):
+                record[name] = f"{name[:1].upper()}{rng.randrange(100, 1000)}"
+        values = [rng.choice(pool) for pool in self.wording.values]
+        call = {name: record[name] for name in self.record_args}
+        call.update(dict(zip(self.user_args, values, strict=True)))
+        instruction = self.wording.fill(str(key), values)
+        action = {"name": self.action, "arguments": call}
+        oracle: list[Action] = [
+            {"name": self.opening, "arguments": {self.key_arg: key}},
+            action,
+            {"answer": f"Done: {human(self.action)} ({join_and([str(v) for v in values])})."},
+        ]
+        system = self.conventions.system_prompt or SYSTEM_PROMPT
+        return Task(
+            seed=seed,
+            instruction=instruction,
+            state={"record": record, "writes": [], "_key": key},
+            goal={"required_calls": [action], "opening": [self.opening]},
+            oracle=oracle,
+            max_steps=2 + int(self.knobs.get("slack", 4)),
+            system_prompt=system,
+            meta={"values": values},
+        )
+
+    def call_tool(self, state: dict[str, Any], name: str, arguments: Any) -> Any:
+        known = self._known()
+        if name not in known:
+            raise ToolError(f"unknown tool {name!r}", invalid=True)
+        args = dict(arguments) if isinstance(arguments, Mapping) else {}
+        unknown = set(args) - known[name]
+        if unknown and known[name]:
+            raise ToolError(f"{name}: unknown argument(s) {', '.join(sorted(unknown))}", True)
+        record = state["record"]
+        if name == self.opening:
+            if args.get(self.key_arg) != state["_key"]:
+                raise ToolError(f"no record with {self.key_arg} {args.get(self.key_arg)!r}")
+            return clone(record)
+        if name == self.action:
+            missing = [a for a in self.record_args + self.user_args if a not in args]
+            if missing:
+                raise ToolError(f"{name}: missing argument(s) {', '.join(missing)}", True)
+            wrong = [a for a in self.record_args if args[a] != record.get(a)]
+            if wrong:
+                raise ToolError(f"{name}: no record with {wrong[0]} {args[wrong[0]]!r}")
+        if is_read_tool(name):
+            return "not found"  # this world holds the user's record only
+        state["writes"].append({"name": name, "arguments": canonical(args)})
+        return {"status": "done", **args}

@@ -1,0 +1,101 @@
+"""A simulated backend for the agent's own tools: roles, generated records, tool semantics.
+
+Every environment family works on the same small world, built from the `Catalog` inferred from
+the traces:
+
+    finder (user-facing attributes -> owner id)        find_user_id_by_name_zip(first_name, ...)
+      -> owner lookup (owner id -> record listing ids)  get_user_details(user_id) .orders[*]
+        -> lookup (entity id -> entity record)          get_order_details(order_id)
+          -> action (a write on the entity)             cancel_pending_order(order_id, reason)
+
+`infer_roles` finds these roles from the mined data flows (names only as a fallback); any of
+finder / owner lookup may be missing. Records are generated from the recorded result shapes, with
+ids, owner links, labels (`items[*].name`) and the values the action's other arguments need
+planted where the traces say they come from (`payment_history[*].payment_method_id`). Every
+other recorded tool stays callable: reads answer from their result shape, deterministically per
+arguments; writes land in the state (and so break the state hash: side effects count).
+"""
+
+from __future__ import annotations
+
+from tracegym.synthesis.spec import formats_of, is_id_value, is_wordlike
+from tracegym.synthesis.world.arithmetic import (
+    calculate,
+)
+from tracegym.synthesis.world.backend import (
+    MEMORY_TOOLS,
+    ToolWorld,
+    public_state,
+)
+from tracegym.synthesis.world.builder import (
+    WorldBuilder,
+    leaf_paths,
+    leaf_paths_cached,
+    loosen,
+    money,
+    sibling_descriptor,
+)
+from tracegym.synthesis.world.errors import (
+    FALLBACK_LABELS,
+    LABEL_NAMES,
+    MEMORY_SEARCH,
+    MEMORY_UPDATE,
+    NotSynthesizable,
+    ToolError,
+)
+from tracegym.synthesis.world.json_paths import (
+    canonical,
+    canonical_value,
+    clone,
+    digest,
+    get_all,
+    path_tokens,
+    set_at,
+    shape_at,
+)
+from tracegym.synthesis.world.roles import (
+    Roles,
+    infer_roles,
+    synthetic_status,
+)
+from tracegym.synthesis.world.values import (
+    Gen,
+    Maker,
+    compile_shape,
+)
+
+__all__ = [
+    "FALLBACK_LABELS",
+    "LABEL_NAMES",
+    "MEMORY_SEARCH",
+    "MEMORY_TOOLS",
+    "MEMORY_UPDATE",
+    "Gen",
+    "Maker",
+    "NotSynthesizable",
+    "Roles",
+    "ToolError",
+    "ToolWorld",
+    "WorldBuilder",
+    "calculate",
+    "canonical",
+    "canonical_value",
+    "clone",
+    "compile_shape",
+    "digest",
+    "formats_of",
+    "get_all",
+    "infer_roles",
+    "is_id_value",
+    "is_wordlike",
+    "leaf_paths",
+    "leaf_paths_cached",
+    "loosen",
+    "money",
+    "path_tokens",
+    "public_state",
+    "set_at",
+    "shape_at",
+    "sibling_descriptor",
+    "synthetic_status",
+]

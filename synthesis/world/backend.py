@@ -1,0 +1,225 @@
+"""The backend: tool semantics over a world's state."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from tracegym.synthesis.spec import (
+    ArgSchema,
+    Catalog,
+    ToolSchema,
+    json_type,
+    matches_format,
+)
+from tracegym.synthesis.world.arithmetic import (
+    calculate,
+)
+from tracegym.synthesis.world.errors import (
+    MEMORY_SEARCH,
+    MEMORY_UPDATE,
+    ToolError,
+)
+from tracegym.synthesis.world.json_paths import (
+    canonical,
+    canonical_value,
+    path_tokens,
+    set_at,
+)
+from tracegym.synthesis.world.roles import (
+    Roles,
+)
+from tracegym.synthesis.world.values import (
+    Gen,
+)
+
+# The backend ------------------------------------------------------------------------------------
+MEMORY_TOOLS = {
+    MEMORY_SEARCH: ToolSchema(
+        MEMORY_SEARCH,
+        {"query": ArgSchema("query", "string", True)},
+        {"type": "array"},
+        read=True,
+        description="Search your notes (shared across conversations). Returns matching notes "
+        "with their key, content and the source they were written from.",
+    ),
+    MEMORY_UPDATE: ToolSchema(
+        MEMORY_UPDATE,
+        {"key": ArgSchema("key", "string", True), "content": ArgSchema("content", "string", True)},
+        {"type": "string"},
+        read=False,
+        description="Write (or overwrite) the note under `key`.",
+    ),
+}
+
+
+class ToolWorld:
+    """Executes tool calls against a task's state (a JSON-like dict).
+
+    Public state (what the verifier hashes): `owners`, `entities`, `memory`, `writes`. Keys that
+    start with `_` are the backend's own bookkeeping (finder attributes, flaky reads, silent
+    failures) and never reach the hash.
+    """
+
+    def __init__(
+        self, catalog: Catalog, roles: Roles, *, memory: bool = False, strict_formats: bool = False
+    ) -> None:
+        self.catalog = catalog
+        self.roles = roles
+        self.strict_formats = strict_formats
+        names = [n for n in (roles.finder, roles.owner, roles.lookup, roles.action) if n]
+        names += [n for n in roles.others if n not in names]
+        if roles.answer_tool:
+            names.append(roles.answer_tool)
+        self.schemas: dict[str, ToolSchema] = {n: catalog.tools[n] for n in names}
+        if memory:
+            self.schemas.update(MEMORY_TOOLS)
+
+    def json_schemas(self) -> list[dict[str, Any]]:
+        out = []
+        for schema in self.schemas.values():
+            item = schema.json_schema()
+            if schema.name == self.roles.answer_tool:
+                item["function"]["description"] = (
+                    "Send the final answer to the user (ends the task)."
+                )
+            out.append(item)
+        return out
+
+    # validation
+    def check_arguments(self, name: str, arguments: Any) -> dict[str, Any]:
+        schema = self.schemas.get(name)
+        if schema is None:
+            raise ToolError(f"unknown tool {name!r}", invalid=True)
+        if not isinstance(arguments, Mapping):
+            raise ToolError(f"{name}: arguments must be an object", invalid=True)
+        missing = [a for a in schema.required if a not in arguments]
+        if missing:
+            raise ToolError(
+                f"{name}: missing required argument(s) {', '.join(missing)}", invalid=True
+            )
+        unknown = [a for a in arguments if a not in schema.arguments]
+        if unknown:
+            raise ToolError(
+                f"{name}: unexpected argument(s) {', '.join(map(str, unknown))}", invalid=True
+            )
+        for key, value in arguments.items():
+            arg = schema.arguments[key]
+            kind = json_type(value)
+            ok = kind == arg.type or (arg.type == "number" and kind == "integer")
+            if ok and arg.type == "array":
+                want = arg.items or "string"
+                ok = all(
+                    json_type(v) == want or (want == "number" and json_type(v) == "integer")
+                    for v in value
+                )
+            if not ok:
+                raise ToolError(
+                    f"{name}: {key} must be {arg.type}"
+                    + (f" of {arg.items}" if arg.type == "array" else "")
+                    + f", got {kind}",
+                    invalid=True,
+                )
+            if self.strict_formats and arg.formats and name == self.roles.action:
+                values = value if isinstance(value, list) else [value]
+                bad = [
+                    v for v in values if isinstance(v, str) and not matches_format(v, arg.formats)
+                ]
+                if bad:
+                    raise ToolError(
+                        f"{name}: {key}={bad[0]!r} does not match {arg.formats[0]['regex']}",
+                        invalid=True,
+                    )
+            if arg.enum and value not in arg.enum:
+                raise ToolError(f"{name}: {key} must be one of {arg.enum}", invalid=True)
+        return dict(arguments)
+
+    # execution
+    def call(self, state: dict[str, Any], name: str, arguments: Any) -> Any:
+        args = self.check_arguments(name, arguments)
+        r = self.roles
+        if name == MEMORY_SEARCH:
+            query = str(args.get("query", "")).casefold()
+            notes = [{"key": k, **v} for k, v in sorted(state["memory"].items())]
+            return [n for n in notes if query in canonical(n).casefold()] if query else notes
+        if name == MEMORY_UPDATE:
+            state["memory"][str(args["key"])] = {"content": str(args["content"])}
+            return "saved"
+        if name == r.finder:
+            return self._find(state, args)
+        if name == r.owner:
+            oid = args.get(r.owner_arg)
+            if oid not in state["owners"]:
+                raise ToolError(f"{r.owner_arg} {oid!r} not found")
+            return state["owners"][oid]
+        if name == r.lookup:
+            eid = args.get(r.lookup_arg)
+            if eid not in state["entities"]:
+                raise ToolError(f"{r.lookup_arg} {eid!r} not found")
+            flaky = state["_flaky"]
+            if flaky.get(eid, 0) > 0:
+                flaky[eid] -= 1
+                raise ToolError(f"{name}: upstream timeout, try again")
+            return state["entities"][eid]
+        if name == r.action:
+            return self._act(state, args)
+        schema = self.schemas[name]
+        lowered = name.lower()
+        if lowered.startswith("calculate") or lowered.startswith("compute"):
+            expression = next((v for v in args.values() if isinstance(v, str)), "")
+            return calculate(expression)
+        if lowered.startswith("think"):
+            return ""
+        rng = random.Random(f"{state['_seed']}:{name}:{canonical(args)}")
+        result = Gen(rng).value(schema.result)
+        if not schema.read:
+            state["writes"].append({"tool": name, "arguments": canonical_value(args)})
+        return result
+
+    def _find(self, state: dict[str, Any], args: Mapping[str, Any]) -> Any:
+        wanted = {k: str(v).strip().casefold() for k, v in args.items()}
+        for oid, attrs in state["_finder"].items():
+            if all(str(attrs.get(k, "")).strip().casefold() == v for k, v in wanted.items()):
+                tokens = path_tokens(self.roles.finder_path)
+                if not tokens:
+                    return oid
+                return set_at({}, tokens, oid)
+        raise ToolError("no matching record found")
+
+    def _act(self, state: dict[str, Any], args: Mapping[str, Any]) -> Any:
+        r = self.roles
+        eid = args.get(r.id_arg)
+        record = state["entities"].get(eid)
+        if record is None:
+            raise ToolError(f"{r.id_arg} {eid!r} not found")
+        status = state.get("_status")
+        silent = state["_silent"]
+        if status:
+            current = record.get(status["field"])
+            if state.get("_guard") and current not in status["allowed"]:
+                raise ToolError(f"{r.action}: not allowed while {status['field']} is {current!r}")
+        if silent.get(eid, 0) > 0:
+            silent[eid] -= 1
+            shown = dict(record)
+            if status:
+                shown[status["field"]] = status["after"]
+            return self._action_result(shown)
+        if status:
+            record[status["field"]] = status["after"]
+        state["writes"].append({"tool": r.action, "arguments": canonical_value(args)})
+        return self._action_result(record)
+
+    def _action_result(self, record: dict[str, Any]) -> Any:
+        if self.schemas[self.roles.action].result.get("type") == "object":
+            return record
+        return "ok"
+
+
+def public_state(state: Mapping[str, Any], memory: bool = False) -> dict[str, Any]:
+    """What the verifier's state hash covers: records and writes, without the backend's own
+    bookkeeping (`_` keys) and, unless asked, without memory (free text: checked separately)."""
+    out = {k: v for k, v in state.items() if not k.startswith("_") and (memory or k != "memory")}
+    if "writes" in out:
+        out["writes"] = sorted(out["writes"], key=canonical)
+    return out

@@ -1,0 +1,263 @@
+"""Building a world: the records of one task, planted where the traces say values come from."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tracegym.synthesis.spec import (
+    ArgSchema,
+    Catalog,
+    is_wordlike,
+)
+from tracegym.synthesis.world.errors import (
+    FALLBACK_LABELS,
+    LABEL_NAMES,
+    NotSynthesizable,
+)
+from tracegym.synthesis.world.json_paths import (
+    _fan,
+    get_all,
+    path_tokens,
+    set_at,
+    shape_at,
+)
+from tracegym.synthesis.world.roles import (
+    Roles,
+)
+from tracegym.synthesis.world.values import (
+    _ID_MAKERS,
+    Gen,
+    _string_maker,
+)
+
+
+# Building a world -------------------------------------------------------------------------------
+class WorldBuilder:
+    """Generates owners and entities for one task, coherently linked."""
+
+    def __init__(
+        self, catalog: Catalog, roles: Roles, rng: random.Random, status: dict[str, Any] | None
+    ) -> None:
+        self.catalog = catalog
+        self.roles = roles
+        self.rng = rng
+        self.gen = Gen(rng)
+        self.status = status
+        self.taken: set[str] = set()
+        lookup = catalog.tools.get(roles.lookup) if roles.lookup else None
+        self.lookup_shape = lookup.result if lookup else {"type": "object", "properties": {}}
+        pool: list[str] = []
+        if roles.label_path and lookup:
+            pool = list(
+                shape_at(self.lookup_shape, path_tokens(roles.label_path)).get("examples", [])
+            )
+        pool = sorted(set(pool) | set(FALLBACK_LABELS)) if len(pool) < 24 else sorted(set(pool))
+        rng.shuffle(pool)
+        self.labels = pool
+
+    def new_id(self, arg: ArgSchema | None) -> str:
+        if arg is None or not (arg.formats or arg.examples):
+            return self.gen.unique(lambda: f"ID-{self.rng.randrange(10**6, 10**7)}", self.taken)
+        cached = _ID_MAKERS.get(id(arg))
+        if cached is None or cached[0] is not arg:
+            facts = {"formats": arg.formats} if arg.formats else {"examples": arg.examples}
+            cached = _ID_MAKERS[id(arg)] = (arg, _string_maker(facts))
+        maker = cached[1]
+        return self.gen.unique(lambda: maker(self.rng.random), self.taken)
+
+    def label(self) -> str:
+        if not self.labels:
+            raise NotSynthesizable("ran out of distinct labels for entities")
+        return self.labels.pop()
+
+    def entity(
+        self,
+        eid: str,
+        owner_id: str | None,
+        status_value: str | None,
+        plants: Sequence[tuple[str, list[Any]]] = (),
+    ) -> dict[str, Any]:
+        r = self.roles
+        record = self.gen.value(self.lookup_shape)
+        if not isinstance(record, dict):
+            record = {}
+        for path, values in plants:
+            record = self.plant(record, path, values, self.lookup_shape)
+        for name in (r.lookup_arg, r.id_arg):
+            if name and name in self.lookup_shape.get("properties", {}):
+                record[name] = eid
+        if (
+            owner_id is not None
+            and r.owner_arg
+            and r.owner_arg in self.lookup_shape.get("properties", {})
+        ):
+            record[r.owner_arg] = owner_id
+        if r.label_path:
+            tokens = path_tokens(r.label_path)
+            fan = _fan(tokens)
+            if fan is None:
+                record = set_at(record, tokens, self.label())
+            else:
+                container = get_all(record, tokens[:fan])
+                items = container[0] if container and isinstance(container[0], list) else []
+                for item in items:
+                    if isinstance(item, dict):
+                        set_at(item, tokens[fan + 1 :], self.label())
+        if self.status is not None:
+            record[self.status["field"]] = status_value
+        return record
+
+    def plant(
+        self, record: dict[str, Any], path: str, values: list[Any], shape: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Make the path hold exactly `values` (one per list element / map key)."""
+        tokens = path_tokens(path)
+        fan = _fan(tokens)
+        if fan is None:
+            return set_at(record, tokens, values[0])
+        head, rest = tokens[:fan], tokens[fan + 1 :]
+        element = shape_at(shape, tokens[: fan + 1])
+        if tokens[fan] == "[*]":
+            items = []
+            for value in values:
+                item = self.gen.value(element) if rest else value
+                if rest:
+                    item = set_at(item if isinstance(item, dict) else {}, rest, value)
+                items.append(item)
+            return set_at(record, head, items)
+        mapping = {}
+        for value in values:
+            item = self.gen.value(element)
+            if rest:
+                item = set_at(item if isinstance(item, dict) else {}, rest, value)
+            elif isinstance(item, dict):
+                for name in ("id", "item_id"):
+                    if name in item:
+                        item[name] = value
+            mapping[value] = item
+        return set_at(record, head, mapping)
+
+    def owner(
+        self,
+        oid: str,
+        entity_ids: list[str],
+        entities: Mapping[str, dict[str, Any]],
+        attrs: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        r = self.roles
+        shape = self.catalog.tools[r.owner].result
+        record = self.gen.value(shape)
+        if not isinstance(record, dict):
+            record = {}
+        if r.owner_arg in shape.get("properties", {}):
+            record[r.owner_arg] = oid
+        for name, value in attrs.items():
+            for path in leaf_paths_cached(shape, name):
+                record = set_at(record, path_tokens(path), value)
+        record = self.plant(record, r.owner_path or "", entity_ids, shape)
+        # list items that are objects mirror the entity record's fields of the same name
+        tokens = path_tokens(r.owner_path)
+        fan = _fan(tokens)
+        if fan is not None and tokens[fan] == "[*]" and tokens[fan + 1 :]:
+            for item, eid in zip(get_all(record, tokens[: fan + 1]), entity_ids, strict=False):
+                if isinstance(item, dict):
+                    for key in list(item):
+                        if key in entities[eid] and not isinstance(
+                            entities[eid][key], (dict, list)
+                        ):
+                            item[key] = entities[eid][key]
+        return record
+
+
+_LEAF_PATHS: dict[tuple[int, str], tuple[Any, list[str]]] = {}
+
+
+def leaf_paths_cached(shape: Mapping[str, Any], name: str) -> list[str]:
+    cached = _LEAF_PATHS.get((id(shape), name))
+    if cached is not None and cached[0] is shape:
+        return cached[1]
+    paths = leaf_paths(shape, name)
+    if len(_LEAF_PATHS) > 50_000:
+        _LEAF_PATHS.clear()
+    _LEAF_PATHS[(id(shape), name)] = (shape, paths)
+    return paths
+
+
+def leaf_paths(shape: Mapping[str, Any], name: str, prefix: str = "", depth: int = 0) -> list[str]:
+    """Paths (without fan-out) to properties called `name`."""
+    if depth > 3 or shape.get("type") != "object":
+        return []
+    out = []
+    for key, sub in shape.get("properties", {}).items():
+        path = f"{prefix}.{key}" if prefix else key
+        if key == name and sub.get("type") in ("string", "integer", "number"):
+            out.append(path)
+        elif sub.get("type") == "object":
+            out.extend(leaf_paths(sub, name, path, depth + 1))
+    return out
+
+
+def sibling_descriptor(record: Any, path: str, value: Any) -> str | None:
+    """A phrase that singles out `value` among its siblings at `path` (e.g. "the Headphones"),
+    or None when nothing word-like tells them apart."""
+    tokens = path_tokens(path)
+    fan = _fan(tokens)
+    if fan is None:
+        return None
+    siblings = get_all(record, tokens[: fan + 1])
+    rest = tokens[fan + 1 :]
+    if tokens[fan] == "{*}":
+        container = get_all(record, tokens[:fan])
+        mapping = container[0] if container and isinstance(container[0], Mapping) else {}
+        pairs = (
+            [(mapping.get(k), k) for k in mapping]
+            if not rest
+            else [
+                (item, get_all(item, rest)[0] if get_all(item, rest) else None)
+                for item in mapping.values()
+            ]
+        )
+    else:
+        pairs = [
+            (item, get_all(item, rest)[0] if rest and get_all(item, rest) else item)
+            for item in siblings
+        ]
+    mine = [item for item, v in pairs if v == value]
+    if not mine or not isinstance(mine[0], Mapping):
+        return None
+    for key in sorted(mine[0], key=lambda k: (k not in LABEL_NAMES, k)):
+        word = mine[0][key]
+        if not is_wordlike(word):
+            continue
+        if sum(1 for item, _ in pairs if isinstance(item, Mapping) and item.get(key) == word) == 1:
+            return f"the {word}" if key in LABEL_NAMES else f"the one whose {key} is {word}"
+    return None
+
+
+def loosen(value: str, rng: random.Random) -> str:
+    """A human way of writing an exact value: `#W2378156` -> `W2378156` / `w-237-8156`."""
+    core = value.lstrip("#@$")
+    choice = rng.randrange(3)
+    if choice == 0 and core != value:
+        return core
+    digits = re.search(r"\d{6,}", core)
+    if choice == 1 and digits:
+        run = digits.group()
+        spaced = f"{run[:3]} {run[3:]}"
+        return core.replace(run, spaced).lower()
+    if core != value:
+        return core.lower()
+    if digits:
+        run = digits.group()
+        return core.replace(run, f"{run[:3]}-{run[3:]}")
+    return value.upper() if value.upper() != value else value.lower()
+
+
+def money(value: float, rng: random.Random) -> str:
+    """An amount as a person writes it."""
+    whole, cents = divmod(round(value * 100), 100)
+    text = f"{whole:,}" if rng.random() < 0.5 else str(whole)
+    return f"${text}.{cents:02d}" if rng.random() < 0.7 else f"{text}.{cents:02d} dollars"
