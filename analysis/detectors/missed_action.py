@@ -16,7 +16,9 @@ acted on records of R holding v:
 `detect` flags each record of a run read in such a state that no call of T acted on: key
 ``missed_action:T``; decisive step: the (latest) read that showed the state, where the run
 should have gone on to act; the run's last step follows in `span_ids`. Confidence 0.6: a user
-may have changed their mind. Nothing about any domain is hard-coded.
+may have changed their mind. Each finding carries the rule it breaks as `details["mined_rule"]`
+(`analysis.gap.MinedRule`, kind ``trigger``, with the successful runs it was mined from): what
+synthesis may enforce. Nothing about any domain is hard-coded.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from dataclasses import dataclass
 
 from tracegym.analysis.detector_names import MISSED_ACTION
 from tracegym.analysis.detectors.base import Detector, Finding
+from tracegym.analysis.detectors.precondition import evidence
 from tracegym.analysis.detectors.state import acted_run
 from tracegym.analysis.features import step_ref
+from tracegym.analysis.gap import MinedRule
 from tracegym.analysis.runs import Run
 
 
@@ -43,6 +47,19 @@ class Obligation:
     records: int  # distinct records holding the value
     share: float  # of readings of such records followed by the action
     other_share: float  # of readings of records with another value
+    evidence_runs: tuple[str, ...] = ()  # successful runs it was mined from (sorted, <= 10)
+
+    def to_rule(self) -> MinedRule:
+        """The rule as the typed contract synthesis reads (`Gap.rules`): `confidence` is the
+        share of readings in the state that successful runs followed with the action."""
+        return MinedRule(
+            detector=MISSED_ACTION, kind="trigger", tool=self.tool,
+            statement=f"after {self.read_tool} shows {self.path} = {self.value}, {self.tool} is "
+            "called on that record",
+            read_tool=self.read_tool, path=self.path, values=(self.value,),
+            support=self.records, confidence=round(self.share, 3),
+            evidence_runs=self.evidence_runs,
+        )  # fmt: skip
 
 
 def mine_obligations(
@@ -59,6 +76,10 @@ def mine_obligations(
     distinct: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     paths: dict[tuple[str, str], set[str]] = defaultdict(set)
     writes_on: dict[str, set[str]] = defaultdict(set)  # read tool -> write tools acting on it
+    # (read tool, path, value) -> write tool -> successful runs that read the state and acted
+    acted_in: dict[tuple[str, str, str], dict[str, set[str]]] = defaultdict(
+        lambda: defaultdict(set)
+    )
     for run in runs:
         if run.success is not True:
             continue
@@ -76,6 +97,7 @@ def mine_obligations(
                     paths[record.tool, path].add(value)
                     for tool in tools:
                         acted[key][tool] += 1
+                        acted_in[key][tool].add(run.trace_id)
     rules = []
     for (read_tool, path, value), n in sorted(readings.items()):
         if len(distinct[read_tool, path, value]) < min_support:
@@ -91,9 +113,10 @@ def mine_obligations(
             other_acted = sum(acted[read_tool, path, v].get(tool, 0) for v in others)
             other_share = other_acted / other_n if other_n else 0.0
             if other_n and other_share <= share / 2:
+                runs_in = acted_in[read_tool, path, value][tool]
                 rules.append(Obligation(tool, read_tool, path, value,
                                         len(distinct[read_tool, path, value]), share,
-                                        other_share))  # fmt: skip
+                                        other_share, evidence(runs_in, set())))  # fmt: skip
     return rules
 
 
@@ -158,6 +181,7 @@ class MissedAction(Detector):
                              "value": rule.value, "records": rule.records,
                              "share": round(rule.share, 3),
                              "other_share": round(rule.other_share, 3),
-                             "called_elsewhere": rule.tool in called},
+                             "called_elsewhere": rule.tool in called,
+                             "mined_rule": rule.to_rule().to_dict()},
                 ))  # fmt: skip
         return findings

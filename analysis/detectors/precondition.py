@@ -32,7 +32,9 @@ same mistake; with `ignore_recovered`, off by default, not when the run went on 
 that went through) whose acted-on record holds a forbidden value. Key ``forbidden_action:T``, one
 finding per key and run; decisive step: the first such write; the read that showed the state
 and later such writes follow in `span_ids`. Confidence 0.8
-for an enum value, 0.6 for a threshold. Nothing about any domain is hard-coded.
+for an enum value, 0.6 for a threshold. Each finding carries the rule it breaks as
+`details["mined_rule"]` (`analysis.gap.MinedRule`, kind ``precondition``, with the successful runs
+it was mined from): what synthesis may enforce. Nothing about any domain is hard-coded.
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ from tracegym.analysis.detector_names import FORBIDDEN_ACTION
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.state import Read, acted_run, show_number
 from tracegym.analysis.features import step_ref
+from tracegym.analysis.gap import MinedRule
 from tracegym.analysis.runs import Run, Step
+
+MAX_EVIDENCE = 10  # successful trace ids a mined rule names
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class Precondition:
     below: float | None  # numbers below this are forbidden
     acted: int  # records successful runs acted on with this field
     abstained: int  # records they read and left alone holding a forbidden value
+    evidence_runs: tuple[str, ...] = ()  # successful runs it was mined from (sorted, <= 10)
 
     def violated_by(self, read: Read) -> str | None:
         """The forbidden value `read` holds, as text, or None."""
@@ -81,6 +87,18 @@ class Precondition:
             return f"{self.path} > {show_number(self.above)}"
         return f"{self.path} < {show_number(self.below or 0.0)}"
 
+    def to_rule(self) -> MinedRule:
+        """The rule as the typed contract synthesis reads (`Gap.rules`). Successful runs never
+        acted in the forbidden state: it held on every record they acted on."""
+        return MinedRule(
+            detector=FORBIDDEN_ACTION, kind="precondition", tool=self.tool,
+            statement=f"{self.tool} is never called on a record {self.read_tool} shows with "
+            f"{self.describe()}",
+            read_tool=self.read_tool, path=self.path, values=tuple(sorted(self.forbidden)),
+            above=self.above, below=self.below, support=self.acted, abstained=self.abstained,
+            confidence=1.0, evidence_runs=self.evidence_runs,
+        )  # fmt: skip
+
 
 def mine_preconditions(
     runs: Sequence[Run],
@@ -96,6 +114,9 @@ def mine_preconditions(
     acted: dict[tuple[str, str], dict[str, Read]] = defaultdict(dict)
     failed: dict[tuple[str, str], dict[str, Read]] = defaultdict(dict)  # acted on in failed runs
     records: dict[str, dict[str, Read]] = defaultdict(dict)
+    # which successful runs acted on / read each record (a rule's evidence runs)
+    acted_in: dict[tuple[str, str], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    read_in: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for run in runs:
         if run.success is False:
             for write, linked in acted_run(run).writes:
@@ -107,8 +128,10 @@ def mine_preconditions(
         for write, linked in paired.writes:
             for read in linked:
                 acted[write.tool or write.name, read.tool].setdefault(read.observed, read)
+                acted_in[write.tool or write.name, read.tool][read.observed].add(run.trace_id)
         for record in paired.records:
             records[record.tool].setdefault(record.observed, record)
+            read_in[record.tool][record.observed].add(run.trace_id)
     rules: list[Precondition] = []
     bounds = _Bounds(min_support, min_abstain, max_values, max_chance, min_presence,
                      min_threshold_support)  # fmt: skip
@@ -118,9 +141,26 @@ def mine_preconditions(
             continue
         abstained = [r for k, r in records[read_tool].items() if k not in by_key]
         in_failed = list(failed[tool, read_tool].values())
-        rules += _enum_rules(tool, read_tool, positives, abstained, in_failed, bounds)
-        rules += _number_rules(tool, read_tool, positives, abstained, in_failed, bounds)
+        found = _enum_rules(tool, read_tool, positives, abstained, in_failed, bounds)
+        found += _number_rules(tool, read_tool, positives, abstained, in_failed, bounds)
+        for rule in found:
+            left = {
+                t for r in abstained if rule.violated_by(r) for t in read_in[read_tool][r.observed]
+            }
+            fields = (lambda r: r.enums) if rule.forbidden else (lambda r: r.numbers)
+            on = {t for k, r in by_key.items() if rule.path in fields(r)
+                  for t in acted_in[tool, read_tool][k]}  # fmt: skip
+            rules.append(replace(rule, evidence_runs=evidence(left, on)))
     return rules
+
+
+def evidence(first: set[str], then: set[str], limit: int = MAX_EVIDENCE) -> tuple[str, ...]:
+    """At most `limit` trace ids, sorted: up to half from `first` (runs that abstained in the
+    forbidden state), the rest from `then` (runs that acted in another), topped up from either."""
+    chosen = set(sorted(first)[: limit // 2])
+    chosen |= set(sorted(then - chosen)[: limit - len(chosen)])
+    chosen |= set(sorted(first - chosen)[: limit - len(chosen)])
+    return tuple(sorted(chosen))
 
 
 @dataclass(frozen=True)
@@ -310,6 +350,6 @@ class ForbiddenAction(Detector):
                 details={"tool": tool, "read_tool": read.tool, "path": rule.path, "value": value,
                          "rule": rule.describe(), "acted": rule.acted,
                          "abstained": rule.abstained, "read_position": read.step.position,
-                         "write_failed": write.failed},
+                         "write_failed": write.failed, "mined_rule": rule.to_rule().to_dict()},
             )  # fmt: skip
         return None
