@@ -75,6 +75,33 @@ def environments(home: Path) -> tuple[list[dict[str, Any]], str | None]:
         return [], f"cannot read the environment registry: {exc}"
 
 
+def last_synthesis(home: Path) -> tuple[Any, str | None]:
+    """The last synthesis (`synthesis.pipeline.LastSynthesis`: the gaps that got no
+    environment and why), None when there was none, and a note when it cannot be read or
+    gaps.json changed since."""
+    from tracegym.synthesis.pipeline import SynthesisRecordError, gaps_hash
+    from tracegym.synthesis.pipeline import last_synthesis as read
+
+    try:
+        last = read(home)
+    except SynthesisRecordError as exc:
+        return None, str(exc)
+    except Exception as exc:  # a broken record must not break the page
+        return None, f"cannot read the last synthesis: {type(exc).__name__}: {exc}"
+    if last is None:
+        return None, None
+    notes = []
+    if last.unreadable:
+        notes.append(f"{last.unreadable} record(s) of the synthesis report could not be read")
+    current = gaps_hash(Path(home) / GAPS_FILE)
+    if last.gaps_hash is not None and current is not None and current != last.gaps_hash:
+        notes.append(
+            "gaps.json changed since this synthesis: run `tracegym synthesize` to bring "
+            "the environments up to date"
+        )
+    return last, "; ".join(notes) or None
+
+
 def environment_detail(home: Path, env_id: str) -> dict[str, Any]:
     """One environment: entry, spec, validity, calibration, and a sample task with its oracle
     episode (computed by the environment's own code, deterministic per seed)."""

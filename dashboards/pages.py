@@ -306,7 +306,14 @@ def warm(ctx: Context) -> None:
 # Environments and adapters --------------------------------------------------------------------
 def environments(ctx: Context) -> dict[str, Any]:
     envs, note = artifacts.environments(ctx.home)
-    return {"envs": envs, "note": note}
+    synthesis, synthesis_note = artifacts.last_synthesis(ctx.home)
+    return {
+        "envs": envs,
+        "note": note,
+        "synthesis": synthesis,
+        "without": list(synthesis.without_environment) if synthesis else [],
+        "synthesis_note": synthesis_note,
+    }
 
 
 def environment(ctx: Context, env_id: str) -> dict[str, Any]:

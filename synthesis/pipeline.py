@@ -6,13 +6,22 @@ patterns), build the environment, run the validity checks, calibrate the knobs a
 when one is given, and register it. Gaps no family fits, or whose tools cannot express the
 family, are reported as not synthesizable with the reason; environments failing validity are
 reported as rejected with the failed checks. Nothing crashes on one bad gap.
+
+Every gap that gets no environment is also a typed `GapWithoutEnvironment` (where it stopped
+and why), and the report is kept at `<home>/envs/synthesis.json`, so the nightly report and
+the dashboard can say why without rerunning synthesis.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +32,7 @@ from tracegym.synthesis.conventions import Conventions, conventions_from_store
 from tracegym.synthesis.families import build_spec, family_for_gap
 from tracegym.synthesis.registry import from_spec, register, unregister
 from tracegym.synthesis.spec import Catalog, catalog_from_patterns, catalog_from_store
-from tracegym.synthesis.validity import check_environment
+from tracegym.synthesis.validity import ValidityReport, check_environment
 from tracegym.synthesis.world import NotSynthesizable
 
 GAPS_VERSION = 1
@@ -33,10 +42,10 @@ class GapsFileError(ValueError):
     """gaps.json is missing or malformed (the message names the file and the problem)."""
 
 
-def read_gaps(path: str | Path) -> tuple[list[Gap], list[dict[str, Any]]]:
+def read_gaps(path: str | Path) -> tuple[list[Gap], list[GapWithoutEnvironment]]:
     """The gaps of a gaps.json document (docs/gaps.md), and the records that are not gaps
-    (`{"gap_id", "name", "detector", "reason"}`: synthesis reports them, the others go on).
-    GapsFileError when the document itself is unusable."""
+    (synthesis reports them, the others go on). GapsFileError when the document itself is
+    unusable."""
     path = Path(path)
     if not path.exists():
         raise GapsFileError(
@@ -69,7 +78,7 @@ def read_gaps(path: str | Path) -> tuple[list[Gap], list[dict[str, Any]]]:
     if not isinstance(records, list):
         raise GapsFileError(f"{path}: 'gaps' must be a list, got {type(records).__name__}")
     gaps: list[Gap] = []
-    unusable: list[dict[str, Any]] = []
+    unusable: list[GapWithoutEnvironment] = []
     for i, record in enumerate(records):
         if not isinstance(record, dict):
             raise GapsFileError(f"{path}: gaps[{i}] must be an object, got {type(record).__name__}")
@@ -85,14 +94,92 @@ def read_gaps(path: str | Path) -> tuple[list[Gap], list[dict[str, Any]]]:
         try:
             gaps.append(Gap.from_dict(record))
         except GapError as exc:
-            unusable.append({"gap_id": record["id"], "name": record.get("name"),
-                             "detector": None, "reason": str(exc)})  # fmt: skip
+            name = record.get("name")
+            unusable.append(
+                GapWithoutEnvironment(
+                    gap_id=record["id"],
+                    gap_name=name if isinstance(name, str) else None,
+                    detector=None,
+                    stage=StopStage.UNUSABLE,
+                    reason=str(exc),
+                )
+            )
     return gaps, unusable
 
 
 def load_gaps(path: str | Path) -> list[Gap]:
     """The gaps of a gaps.json document that are usable (see `read_gaps`)."""
     return read_gaps(path)[0]
+
+
+class StopStage(str, Enum):
+    """Where a gap's way to an environment stopped."""
+
+    UNUSABLE = "unusable"  # the gaps.json record is not a usable gap
+    NO_FAMILY = "no_family"  # no family serves its detector
+    NOT_SYNTHESIZABLE = "not_synthesizable"  # the family cannot express it with these tools
+    CALIBRATION = "calibration"  # calibrating the knobs against the policy failed
+    VALIDITY = "validity"  # built, but failed validity checks
+    FIDELITY = "fidelity"  # built, valid otherwise, but not faithful to the traces
+    REGISTRATION = "registration"  # valid, but writing it under envs/ failed
+
+    @property
+    def label(self) -> str:
+        return _STAGE_LABELS[self]
+
+
+_STAGE_LABELS = {
+    StopStage.UNUSABLE: "not a usable gap",
+    StopStage.NO_FAMILY: "no family",
+    StopStage.NOT_SYNTHESIZABLE: "not synthesizable",
+    StopStage.CALIBRATION: "calibration failed",
+    StopStage.VALIDITY: "validity failed",
+    StopStage.FIDELITY: "fidelity failed",
+    StopStage.REGISTRATION: "registration failed",
+}
+
+
+@dataclass(frozen=True)
+class GapWithoutEnvironment:
+    """A gap that got no environment: where it stopped and why (the reason is the family's or
+    the checks' own words; `failed_checks` names the validity checks that failed)."""
+
+    gap_id: str
+    gap_name: str | None
+    detector: str | None
+    stage: StopStage
+    reason: str
+    failed_checks: tuple[str, ...] = ()
+    env_id: str | None = None
+    family: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "stage": self.stage.value,
+            "failed_checks": list(self.failed_checks),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GapWithoutEnvironment:
+        """ValueError on a record that is not one (a stage we do not know, no gap id)."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("gap_id"), str):
+            raise ValueError(f"not a gap-without-environment record: {data!r:.200}")
+
+        def text(name: str) -> str | None:
+            value = data.get(name)
+            return None if value is None else str(value)
+
+        return cls(
+            gap_id=data["gap_id"],
+            gap_name=text("gap_name"),
+            detector=text("detector"),
+            stage=StopStage(data.get("stage")),
+            reason=str(data.get("reason") or ""),
+            failed_checks=tuple(str(c) for c in data.get("failed_checks") or ()),
+            env_id=text("env_id"),
+            family=text("family"),
+        )
 
 
 @dataclass
@@ -104,9 +191,35 @@ class SynthesisReport:
     not_synthesizable: list[dict[str, Any]] = field(default_factory=list)
     catalog_source: str = ""
     conventions: dict[str, Any] = field(default_factory=dict)  # what environments follow
+    # every gap that got no environment, typed (the two lists above, and calibration failures)
+    without_environment: list[GapWithoutEnvironment] = field(default_factory=list)
+    gaps_hash: str | None = None  # of the gaps.json read (`gaps_hash`)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["without_environment"] = [w.to_dict() for w in self.without_environment]
+        return data
+
+    def stopped(
+        self,
+        record: GapWithoutEnvironment,
+        failures: list[str] | None = None,
+    ) -> None:
+        """Record a gap that got no environment: in `without_environment`, and in the list
+        the report's earlier readers know (`not_synthesizable`, or `rejected` once built)."""
+        self.without_environment.append(record)
+        ref = {"gap_id": record.gap_id, "name": record.gap_name, "detector": record.detector}
+        if record.env_id is None:
+            self.not_synthesizable.append({**ref, "reason": record.reason})
+            return
+        self.rejected.append(
+            {
+                **ref,
+                "env_id": record.env_id,
+                "family": record.family,
+                "failures": failures or [record.reason],
+            }
+        )
 
 
 def _gap_ref(gap: Gap) -> dict[str, Any]:
@@ -155,8 +268,9 @@ def synthesize(
     home = Path(home)
     gaps_file = Path(gaps_path) if gaps_path is not None else home / "gaps.json"
     gaps, unusable = read_gaps(gaps_file)
-    report = SynthesisReport(str(home), str(gaps_file))
-    report.not_synthesizable.extend(unusable)
+    report = SynthesisReport(str(home), str(gaps_file), gaps_hash=gaps_hash(gaps_file))
+    for record in unusable:
+        report.stopped(record)
     store_catalog = catalog if catalog is not None else _store_catalog(home)
     report.catalog_source = (
         "given"
@@ -172,38 +286,44 @@ def synthesize(
         ref = _gap_ref(gap)
         try:
             family_for_gap(gap)
+        except NotSynthesizable as exc:
+            report.stopped(_without(gap, StopStage.NO_FAMILY, str(exc)))
+            continue
+        try:
             gap_catalog = store_catalog or catalog_from_patterns(
                 list(gap.argument_patterns), list(gap.tools)
             )
             spec = build_spec(gap, gap_catalog, conventions)
         except NotSynthesizable as exc:
-            report.not_synthesizable.append({**ref, "reason": str(exc)})
+            report.stopped(_without(gap, StopStage.NOT_SYNTHESIZABLE, str(exc)))
             continue
         except Exception as exc:  # a gap we did not foresee must not stop the others
-            report.not_synthesizable.append(
-                {**ref, "reason": f"building the environment failed: {type(exc).__name__}: {exc}"}
-            )
+            reason = f"building the environment failed: {type(exc).__name__}: {exc}"
+            report.stopped(_without(gap, StopStage.NOT_SYNTHESIZABLE, reason))
             continue
+        built = {"env_id": spec.env_id, "family": spec.family}
+        stage = StopStage.NOT_SYNTHESIZABLE  # until the environment is built from its spec
         try:
             env = from_spec(spec)
             calibration = None
             if policy is not None:
+                stage = StopStage.CALIBRATION
                 chosen = policy() if _is_factory(policy) else policy
                 result = calibrate(env, chosen, n_seeds=calibration_seeds, k=k)
                 calibration = {**result.to_dict(), "policy": policy_name or _name(chosen)}
                 env = from_spec(spec, **result.knobs)
+            stage = StopStage.VALIDITY
             validity = check_environment(env, validity_seeds)
             if not validity.ok:
-                report.rejected.append(
-                    {
-                        **ref,
-                        "env_id": spec.env_id,
-                        "family": spec.family,
-                        "failures": validity.failures,
-                    }
-                )
+                failed = failed_checks(validity)
+                report.stopped(
+                    _without(gap, validity_stage(failed), "; ".join(validity.failures),
+                             failed_checks=failed, **built),
+                    failures=validity.failures,
+                )  # fmt: skip
                 unregister(home, spec.env_id, missing_ok=True)
                 continue
+            stage = StopStage.REGISTRATION
             path = register(
                 home,
                 env,
@@ -213,20 +333,12 @@ def synthesize(
                 n_heldout=n_heldout,
             )
         except Exception as exc:
-            report.rejected.append(
-                {
-                    **ref,
-                    "env_id": spec.env_id,
-                    "family": spec.family,
-                    "failures": [f"{type(exc).__name__}: {exc}"],
-                }
-            )
+            report.stopped(_without(gap, stage, f"{type(exc).__name__}: {exc}", **built))
             continue
         report.environments.append(
             {
                 **ref,
-                "env_id": spec.env_id,
-                "family": spec.family,
+                **built,
                 "path": str(path),
                 "action": spec.roles.get("action"),
                 "knobs": env.knobs,
@@ -239,7 +351,104 @@ def synthesize(
                 },
             }
         )
+    write_report(home, report)
     return report
+
+
+def _without(gap: Gap, stage: StopStage, reason: str, **more: Any) -> GapWithoutEnvironment:
+    return GapWithoutEnvironment(gap.id, gap.name, gap.detector, stage, reason, **more)
+
+
+def failed_checks(validity: ValidityReport) -> tuple[str, ...]:
+    """The names of the checks that failed (whatever checks the validity module runs)."""
+    return tuple(c.name for c in validity.checks if not c.ok)
+
+
+def validity_stage(failed: tuple[str, ...]) -> StopStage:
+    """FIDELITY when fidelity is the only check that failed, else VALIDITY."""
+    return StopStage.FIDELITY if failed and set(failed) == {"fidelity"} else StopStage.VALIDITY
+
+
+# The last synthesis, kept for the nightly report and the dashboard ------------------------------
+REPORT_FILE = "synthesis.json"
+REPORT_VERSION = 1
+
+
+def report_path(home: str | Path) -> Path:
+    return Path(home) / "envs" / REPORT_FILE
+
+
+def gaps_hash(path: str | Path) -> str | None:
+    """The gaps file's content hash (the nightly's, so the two compare)."""
+    path = Path(path)
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
+
+
+def write_report(home: str | Path, report: SynthesisReport) -> Path:
+    """`<home>/envs/synthesis.json`, written atomically (a reader never sees half of it)."""
+    path = report_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "version": REPORT_VERSION,
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **report.to_dict(),
+    }
+    fd, tmp = tempfile.mkstemp(prefix=".synthesis.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=2, ensure_ascii=False, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+@dataclass(frozen=True)
+class LastSynthesis:
+    """What `<home>/envs/synthesis.json` says: when, on which gaps, and the gaps that got no
+    environment (records that do not read as one are left out and counted)."""
+
+    generated_at: str | None
+    gaps_path: str | None
+    gaps_hash: str | None
+    environments: tuple[str, ...]
+    without_environment: tuple[GapWithoutEnvironment, ...]
+    unreadable: int = 0
+
+
+class SynthesisRecordError(ValueError):
+    """synthesis.json exists but cannot be read as one."""
+
+
+def last_synthesis(home: str | Path) -> LastSynthesis | None:
+    """The last synthesis of `home`, None when there was none (SynthesisRecordError when its
+    file is broken)."""
+    path = report_path(home)
+    if not path.exists():
+        return None
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SynthesisRecordError(f"cannot read {path}: {exc}") from None
+    if not isinstance(document, dict) or document.get("version") != REPORT_VERSION:
+        raise SynthesisRecordError(f"{path} is not a synthesis report of version {REPORT_VERSION}")
+    records, unreadable = [], 0
+    for item in document.get("without_environment") or []:
+        try:
+            records.append(GapWithoutEnvironment.from_dict(item))
+        except ValueError:
+            unreadable += 1
+    return LastSynthesis(
+        generated_at=document.get("generated_at"),
+        gaps_path=document.get("gaps_path"),
+        gaps_hash=document.get("gaps_hash"),
+        environments=tuple(
+            str(e.get("env_id")) for e in document.get("environments") or [] if isinstance(e, dict)
+        ),
+        without_environment=tuple(records),
+        unreadable=unreadable,
+    )
 
 
 def _is_factory(policy: Any) -> bool:
@@ -264,4 +473,18 @@ def _name(policy: Any) -> str:
     return getattr(policy, "__name__", None) or type(policy).__name__
 
 
-__all__ = ["GapsFileError", "SynthesisReport", "load_gaps", "read_gaps", "synthesize"]
+__all__ = [
+    "GapWithoutEnvironment",
+    "GapsFileError",
+    "LastSynthesis",
+    "StopStage",
+    "SynthesisRecordError",
+    "SynthesisReport",
+    "gaps_hash",
+    "last_synthesis",
+    "load_gaps",
+    "read_gaps",
+    "report_path",
+    "synthesize",
+    "write_report",
+]

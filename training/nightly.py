@@ -239,7 +239,7 @@ class _Night:
             self.inject(stage)
             write_json_atomic(self.marker(stage), result)
             self.results[stage] = result
-            self.progress(stage, result.get("status", "done"))
+            self.progress(stage, stage_line(stage, result))
         return self.results["report"]
 
     def run_stage(self, stage: str) -> dict[str, Any]:
@@ -298,7 +298,12 @@ class _Night:
         if digest is None:
             return {"status": "skipped", "reason": "no gaps.json", "gaps_hash": None}
         if digest == self.previous.get("gaps_hash"):
-            return {"status": "skipped", "reason": "gaps unchanged", "gaps_hash": digest}
+            return {
+                "status": "skipped",
+                "reason": "gaps unchanged",
+                "gaps_hash": digest,
+                **self._last_synthesis(digest),
+            }
         from tracegym.synthesis.pipeline import synthesize
 
         report = synthesize(self.home)
@@ -308,6 +313,23 @@ class _Night:
             "environments": [e["env_id"] for e in report.environments],
             "rejected": [e["env_id"] for e in report.rejected],
             "not_synthesizable": [e["gap_id"] for e in report.not_synthesizable],
+            "without_environment": [w.to_dict() for w in report.without_environment],
+        }
+
+    def _last_synthesis(self, digest: str) -> dict[str, Any]:
+        """The gaps without an environment as the last synthesis of these same gaps left them
+        (a skipped stage still says why), or nothing when that record is gone or is of others."""
+        from tracegym.synthesis.pipeline import SynthesisRecordError, last_synthesis
+
+        try:
+            last = last_synthesis(self.home)
+        except SynthesisRecordError:
+            return {}
+        if last is None or last.gaps_hash != digest:
+            return {}
+        return {
+            "environments": list(last.environments),
+            "without_environment": [w.to_dict() for w in last.without_environment],
         }
 
     def _model_folder(self) -> Path:
@@ -466,7 +488,6 @@ class _Night:
 
     def stage_report(self) -> dict[str, Any]:
         from tracegym.training import adapters
-        from tracegym.training.evaluate import render_markdown
 
         rows = self.results["evaluate"].get("rows", [])
         report = {
@@ -489,29 +510,108 @@ class _Night:
                 for a in adapters.list_adapters(self.home)
             ],
         }
-        lines = [f"# tracegym nightly {self.date}", ""]
-        for stage in STAGES[:-1]:
-            r = self.results[stage]
+        markdown = render_report(self.date, self.results, rows, report)
+        write_json_atomic(self.dir / "report.json", report)
+        tmp = self.dir / ".report.md.tmp"
+        tmp.write_text(markdown)
+        os.replace(tmp, self.dir / "report.md")
+        return {"status": "done", "report": str(self.dir / "report.json")}
+
+
+# The report --------------------------------------------------------------------------------------
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def synthesis_summary(result: dict[str, Any]) -> str:
+    """'1 environment, 2 gaps without one (see report)': what synthesis left, in a line."""
+    made = result.get("environments") or []
+    without = result.get("without_environment") or []
+    line = _plural(len(made), "environment", "environments")
+    if without:
+        return f"{line}, {_plural(len(without), 'gap', 'gaps')} without one (see report)"
+    return f"{line}, every gap got one" if made else line
+
+
+def stage_line(stage: str, result: dict[str, Any]) -> str:
+    """The stage's status as the command line prints it when the stage ends."""
+    status = str(result.get("status", "done"))
+    if stage == "synthesize" and ("environments" in result or "without_environment" in result):
+        reason = f" ({result['reason']})" if result.get("reason") else ""
+        return f"{status}{reason} - {synthesis_summary(result)}"
+    return status
+
+
+def md_text(value: Any) -> str:
+    """Untrusted text (gap names come from traces) as inert Markdown: no HTML, no markup, one
+    line."""
+    text = " ".join(str(value).split())
+    for char, entity in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;")):
+        text = text.replace(char, entity)
+    for char in "\\`*_[]#|":
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def without_environment_lines(result: dict[str, Any]) -> list[str]:
+    """The report's section on the gaps synthesis gave no environment, each with its reason."""
+    if "without_environment" not in result:
+        return []
+    from tracegym.synthesis.pipeline import GapWithoutEnvironment
+
+    lines = ["## Gaps without an environment", ""]
+    records = []
+    for item in result["without_environment"]:
+        try:
+            records.append(GapWithoutEnvironment.from_dict(item))
+        except ValueError:
+            lines.append(f"- (an unreadable record: {md_text(item)})")
+    if result.get("status") == "skipped":
+        lines += ["As the last synthesis of these same gaps left them.", ""]
+    for w in records:
+        checks = f" ({', '.join(w.failed_checks)})" if w.failed_checks else ""
+        lines.append(
+            f"- {md_text(w.gap_name or w.gap_id)} ({md_text(w.gap_id)}, detector "
+            f"{md_text(w.detector or 'none')}): {w.stage.label}{md_text(checks)}: "
+            f"{md_text(w.reason)}"
+        )
+    if not result["without_environment"]:
+        lines.append("Every gap got an environment.")
+    return [*lines, ""]
+
+
+def render_report(
+    date: str, results: dict[str, Any], rows: list[dict[str, Any]], report: dict[str, Any]
+) -> str:
+    """report.md: each stage in a line, the gaps without an environment, the evaluation and
+    the adapters."""
+    from tracegym.training.evaluate import render_markdown
+
+    lines = [f"# tracegym nightly {date}", ""]
+    for stage in STAGES[:-1]:
+        r = results[stage]
+        if stage == "synthesize":
+            summary = stage_line(stage, r).partition(" - ")[2]
+            extra = "; ".join(part for part in (r.get("reason"), summary) if part)
+        else:
             extra = r.get("reason") or ", ".join(
                 f"{k}={v}" for k, v in r.items() if k in ("trained", "kept", "environments")
             )
-            lines.append(f"- **{stage}**: {r.get('status')} {('- ' + extra) if extra else ''}")
-            for entry in r.get("failed") or []:
-                lines.append(f"  - failed {entry['item']}: {entry['reason']}")
-        lines += ["", "## Evaluation (held-out success, 95% Wilson intervals)", ""]
-        lines.append(render_markdown(rows) if rows else "No adapter was evaluated tonight.\n")
-        routing = report["routing"]
-        if routing:
-            lines.append(f"Routing accuracy: {routing['accuracy']} over {routing['n']} tasks.\n")
-        lines += ["## Adapters", ""]
-        for a in report["adapters"]:
-            state = "promoted" if a["promoted"] else "not promoted"
-            lines.append(f"- {a['adapter_id']} ({a['capability']}): {state}: {a['promotion']}")
-        write_json_atomic(self.dir / "report.json", report)
-        tmp = self.dir / ".report.md.tmp"
-        tmp.write_text("\n".join(lines) + "\n")
-        os.replace(tmp, self.dir / "report.md")
-        return {"status": "done", "report": str(self.dir / "report.json")}
+        lines.append(f"- **{stage}**: {r.get('status')} {('- ' + extra) if extra else ''}")
+        for entry in r.get("failed") or []:
+            lines.append(f"  - failed {entry['item']}: {entry['reason']}")
+    lines.append("")
+    lines += without_environment_lines(results["synthesize"])
+    lines += ["## Evaluation (held-out success, 95% Wilson intervals)", ""]
+    lines.append(render_markdown(rows) if rows else "No adapter was evaluated tonight.\n")
+    routing = report["routing"]
+    if routing:
+        lines.append(f"Routing accuracy: {routing['accuracy']} over {routing['n']} tasks.\n")
+    lines += ["## Adapters", ""]
+    for a in report["adapters"]:
+        state = "promoted" if a["promoted"] else "not promoted"
+        lines.append(f"- {a['adapter_id']} ({a['capability']}): {state}: {a['promotion']}")
+    return "\n".join(lines) + "\n"
 
 
 def record_night(home: Path, date: str, results: dict[str, Any], report: Path) -> Path:
@@ -579,6 +679,9 @@ def nightly(
                             "date": night.date,
                             "finished_at": state["finished_at"],
                             "stages": {s: results[s].get("status") for s in STAGES},
+                            "gaps_without_environment": len(
+                                results["synthesize"].get("without_environment") or []
+                            ),
                             "report": str(night.dir / "report.json"),
                         }
                     )
