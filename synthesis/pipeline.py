@@ -191,7 +191,7 @@ class SynthesisReport:
     not_synthesizable: list[dict[str, Any]] = field(default_factory=list)
     catalog_source: str = ""
     conventions: dict[str, Any] = field(default_factory=dict)  # what environments follow
-    # every gap that got no environment, typed (the two lists above, and calibration failures)
+    # every gap that got no environment, typed (each is also in one of the two lists above)
     without_environment: list[GapWithoutEnvironment] = field(default_factory=list)
     gaps_hash: str | None = None  # of the gaps.json read (`gaps_hash`)
 
@@ -286,8 +286,13 @@ def synthesize(
         ref = _gap_ref(gap)
         try:
             family_for_gap(gap)
-        except NotSynthesizable as exc:
-            report.stopped(_without(gap, StopStage.NO_FAMILY, str(exc)))
+        except Exception as exc:  # NotSynthesizable, or a gap we did not foresee
+            reason = (
+                str(exc)
+                if isinstance(exc, NotSynthesizable)
+                else _failed("finding its family", exc)
+            )
+            report.stopped(_without(gap, StopStage.NO_FAMILY, reason))
             continue
         try:
             gap_catalog = store_catalog or catalog_from_patterns(
@@ -298,8 +303,9 @@ def synthesize(
             report.stopped(_without(gap, StopStage.NOT_SYNTHESIZABLE, str(exc)))
             continue
         except Exception as exc:  # a gap we did not foresee must not stop the others
-            reason = f"building the environment failed: {type(exc).__name__}: {exc}"
-            report.stopped(_without(gap, StopStage.NOT_SYNTHESIZABLE, reason))
+            report.stopped(
+                _without(gap, StopStage.NOT_SYNTHESIZABLE, _failed("building the environment", exc))
+            )
             continue
         built = {"env_id": spec.env_id, "family": spec.family}
         stage = StopStage.NOT_SYNTHESIZABLE  # until the environment is built from its spec
@@ -353,6 +359,10 @@ def synthesize(
         )
     write_report(home, report)
     return report
+
+
+def _failed(what: str, exc: Exception) -> str:
+    return f"{what} failed: {type(exc).__name__}: {exc}"
 
 
 def _without(gap: Gap, stage: StopStage, reason: str, **more: Any) -> GapWithoutEnvironment:
