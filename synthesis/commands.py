@@ -77,6 +77,24 @@ def render_report(console: Console, report: Any) -> None:
         )
 
 
+def render_rules(console: Console, rules: list[dict[str, Any]]) -> None:
+    """The rules an environment enforces (`MinedRule.to_dict()`s), with their evidence."""
+    if not rules:
+        console.print("rules: none mined")
+        return
+    console.print(f"rules: {len(rules)} mined from the agent's successful runs")
+    for rule in rules:
+        confidence = rule.get("confidence")
+        shown = "-" if not isinstance(confidence, (int, float)) else f"{confidence:.2f}"
+        console.print(
+            f"  {escape(str(rule.get('statement') or rule.get('tool')))} "
+            f"(support {rule.get('support', 0)}, abstained {rule.get('abstained', 0)}, "
+            f"confidence {shown}, failed runs {rule.get('failed_runs', 0)}, "
+            f"evidence {len(rule.get('evidence_runs') or [])} run(s))",
+            highlight=False,
+        )
+
+
 def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
     """Add `synthesize` and the `envs` command group to `app`."""
 
@@ -208,6 +226,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             table.add_row("other", escape(other))
         console.print(table)
         console.print(f"knobs: {json.dumps(spec['knobs'])}")
+        render_rules(console, (spec.get("extra") or {}).get("rules") or [])
         console.print(f"seeds: train {spec['train_seeds']}, held-out {spec['heldout_seeds']}")
         if data.get("validity"):
             for check in data["validity"]["checks"]:
@@ -270,7 +289,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         as_json: JsonOption = False,
         home: HomeOption = None,
     ) -> None:
-        """Re-run the validity checks; exit code 1 when any environment fails."""
+        """Re-run the validity checks (fidelity to the traces among them); exit code 1 when any
+        environment fails."""
         from tracegym.synthesis.validity import check_environment
 
         target, registry = _registry(ctx, home)

@@ -12,6 +12,14 @@ infers, for every tool:
 - status preconditions of write tools: the `status` a record had when the write succeeded, when it
   failed, and the status it had after (`pending` -> `cancelled` for `cancel_pending_order`).
 
+Result shapes also keep the facts the fidelity check (`synthesis.fidelity`) holds generated
+worlds to: the observed values of enum-like strings (`enum`), the range of date strings (`dates`)
+and the order of date fields within a record (`date_order`), every JSON type a field took
+(`types`), how many numbers a range was taken from (`count`); tool schemas keep which result
+field echoes which argument (`echoes`: `get_order_details(order_id)` returns that `order_id`)
+and the shape of every argument's values (`ArgSchema.shape`). `Catalog.facts` says which
+generation of these facts a catalog has (0: a catalog saved before they were recorded).
+
 `EnvironmentSpec` is the JSON document that describes one environment: its family, the gap it
 trains, the tools (schemas) and their roles, knobs and seed ranges.
 """
@@ -23,6 +31,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +39,9 @@ from tracegym.analysis.runs import json_type
 from tracegym.analysis.tool_kinds import is_read_tool
 
 SPEC_VERSION = 1
+FACTS_VERSION = 1  # Catalog.facts of catalogs that record enums, dates, types, echoes
+
+MAX_ENUM = 12  # a string field with at most this many distinct values, each seen twice, is an enum
 
 MAX_EXAMPLES = 12
 MAX_WORD_EXAMPLES = 60  # word-like leaves (product names ...) keep more: they label entities
@@ -131,11 +143,54 @@ def is_id_value(value: Any) -> bool:
     return isinstance(value, str) and " " not in value and sum(c.isdigit() for c in value) >= 3
 
 
+# Dates ------------------------------------------------------------------------------------------
+DATE_KINDS: dict[str, re.Pattern[str]] = {
+    "date": re.compile(r"^\d{4}-\d{2}-\d{2}$"),
+    "datetime": re.compile(
+        r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$"
+    ),
+    "us_date": re.compile(r"^\d{1,2}/\d{1,2}/\d{4}$"),
+}
+
+
+def date_kind(value: Any) -> str | None:
+    """Which date layout `value` is written in (`date`, `datetime`, `us_date`), whether or not
+    it is a real calendar date (`9872-24-24` is a `date` that `parse_date` refuses)."""
+    if not isinstance(value, str) or not 8 <= len(value) <= 35 or not value[:1].isdigit():
+        return None
+    for kind, pattern in DATE_KINDS.items():
+        if pattern.match(value):
+            return kind
+    return None
+
+
+def parse_date(value: str, kind: str) -> datetime | None:
+    """The (naive) moment `value` names, or None when it is no calendar date."""
+    try:
+        if kind == "us_date":
+            return datetime.strptime(value, "%m/%d/%Y")
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=None)
+
+
 # Shapes -----------------------------------------------------------------------------------------
 class _Shape:
     """Accumulates values seen at one place in a result, then describes them (`final`)."""
 
-    __slots__ = ("items", "keys", "n", "numbers", "presence", "props", "strings", "types", "values")
+    __slots__ = (
+        "items",
+        "keys",
+        "n",
+        "numbers",
+        "order",
+        "presence",
+        "props",
+        "strings",
+        "types",
+        "values",
+    )
 
     def __init__(self) -> None:
         self.n = 0
@@ -147,6 +202,8 @@ class _Shape:
         self.values: _Shape | None = None  # an id-keyed map's values
         self.strings: Counter[str] = Counter()
         self.numbers: list[float] = []
+        # date fields of one record, pairwise: (a, b) -> [seen together, a <= b, a >= b]
+        self.order: dict[tuple[str, str], list[int]] = {}
 
     def add(self, value: Any, depth: int = 0) -> None:
         self.n += 1
@@ -160,6 +217,7 @@ class _Shape:
             for key, item in value.items():
                 self.presence[key] += 1
                 self.props.setdefault(key, _Shape()).add(item, depth + 1)
+            self._add_date_order(value)
         elif kind == "map":
             self.values = self.values or _Shape()
             for key, item in value.items():
@@ -176,6 +234,33 @@ class _Shape:
         elif kind in ("integer", "number") and len(self.numbers) < 5000:
             self.numbers.append(float(value))
 
+    def _add_date_order(self, record: Mapping[str, Any]) -> None:
+        dated = []
+        for key, item in record.items():
+            kind = date_kind(item)
+            moment = parse_date(item, kind) if kind else None
+            if moment is not None:
+                dated.append((key, moment))
+        for i, (a, when_a) in enumerate(dated):
+            for b, when_b in dated[i + 1 :]:
+                slot = self.order.setdefault((a, b), [0, 0, 0])
+                slot[0] += 1
+                slot[1] += when_a <= when_b
+                slot[2] += when_a >= when_b
+
+    def _date_order(self) -> list[list[str]]:
+        """Pairs of date fields always in the same order (seen together at least 3 times, not
+        always equal): `[["created_at", "updated_at"]]`."""
+        out = []
+        for (a, b), (together, le, ge) in self.order.items():
+            if together < 3 or le == ge == together:
+                continue
+            if le == together:
+                out.append([a, b])
+            elif ge == together:
+                out.append([b, a])
+        return sorted(out)
+
     def final(self) -> dict[str, Any]:
         kinds = [k for k, _ in self.types.most_common() if k != "null"]
         kind = kinds[0] if kinds else "null"
@@ -184,10 +269,16 @@ class _Shape:
         out: dict[str, Any] = {"type": kind}
         if self.types.get("null"):
             out["nullable"] = True
+        distinct = sorted({"number" if k == "integer" else k for k in kinds})
+        if len(distinct) > 1:
+            out["types"] = sorted(set(kinds))  # every type the field took, for the fidelity check
         if kind == "object":
             seen = max(self.types["object"], 1)
             out["properties"] = {k: s.final() for k, s in self.props.items()}
             out["required"] = [k for k in self.props if self.presence[k] / seen >= 0.5]
+            order = self._date_order()
+            if order:
+                out["date_order"] = order
         elif kind == "map":
             out["keys"] = _string_facts(self.keys)
             out["values"] = self.values.final() if self.values else {"type": "null"}
@@ -203,6 +294,7 @@ class _Shape:
                 min=min(self.numbers),
                 max=max(self.numbers),
                 decimals=0 if kind == "integer" else min(decimals, 2),
+                count=len(self.numbers),
             )
         return out
 
@@ -216,6 +308,25 @@ def _string_facts(values: Counter[str]) -> dict[str, Any]:
         facts["formats"] = formats
     if wordy:
         facts["wordlike"] = True
+    kinds = {date_kind(v) for v in ordered}
+    if len(kinds) == 1 and None not in kinds:
+        (kind,) = kinds
+        moments = [m for m in (parse_date(v, kind) for v in ordered) if m is not None]
+        if moments:
+            facts["dates"] = {
+                "kind": kind,
+                "min": min(moments).isoformat(),
+                "max": max(moments).isoformat(),
+                "count": sum(values.values()),
+            }
+    elif (
+        ordered
+        and len(ordered) <= MAX_ENUM
+        and sum(values.values()) >= 2 * len(ordered)
+        and not any(is_id_value(v) for v in ordered)
+        and len(ordered) < _MAX_DISTINCT
+    ):
+        facts["enum"] = sorted(ordered)  # every value the field took: few, each seen repeatedly
     return facts
 
 
@@ -239,6 +350,7 @@ class ArgSchema:
     minimum: float | None = None
     maximum: float | None = None
     decimals: int | None = None
+    shape: dict[str, Any] | None = None  # the recorded values' shape (None in older catalogs)
 
     def json_schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type}
@@ -262,6 +374,7 @@ class ToolSchema:
     errors: int = 0
     read: bool = True
     description: str = ""
+    echoes: dict[str, str] = field(default_factory=dict)  # argument -> result field holding it
 
     @property
     def required(self) -> list[str]:
@@ -328,6 +441,7 @@ class Catalog:
     flows: list[Flow] = field(default_factory=list)
     status_rules: dict[str, StatusRule] = field(default_factory=dict)
     traces: int = 0
+    facts: int = 0  # FACTS_VERSION of the facts recorded (0: saved before enums, dates, echoes)
 
     def flows_into(self, tool: str, argument: str) -> list[Flow]:
         return sorted(
@@ -341,6 +455,7 @@ class Catalog:
             "flows": [asdict(f) for f in self.flows],
             "status_rules": {k: asdict(v) for k, v in self.status_rules.items()},
             "traces": self.traces,
+            "facts": self.facts,
         }
 
     @classmethod
@@ -350,6 +465,7 @@ class Catalog:
             flows=[Flow(**f) for f in data.get("flows", [])],
             status_rules={k: StatusRule(**v) for k, v in data.get("status_rules", {}).items()},
             traces=data.get("traces", 0),
+            facts=int(data.get("facts", 0) or 0),
         )
 
     def subset(self, names: Iterable[str]) -> Catalog:
@@ -359,6 +475,7 @@ class Catalog:
             flows=[f for f in self.flows if f.source in keep and f.target in keep],
             status_rules={k: v for k, v in self.status_rules.items() if k in keep},
             traces=self.traces,
+            facts=self.facts,
         )
 
 
@@ -367,7 +484,7 @@ def _arg_schema(name: str, values: list[Any], calls: int) -> ArgSchema:
     kind = kinds.most_common(1)[0][0] if kinds else "string"
     if kind == "integer" and kinds.get("number"):
         kind = "number"
-    arg = ArgSchema(name=name, type=kind, required=len(values) == calls)
+    arg = ArgSchema(name=name, type=kind, required=len(values) == calls, shape=shape_of(values))
     if kind == "array":
         flat = [x for v in values if isinstance(v, list) for x in v]
         item_kinds = Counter(json_type(x) for x in flat)
@@ -416,6 +533,33 @@ def _leaves(value: Any, path: str, out: dict[str, str], depth: int = 0) -> None:
             _leaves(item, sub, out, depth + 1)
 
 
+def _count_echoes(
+    tool: str,
+    arguments: Mapping[str, Any],
+    result: Mapping[str, Any],
+    seen: dict[str, Counter[str]],
+    hits: dict[str, Counter[tuple[str, str]]],
+) -> None:
+    for name, value in arguments.items():
+        if not isinstance(value, (str, int)) or isinstance(value, bool) or value == "":
+            continue
+        seen.setdefault(tool, Counter())[name] += 1
+        for key, item in result.items():
+            if item == value and type(item) is type(value):
+                hits.setdefault(tool, Counter())[(name, key)] += 1
+
+
+def _echoes(seen: Counter[str], hits: Counter[tuple[str, str]]) -> dict[str, str]:
+    """argument -> the result field that held its value in (nearly) every successful call: the
+    record a read returns is the one asked for (`order_id` -> `order_id`, `booking_id` -> `id`)."""
+    out: dict[str, str] = {}
+    for (name, key), count in sorted(hits.items(), key=lambda kv: (-kv[1], kv[0][1] != kv[0][0])):
+        if name in out or count < 2 or count < 0.9 * seen[name]:
+            continue
+        out[name] = key
+    return out
+
+
 def infer_catalog(traces: Iterable[Sequence[Mapping[str, Any]]]) -> Catalog:
     """Infer schemas, flows and status rules from traces: each a list of calls in run order,
     a call being `{"tool", "arguments", "result", "error"}` (arguments/result as JSON text or
@@ -427,6 +571,8 @@ def infer_catalog(traces: Iterable[Sequence[Mapping[str, Any]]]) -> Catalog:
     flows: Counter[tuple[str, str, str, str]] = Counter()
     statuses: dict[tuple[str, str], dict[str, Counter[str]]] = {}
     after: dict[str, Counter[str]] = {}
+    echo_seen: dict[str, Counter[str]] = {}  # read tool -> argument -> successful calls with it
+    echo_hits: dict[str, Counter[tuple[str, str]]] = {}  # -> (argument, result field) -> equal
     n_traces = 0
     for trace in traces:
         n_traces += 1
@@ -456,6 +602,8 @@ def infer_catalog(traces: Iterable[Sequence[Mapping[str, Any]]]) -> Catalog:
             else:
                 results.setdefault(tool, _Shape()).add(result)
                 result_text = result
+                if is_read_tool(tool) and isinstance(result, Mapping):
+                    _count_echoes(tool, arguments, result, echo_seen, echo_hits)
             # status preconditions of writes, judged by the last record seen for the same id
             if not is_read_tool(tool):
                 for value in arguments.values():
@@ -485,7 +633,7 @@ def infer_catalog(traces: Iterable[Sequence[Mapping[str, Any]]]) -> Catalog:
                     for value in arguments.values():
                         if isinstance(value, str):
                             records[value] = (tool, result)
-    catalog = Catalog(traces=n_traces)
+    catalog = Catalog(traces=n_traces, facts=FACTS_VERSION)
     for tool in calls:
         per_arg = args.get(tool, {})
         tool_calls = calls[tool]
@@ -496,6 +644,7 @@ def infer_catalog(traces: Iterable[Sequence[Mapping[str, Any]]]) -> Catalog:
             calls=tool_calls,
             errors=errors[tool],
             read=is_read_tool(tool),
+            echoes=_echoes(echo_seen.get(tool, Counter()), echo_hits.get(tool, Counter())),
         )
     catalog.flows = [Flow(s, p, t, a, c) for (s, p, t, a), c in flows.most_common()]
     for (tool, lookup), kinds in statuses.items():

@@ -7,7 +7,10 @@
 - deterministic: the same seed gives the same task, the same oracle and the same verdicts, in
   this instance and in a fresh one built from the same spec;
 - disjoint splits: no train seed and held-out seed give the same task (and the ranges do not
-  overlap).
+  overlap);
+- faithful: every train task's records, tool results, reads, writes and system prompt agree with
+  the traces the catalog was inferred from (`synthesis.fidelity`; value: the share of seeds
+  clean).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tracegym.synthesis.base import Environment, run_actions
+from tracegym.synthesis.fidelity import check_fidelity
 from tracegym.synthesis.policies import AllToolsPolicy, NullPolicy, RandomToolPolicy
 
 MAX_CHEAT_RATE = 0.05
@@ -189,6 +193,10 @@ def check_environment(
             f"none shared ({duplicates} repeated within train)",
         )
 
+    def fidelity() -> Check:
+        result = check_fidelity(env, n_seeds=len(train))
+        return Check("fidelity", result.ok, result.detail(), result.share_clean)
+
     run("oracle", oracle)
     run("null", lambda: cheat_check("null", NullPolicy, MAX_CHEAT_RATE))
     run(
@@ -199,6 +207,7 @@ def check_environment(
     run("empty_answer", empty_answer)
     run("determinism", determinism)
     run("splits", splits)
+    run("fidelity", fidelity)
     report.ok = all(c.ok for c in report.checks)
     report.seconds = time.perf_counter() - started
     return report
