@@ -15,7 +15,11 @@ holds in at least `min_confidence` (0.9) of at least `min_support` (5) successfu
 rule ("subset" is implied by "equal"). `detect` flags a call that breaks its argument's rule and
 whose list is not named by the user either (what the user asked for is never wrong here): key
 ``wrong_list:<tool>.<arg>``, decisive step the call, the read it best matches next in
-`span_ids`; confidence 0.7. Nothing about any domain is hard-coded.
+`span_ids`; confidence 0.7. Each finding carries the rule it breaks as
+``details["mined_rule"]`` (a `MinedRule` of kind ``list``: the read tool and the list's path in
+its result that successful calls related to most often, e.g. ``items[*].item_id``, and up to
+ten of those runs), so that synthesis enforces what was mined and nothing else. Nothing about
+any domain is hard-coded.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.state import MAX_DEPTH, Read, is_write, reads
 from tracegym.analysis.detectors.ungrounded import Evidence, leaf_texts, loose
 from tracegym.analysis.features import step_ref
+from tracegym.analysis.gap import MinedRule
 from tracegym.analysis.runs import Run, Step, parse_json
 
 RELATIONS = ("equal", "subset", "named")
+EVIDENCE_RUNS = 10  # successful trace ids kept with a mined rule
 
 
 def element_key(value: Any) -> frozenset[str]:
@@ -62,27 +68,65 @@ def list_arguments(step: Step) -> dict[str, list[frozenset[str]]]:
     return found
 
 
-def result_lists(read: Read) -> Iterator[list[frozenset[str]]]:
-    """Every non-empty list inside a read result, as element keys."""
+@dataclass(frozen=True)
+class ReadList:
+    """One non-empty list inside a read result: its path (``items[*]``), the raw elements and
+    their keys."""
 
-    def walk(value: Any, depth: int) -> Iterator[list[frozenset[str]]]:
+    path: str
+    raw: list[Any]
+    candidates: list[frozenset[str]]
+
+
+def read_lists(read: Read) -> Iterator[ReadList]:
+    """Every non-empty list inside a read result, outermost first, with its path."""
+
+    def walk(value: Any, path: str, depth: int) -> Iterator[ReadList]:
         if depth > MAX_DEPTH:
             return
         if isinstance(value, dict):
-            for item in value.values():
-                yield from walk(item, depth + 1)
+            for key, item in value.items():
+                yield from walk(item, f"{path}.{key}" if path else str(key), depth + 1)
         elif isinstance(value, list) and value:
-            yield [element_key(v) for v in value]
+            here = f"{path}[*]"
+            yield ReadList(here, value, [element_key(v) for v in value])
             for item in value:
-                yield from walk(item, depth + 1)
+                yield from walk(item, here, depth + 1)
 
-    yield from walk(read.parsed, 0)
+    yield from walk(read.parsed, "", 0)
 
 
-def _covers(candidates: list[frozenset[str]], elements: list[frozenset[str]]) -> set[int]:
-    """Indices of the candidate records the elements match one to one (an element matches a
-    record whose values include all of its own; a repeated element is the same record again);
-    empty when an element matches none."""
+def result_lists(read: Read) -> Iterator[list[frozenset[str]]]:
+    """Every non-empty list inside a read result, as element keys."""
+    for found in read_lists(read):
+        yield found.candidates
+
+
+def _field_path(found: ReadList, matched: dict[frozenset[str], int]) -> str:
+    """The list's path, narrowed to the one field of its records that holds every scalar
+    element (``items[*]`` -> ``items[*].item_id``) when there is exactly one."""
+    fields: set[str] | None = None
+    for element, index in matched.items():
+        record = found.raw[index]
+        if len(element) != 1 or not isinstance(record, dict):
+            return found.path
+        [value] = element
+        here = {
+            str(k) for k, v in record.items()
+            if not isinstance(v, (dict, list, bool)) and v is not None and loose(str(v)) == value
+        }  # fmt: skip
+        fields = here if fields is None else fields & here
+    if fields is not None and len(fields) == 1:
+        return f"{found.path}.{next(iter(fields))}"
+    return found.path
+
+
+def _matches(
+    candidates: list[frozenset[str]], elements: list[frozenset[str]]
+) -> dict[frozenset[str], int]:
+    """Each distinct element -> the index of the candidate record it matches, one to one (an
+    element matches a record whose values include all of its own; a repeated element is the
+    same record again); empty when an element matches none."""
     used: dict[frozenset[str], int] = {}
     for element in elements:
         if element in used:
@@ -90,9 +134,15 @@ def _covers(candidates: list[frozenset[str]], elements: list[frozenset[str]]) ->
         taken = set(used.values())
         match = next((i for i, c in enumerate(candidates) if element <= c and i not in taken), None)
         if match is None:
-            return set()
+            return {}
         used[element] = match
-    return set(used.values())
+    return used
+
+
+def _covers(candidates: list[frozenset[str]], elements: list[frozenset[str]]) -> set[int]:
+    """Indices of the candidate records the elements match one to one (`_matches`); empty when
+    an element matches none."""
+    return set(_matches(candidates, elements).values())
 
 
 @dataclass(frozen=True)
@@ -102,6 +152,15 @@ class Relation:
     equal: Read | None
     subset: Read | None
     named: bool
+    equal_path: str | None = None  # where in the read's result the list is (`_field_path`)
+    subset_path: str | None = None
+
+    def where(self, relation: str) -> tuple[str | None, str | None]:
+        """The read tool and list path a relation held with (None for ``named``)."""
+        read, path = {"equal": (self.equal, self.equal_path),
+                      "subset": (self.subset, self.subset_path)}.get(
+                          relation, (None, None))  # fmt: skip
+        return (read.step.tool or read.step.name, path) if read is not None else (None, None)
 
     def holds(self, relation: str) -> bool:
         return {"equal": self.equal is not None, "subset": self.subset is not None,
@@ -111,18 +170,20 @@ class Relation:
 def relation(elements: list[frozenset[str]], earlier: list[Read], told: str) -> Relation:
     """The relations `elements` have with the reads before the call and what the user said."""
     equal = subset = None
+    equal_path = subset_path = None
     for read in reversed(earlier):
-        for candidates in result_lists(read):
-            used = _covers(candidates, elements)
-            if not used:
+        for found in read_lists(read):
+            matched = _matches(found.candidates, elements)
+            if not matched:
                 continue
-            subset = subset or read
-            if len(used) == len(candidates):
-                equal = equal or read
+            if subset is None:
+                subset, subset_path = read, _field_path(found, matched)
+            if len(set(matched.values())) == len(found.candidates) and equal is None:
+                equal, equal_path = read, _field_path(found, matched)
         if equal is not None:
             break
     named = all(any(f" {v} " in told for v in e) for e in elements)
-    return Relation(equal, subset, named)
+    return Relation(equal, subset, named, equal_path, subset_path)
 
 
 def _told(evidence: Evidence) -> str:
@@ -149,6 +210,7 @@ class WrongListArgument(Detector):
         self.min_confidence = min_confidence
         self.rules_: dict[tuple[str, str], str] = {}
         self.support_: dict[tuple[str, str], int] = {}
+        self.mined_: dict[tuple[str, str], MinedRule] = {}
 
     def _calls(self, run: Run) -> Iterator[tuple[Step, str, list[frozenset[str]], Relation]]:
         all_reads = reads(run)
@@ -168,6 +230,10 @@ class WrongListArgument(Detector):
     def fit(self, runs: Sequence[Run]) -> WrongListArgument:
         calls: Counter[tuple[str, str]] = Counter()
         holds: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+        where: dict[tuple[str, str, str], Counter[tuple[str | None, str | None]]] = defaultdict(
+            Counter
+        )
+        traces: dict[tuple[str, str, str], set[str]] = defaultdict(set)
         for run in runs:
             if run.success is not True:
                 continue
@@ -176,16 +242,49 @@ class WrongListArgument(Detector):
                     continue
                 key = (step.tool or step.name, arg)
                 calls[key] += 1
-                holds[key].update(r for r in RELATIONS if found.holds(r))
-        self.rules_, self.support_ = {}, {}
+                for name in RELATIONS:
+                    if found.holds(name):
+                        holds[key][name] += 1
+                        where[(*key, name)][found.where(name)] += 1
+                        traces[(*key, name)].add(run.trace_id)
+        self.rules_, self.support_, self.mined_ = {}, {}, {}
         for key, n in calls.items():
             if n < self.min_support:
                 continue
             for name in RELATIONS:  # the most specific relation first
                 if holds[key][name] / n >= self.min_confidence:
                     self.rules_[key], self.support_[key] = name, n
+                    at = (*key, name)
+                    self.mined_[key] = self._rule(key, name, n, holds[key][name], where[at],
+                                                  traces[at])  # fmt: skip
                     break
         return self
+
+    def _rule(
+        self,
+        key: tuple[str, str],
+        relation: str,
+        calls: int,
+        held: int,
+        where: Counter[tuple[str | None, str | None]],
+        traces: set[str],
+    ) -> MinedRule:
+        """The mined rule of one argument: the read tool and path it held with most often."""
+        tool, arg = key
+        (read_tool, path), _ = min(where.items(), key=lambda kv: (-kv[1], str(kv[0])))
+        source = f"{read_tool}'s {path}" if path else f"what {read_tool} returned"
+        statement = {
+            "equal": f"{tool}'s {arg} is exactly the list {source} (every element)",
+            "subset": f"{tool}'s {arg} holds only elements of the one list {source}",
+            "named": f"{tool}'s {arg} holds only what the user named",
+        }[relation]
+        return MinedRule(
+            detector=self.name, kind="list", tool=tool, argument=arg, relation=relation,
+            read_tool=read_tool, path=path,
+            statement=f"{statement}, in {held} of {calls} successful calls",
+            support=calls, confidence=round(held / calls, 4),
+            evidence_runs=tuple(sorted(traces)[:EVIDENCE_RUNS]),
+        )  # fmt: skip
 
     def detect(self, run: Run) -> list[Finding]:
         if not self.rules_:
@@ -215,6 +314,8 @@ class WrongListArgument(Detector):
                 ),
                 details={"tool": tool, "argument": arg, "rule": rule,
                          "subset_of_a_read": near is not None,
-                         "read_position": near.step.position if near is not None else None},
+                         "read_position": near.step.position if near is not None else None,
+                         **({"mined_rule": self.mined_[tool, arg].to_dict()}
+                            if (tool, arg) in self.mined_ else {})},
             )  # fmt: skip
         return list(findings.values())

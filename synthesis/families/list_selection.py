@@ -1,0 +1,514 @@
+"""The `list_selection` family: pass a write the right list of elements of a looked-up record.
+
+Built only from a list rule the `wrong_list` detector mined from the agent's successful runs
+(`Gap.rules`, kind ``list``): `tool`'s list `argument` is exactly the list at `path` of what
+`read_tool` returned (``equal``), or elements of that one list (``subset``). Per seed the user's
+record (looked up by `read_tool`) holds a list of elements generated from the recorded element
+shape; the user asks for the action on all of them (equal) or on some, named by a word-like field
+of theirs such as an item's name (subset). Other records of the user's carry elements with the
+same names (the knob `similar`), so taking them from the wrong record fails.
+
+The verifier checks the list argument of every successful call of the action on the record
+(exactly the right elements, in any order, normalised as the detector compares them:
+`ungrounded.loose`), that the action ran on that record and on no other, and the final answer
+naming the record; nothing else the agent already does (the read before the write, the other
+arguments) is checked. The system prompt is the agent's own recorded instructions and never says
+which elements. Where no list rule was mined, or its tools and path are not in the catalog, the
+family refuses (`NotSynthesizable`) with the reason.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tracegym.analysis import detector_names as dn
+from tracegym.analysis.detectors.ungrounded import loose
+from tracegym.analysis.gap import Gap, MinedRule
+from tracegym.synthesis.base import Action, Episode, Task, Verdict
+from tracegym.synthesis.conventions import Conventions
+from tracegym.synthesis.families.chain import ChainEnvironment, human, join_and
+from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec, ToolSchema
+from tracegym.synthesis.world import (
+    LABEL_NAMES,
+    NotSynthesizable,
+    Roles,
+    WorldBuilder,
+    infer_roles,
+    path_tokens,
+    set_at,
+    shape_at,
+)
+
+RELATIONS = ("equal", "subset")  # "named" is the user dictating values: exact_arguments' job
+MIN_LABELS = 3  # observed names a subset task needs, to name some elements and not others
+
+
+@dataclass(frozen=True)
+class ListPlan:
+    """Where the rule's list lives in the looked-up record and how one element is read.
+
+    `list_path` is the list (``items[*]``), `field` the path inside one element that holds the
+    argument's value (``item_id``; ``item_ids[*]`` when it is a list of its own; empty when the
+    element is the value), `label` a word-like field naming an element (``name``), `mirror`
+    the other path the traces copy the argument's values from (`Roles.extras`), kept holding
+    the same values.
+    """
+
+    argument: str
+    relation: str
+    list_path: str
+    field: str = ""
+    label: str | None = None
+    mirror: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ListPlan:
+        return cls(**{k: data.get(k) for k in cls.__dataclass_fields__ if k in data})
+
+
+def _fan(tokens: list[str]) -> int | None:
+    return next((i for i, t in enumerate(tokens) if t in ("[*]", "{*}")), None)
+
+
+def _regex(shape: Mapping[str, Any]) -> str | None:
+    formats = shape.get("formats") or []
+    return formats[0].get("regex") if formats else None
+
+
+def _value_field(element: Mapping[str, Any], regex: str | None) -> str | None:
+    """The field of a list element holding a value in the argument's format (a string, or a
+    list of strings: ``item_ids[*]``); "" when the element is such a string itself."""
+    if element.get("type") == "string":
+        return "" if regex is None or _regex(element) == regex else None
+    if element.get("type") != "object" or regex is None:
+        return None
+    for key, sub in (element.get("properties") or {}).items():
+        if sub.get("type") == "string" and _regex(sub) == regex:
+            return str(key)
+        items = sub.get("items") or {}
+        if sub.get("type") == "array" and items.get("type") == "string" and _regex(items) == regex:
+            return f"{key}[*]"
+    return None
+
+
+def _label_field(element: Mapping[str, Any], roles: Roles, list_path: str) -> str | None:
+    """A word-like string field naming an element, with enough recorded names."""
+    props = element.get("properties") or {} if element.get("type") == "object" else {}
+    preferred = []
+    if roles.label_path and roles.label_path.startswith(list_path + "."):
+        preferred.append(roles.label_path[len(list_path) + 1 :])
+    preferred += [k for k in LABEL_NAMES if k in props]
+    for key in preferred:
+        sub = props.get(key) or {}
+        if sub.get("type") == "string" and len(set(sub.get("examples") or [])) >= MIN_LABELS:
+            return key
+    return None
+
+
+def plan_list(rule: MinedRule, catalog: Catalog, roles: Roles) -> ListPlan:
+    """The plan for enforcing `rule` in a world with these roles, or NotSynthesizable."""
+    if rule.relation not in RELATIONS:
+        raise NotSynthesizable(
+            f"the mined list rule is '{rule.relation}': the list is what the user named, not a "
+            "selection from a looked-up record"
+        )
+    action = catalog.tools[rule.tool]
+    arg = action.arguments.get(rule.argument or "")
+    if arg is None or arg.type != "array":
+        raise NotSynthesizable(f"{rule.tool} has no recorded list argument {rule.argument!r}")
+    if rule.read_tool != roles.lookup:
+        raise NotSynthesizable(
+            f"the rule's list comes from {rule.read_tool}, not from {roles.lookup}, the read that "
+            f"looks up the record {rule.tool} acts on"
+        )
+    tokens = path_tokens(rule.path)
+    fan = _fan(tokens)
+    if not tokens or fan is None or tokens[fan] != "[*]":
+        raise NotSynthesizable(f"the rule names no list in {rule.read_tool}'s result ({rule.path})")
+    shape: ToolSchema = catalog.tools[rule.read_tool]
+    list_tokens, rest = tokens[: fan + 1], tokens[fan + 1 :]
+    element = shape_at(shape.result, list_tokens)
+    if element.get("type") not in ("object", "string"):
+        raise NotSynthesizable(f"{rule.read_tool}'s result has no recorded list at {rule.path}")
+    list_path = _join(list_tokens)
+    regex = arg.formats[0]["regex"] if arg.formats else None
+    if rest:
+        field = _join(rest)
+        leaf = shape_at(element, rest)
+        if leaf.get("type") != "string":
+            raise NotSynthesizable(f"{rule.path} holds no recorded text values")
+    else:
+        found = _value_field(element, regex)
+        if found is None:
+            raise NotSynthesizable(
+                f"no field of {rule.read_tool}'s {list_path} elements holds values in the format "
+                f"of {rule.tool}'s {rule.argument}"
+            )
+        field = found
+    label = _label_field(element, roles, list_path)
+    if rule.relation == "subset" and label is None:
+        raise NotSynthesizable(
+            f"the elements of {rule.read_tool}'s {list_path} have no word-like field with "
+            f"{MIN_LABELS}+ recorded values the user could name them by"
+        )
+    source = roles.extras.get(rule.argument or "") or {}
+    mirror = source.get("path") if source.get("source") == "lookup" else None
+    own = _join(path_tokens(f"{list_path}.{field}")) if field else list_path
+    if mirror == own or mirror == rule.path:
+        mirror = None
+    return ListPlan(rule.argument or "", rule.relation or "", list_path, field, label, mirror)
+
+
+def _join(tokens: list[str]) -> str:
+    """Path tokens back to a path: ``["items", "[*]", "item_id"]`` -> ``items[*].item_id``."""
+    return "".join(t if t.startswith(("[", "{")) else f".{t}" for t in tokens).lstrip(".")
+
+
+def _under(path: str, list_path: str) -> bool:
+    """`items[*].name` is under `items[*]` and under `items[*].item_id`'s list."""
+    tokens = path_tokens(list_path)
+    fan = _fan(tokens)
+    head = _join(tokens[: fan + 1]) if fan is not None else list_path
+    return path.startswith(head + ".")
+
+
+def _norm(value: Any) -> str:
+    return loose(str(value))
+
+
+class ListSelectionEnv(ChainEnvironment):
+    """The right elements in a write's list argument (module docstring)."""
+
+    family = "list_selection"
+    capability = (
+        "Pass an action the elements of the looked-up record the user asked for: all of them "
+        "or the ones named, no more, no fewer, none from another record."
+    )
+    detectors = (dn.WRONG_LIST,)
+
+    def __init__(self, spec: EnvironmentSpec, **knobs: Any) -> None:
+        super().__init__(spec, **knobs)
+        planned = spec.extra.get("list")
+        self.plan = ListPlan.from_dict(planned) if isinstance(planned, Mapping) else None
+        # the lists this family writes are named by it, not by the chain's record labels (which
+        # would spend the recorded names on elements it replaces)
+        self.label_path = self.roles.label_path
+        if self.plan is not None and self.label_path:
+            lists = [self.plan.list_path, *([self.plan.mirror] if self.plan.mirror else [])]
+            if any(_under(self.label_path, p) for p in lists):
+                self.roles.label_path = None
+
+    def default_knobs(self) -> dict[str, Any]:
+        return {"length": 3, "asked": 2, "records": 1, "similar": 1, "slack": 6}
+
+    def levels(self) -> list[dict[str, Any]]:
+        base = dict(self.knobs)
+        ladder = ((2, 2, 0, 0), (3, 2, 1, 0), (3, 2, 1, 1), (4, 2, 2, 1), (4, 3, 2, 2),
+                  (5, 3, 2, 2), (6, 4, 3, 3))  # fmt: skip
+        return [
+            {**base, "length": n, "asked": a, "records": r, "similar": s} for n, a, r, s in ladder
+        ]
+
+    # Spec construction ---------------------------------------------------------------------
+    @classmethod
+    def _rules(cls, gap: Gap) -> list[MinedRule]:
+        rules = [r for r in gap.rules if r.kind == "list" and r.argument]
+        if not rules:
+            raise NotSynthesizable(
+                "no list rule was mined from the agent's successful runs for this gap: "
+                "nothing to enforce"
+            )
+        return rules
+
+    @classmethod
+    def _chosen(cls, gap: Gap, catalog: Catalog) -> tuple[MinedRule, Roles, ListPlan]:
+        """The first mined list rule the catalog can express, with its roles and plan."""
+        why = []
+        for rule in cls._rules(gap):
+            missing = [t for t in (rule.tool, rule.read_tool) if not t or t not in catalog.tools]
+            if missing:
+                why.append(f"{', '.join(str(m) for m in missing)} not in the recorded tools")
+                continue
+            try:
+                roles = infer_roles(catalog, rule.tool, extra_tools=[str(rule.read_tool)])
+                ChainEnvironment.requirements(roles, catalog, gap)
+                return rule, roles, plan_list(rule, catalog, roles)
+            except NotSynthesizable as exc:
+                why.append(str(exc))
+        raise NotSynthesizable("no mined list rule fits: " + "; ".join(why))
+
+    @classmethod
+    def choose_action(cls, gap: Gap, catalog: Catalog) -> tuple[str, list[str], str]:
+        rule, _roles, _plan = cls._chosen(gap, catalog)
+        return rule.tool, [str(rule.read_tool)], f"{rule.tool}: the tool of the mined list rule"
+
+    @classmethod
+    def requirements(cls, roles: Roles, catalog: Catalog, gap: Gap) -> None:
+        super().requirements(roles, catalog, gap)
+
+    @classmethod
+    def build_spec(
+        cls, gap: Gap, catalog: Catalog, conventions: Conventions | None = None
+    ) -> EnvironmentSpec:
+        rule, _roles, plan = cls._chosen(gap, catalog)
+        spec = super().build_spec(gap, catalog, conventions)
+        spec.extra["rules"] = [rule.to_dict()]
+        spec.extra["list"] = plan.to_dict()
+        spec.description += f" Mined rule: {rule.statement}."
+        spec.knobs = cls(spec).knobs
+        return spec
+
+    # World generation ----------------------------------------------------------------------
+    def _sizes(self) -> tuple[int, int]:
+        """The target list's length and how many of its elements the user asks for."""
+        assert self.plan is not None
+        length = max(2, int(self.knobs.get("length", 3)))
+        if self.plan.relation == "equal":
+            return length, length
+        asked = max(2, int(self.knobs.get("asked", 2)))
+        return max(length, asked + 1), asked
+
+    def _value_schema(self) -> ArgSchema:
+        """The recorded format of the values in the read's list (they are what the agent
+        copies), else the action argument's own."""
+        assert self.plan is not None and self.roles.lookup
+        shape = self.catalog.tools[self.roles.lookup].result
+        tokens = path_tokens(self.plan.list_path) + path_tokens(self.plan.field)
+        leaf = shape_at(shape, tokens)
+        if leaf.get("type") == "string" and (leaf.get("formats") or leaf.get("examples")):
+            return ArgSchema(
+                self.plan.argument,
+                formats=list(leaf.get("formats") or []),
+                examples=list(leaf.get("examples") or []),
+            )
+        return self.action_schema.arguments[self.plan.argument]
+
+    def _labels(self) -> list[str]:
+        assert self.plan is not None and self.roles.lookup
+        if not self.plan.label:
+            return []
+        shape = self.catalog.tools[self.roles.lookup].result
+        element = shape_at(shape, path_tokens(self.plan.list_path))
+        examples = (element.get("properties") or {}).get(self.plan.label, {}).get("examples")
+        return sorted({str(e) for e in examples or []})
+
+    def _fill(
+        self,
+        builder: WorldBuilder,
+        record: dict[str, Any],
+        list_path: str,
+        field: str,
+        values: list[str],
+        label: str | None = None,
+        names: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """Make `list_path` in `record` hold one element per value, generated from the
+        recorded element shape, with `field` set to the value (and `label` to its name)."""
+        assert self.roles.lookup
+        shape = self.catalog.tools[self.roles.lookup].result
+        tokens = path_tokens(list_path)
+        element_shape = shape_at(shape, tokens)
+        elements: list[Any] = []
+        for i, value in enumerate(values):
+            if not field:
+                elements.append(value)
+                continue
+            element = builder.gen.value(element_shape)
+            element = element if isinstance(element, dict) else {}
+            nested = field.endswith("[*]")
+            element = set_at(
+                element, path_tokens(field.removesuffix("[*]")), [value] if nested else value
+            )
+            if label and names:
+                element = set_at(element, path_tokens(label), names[i])
+            elements.append(element)
+        return set_at(record, tokens[:-1], elements)
+
+    def _mirror(
+        self,
+        builder: WorldBuilder,
+        record: dict[str, Any],
+        values: list[str],
+        names: list[str] | None,
+    ) -> dict[str, Any]:
+        """The other path the traces copy the argument from holds the same values (and, where
+        the record's label lives in that list, the same names)."""
+        assert self.plan is not None and self.plan.mirror
+        tokens = path_tokens(self.plan.mirror)
+        fan = _fan(tokens)
+        if fan is None or tokens[fan] != "[*]":
+            return record
+        head = _join(tokens[: fan + 1])
+        tail = _join(tokens[fan + 1 :])
+        label_path = self.label_path or ""
+        label = label_path[len(head) + 1 :] if label_path.startswith(head + ".") else None
+        return self._fill(builder, record, head, tail, values, label, names if label else None)
+
+    def generate(self, seed: int) -> Task:
+        plan = self.plan
+        if plan is None:
+            raise NotSynthesizable("the spec holds no list rule plan (build it with build_spec)")
+        r = self.roles
+        others = int(self.knobs.get("records", 1))
+        ctx = self.world_ctx(seed, n_targets=1, n_entities=1 + others)
+        rng = random.Random(f"{self.family}:{seed}:list")
+        builder = WorldBuilder(self.catalog, r, rng, None)
+        builder.taken |= {str(v) for v in _strings(ctx.state)}
+        arg = self._value_schema()
+        length, asked = self._sizes()
+        pool = self._labels()
+        rng.shuffle(pool)
+        if plan.label and len(pool) < length:
+            length = max(len(pool), asked + (plan.relation == "subset"))
+        target = ctx.targets[0]
+        names_by: dict[str, list[str] | None] = {}
+        values_by: dict[str, list[str]] = {}
+        chosen: list[int] = sorted(rng.sample(range(length), asked))
+        for eid in ctx.entities:
+            n = length if eid == target else rng.randint(2, max(2, length))
+            names = None
+            if plan.label:
+                if eid == target:
+                    names = pool[:length]
+                else:
+                    names = rng.sample(pool, min(n, len(pool)))
+                    n = len(names)
+            values_by[eid] = [builder.new_id(arg) for _ in range(n)]
+            names_by[eid] = names
+        similar = int(self.knobs.get("similar", 0))
+        target_names = names_by[target]
+        if target_names:
+            wanted = [target_names[i] for i in chosen]
+            for k, eid in enumerate(e for e in ctx.entities if e != target):
+                names = names_by[eid] or []
+                for j, name in enumerate(wanted[: max(0, similar - k)]):
+                    if j < len(names) and name not in names:
+                        names[j] = name
+        for eid in ctx.entities:
+            record = ctx.state["entities"][eid]
+            record = self._fill(builder, record, plan.list_path, plan.field, values_by[eid],
+                                plan.label, names_by[eid])  # fmt: skip
+            if plan.mirror:
+                record = self._mirror(builder, record, values_by[eid], names_by[eid])
+            ctx.state["entities"][eid] = record
+        expected = (
+            list(values_by[target])
+            if plan.relation == "equal"
+            else [values_by[target][i] for i in chosen]
+        )
+        ctx.calls[target][plan.argument] = expected
+        said = self._phrase_list(plan, target_names, chosen)
+        index = list(r.extras).index(plan.argument) if plan.argument in r.extras else None
+        phrases = ctx.phrases[target]
+        if index is not None and index < len(phrases):
+            phrases[index] = said
+        else:
+            phrases.insert(0, said)
+        instruction = f"Hi. {self.request(ctx, [target])}"
+        oracle: list[Action] = [
+            self.lookup_call(target),
+            self.action_call(ctx, target),
+            {"answer": self.answer(ctx, [target], [])},
+        ]
+        goal: dict[str, Any] = {"answer_includes": [target]}
+        task = self.build_task(seed, ctx, instruction, goal, oracle)
+        task.meta["list"] = {"record": target, "expected": expected}
+        return task
+
+    def _phrase_list(self, plan: ListPlan, names: list[str] | None, chosen: list[int]) -> str:
+        noun = human(plan.argument)
+        if plan.relation == "equal":
+            return f"{noun}: all of them"
+        assert names is not None
+        return f"{noun}: " + join_and([f"the {names[i]}" for i in chosen])
+
+    # Verification --------------------------------------------------------------------------
+    def verify(self, episode: Episode) -> Verdict:
+        """The list, the record and the answer (module docstring); nothing else."""
+        task = episode.task
+        want = task.meta["list"]
+        record, expected = want["record"], [_norm(v) for v in want["expected"]]
+        r, plan = self.roles, self.plan
+        assert plan is not None
+        checks: list[dict[str, Any]] = []
+
+        def add(name: str, part: str, ok: bool, detail: str) -> None:
+            checks.append({"name": name, "part": part, "ok": bool(ok), "detail": detail})
+
+        add(
+            "finished",
+            "action",
+            episode.answer is not None and not episode.truncated,
+            "answered within the step budget"
+            if not episode.truncated
+            else f"ran out of steps ({task.max_steps})",
+        )
+        acts = [
+            s["action"].get("arguments") or {}
+            for s in episode.calls
+            if not s.get("error") and s["action"].get("name") == r.action
+        ]
+        mine = [a for a in acts if isinstance(a, Mapping) and a.get(r.id_arg) == record]
+        add(
+            "record",
+            "action",
+            bool(mine),
+            f"{r.action} {'ran' if mine else 'did not run'} on {r.entity_noun} {record}",
+        )
+        elsewhere = [
+            a.get(r.id_arg) for a in acts if not isinstance(a, Mapping) or a.get(r.id_arg) != record
+        ]
+        add(
+            "only_record",
+            "action",
+            not elsewhere,
+            f"{r.action} ran on no other {r.entity_noun}"
+            if not elsewhere
+            else f"{r.action} also ran on {elsewhere[0]!r}",
+        )
+        wrong = []
+        for arguments in mine:
+            given = arguments.get(plan.argument)
+            got = [_norm(v) for v in given] if isinstance(given, list) else None
+            if got is None or len(got) != len(set(got)) or set(got) != set(expected):
+                wrong.append(given)
+        ok = bool(mine) and not wrong
+        detail = (
+            f"{plan.argument} held exactly the {len(expected)} element(s) asked for"
+            if ok
+            else f"{plan.argument} was {wrong[0]!r}, not the {len(expected)} element(s) asked for"
+            if wrong
+            else f"{plan.argument} was never passed for {r.entity_noun} {record}"
+        )
+        add("list", "action", ok, detail)
+        answer = " ".join((episode.answer or "").split()).casefold()
+        add("answered", "communication", bool(answer), "the answer is not empty")
+        for text in task.goal.get("answer_includes", []):
+            found = str(text).casefold() in answer
+            add(
+                "answer_includes",
+                "communication",
+                found,
+                f"the answer {'mentions' if found else 'does not mention'} {text!r}",
+            )
+        return self._grade(checks)
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in a JSON-like value (ids already taken in the world)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+__all__ = ["ListPlan", "ListSelectionEnv", "plan_list"]
