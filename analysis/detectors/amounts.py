@@ -15,22 +15,44 @@ derivation in at least `vocabulary_runs` runs: the agent's own constants).
 
 Key ``wrong_amount:<tool>.<arg>``; decisive step: the write call; the latest result or message
 holding the numbers nearest the amount follows in `span_ids`. Confidence 0.7.
+
+`fit` also mines, per write tool and amount argument, the *relation* successful calls keep with
+the record they act on (`state.acted_on`; failing any, the reads before the call):
+`arithmetic.Relation`, e.g. "= get_order.total - get_order.service_fee", "= the sum of
+get_order.items[].price". Among the relations holding in at least `min_support` (5) successful
+calls and `min_confidence` (0.8) of them, the most held wins (then the simplest form). A finding
+whose call breaks its argument's relation carries it as ``details["mined_rule"]``
+(`MinedRule(kind="amount")`: `relation` the form, `read_tool`, `path` the first field, `values`
+every field and, for a share, the divisor last; `AmountRule.from_mined` reads it back), with the
+run's request and first call (`request`, `first_call`: the users' words, for synthesis). The
+relation adds no finding and removes none.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tracegym.analysis.arithmetic import decimals_of, derived, numbers_in, parse_number
+from tracegym.analysis.arithmetic import (
+    Relation,
+    amount_of,
+    decimals_of,
+    derived,
+    numbers_in,
+    relations_holding,
+)
 from tracegym.analysis.detector_names import WRONG_AMOUNT
 from tracegym.analysis.detectors.base import Detector, Finding
-from tracegym.analysis.detectors.state import flatten, is_write
+from tracegym.analysis.detectors.state import Read, acted_on, flatten, is_write, reads
 from tracegym.analysis.detectors.ungrounded import Evidence
+from tracegym.analysis.detectors.unserved import first_call, request_text
 from tracegym.analysis.features import step_ref
+from tracegym.analysis.gap import MinedRule
 from tracegym.analysis.runs import Run, Step, parse_json
+
+EVIDENCE_RUNS = 10  # successful trace ids a mined rule keeps as its evidence
 
 
 @dataclass(frozen=True)
@@ -47,11 +69,7 @@ def amounts(step: Step, min_number: float = 10) -> list[Amount]:
     """The amounts of a call's arguments (see the module docstring)."""
     found = []
     for path, raw in flatten(parse_json(step.input)):
-        if isinstance(raw, bool):
-            continue
-        if isinstance(raw, str) and not any(c in raw for c in ".$€£¥"):
-            continue  # a digit string: an id, not an amount
-        value = parse_number(raw)
+        value = amount_of(raw)  # a digit string is an id, not an amount
         if value is None:
             continue
         if value.is_integer() and abs(value) < min_number:
@@ -77,11 +95,121 @@ def _nearest(evidence: Evidence, value: float) -> Step | None:
     return chosen
 
 
+@dataclass(frozen=True)
+class AmountRule:
+    """The relation successful calls of `tool` keep between `argument` and a `read_tool`
+    record: held in `support` of `calls` successful calls."""
+
+    tool: str
+    argument: str
+    read_tool: str
+    relation: Relation
+    support: int
+    calls: int
+    evidence_runs: tuple[str, ...] = ()
+
+    @property
+    def confidence(self) -> float:
+        return self.support / self.calls if self.calls else 0.0
+
+    def statement(self) -> str:
+        return (
+            f"{self.tool}({self.argument}) = {self.relation.text(self.read_tool)} of the record "
+            f"the call acts on, in {self.support} of {self.calls} successful calls"
+        )
+
+    def holds(self, value: float, records: Sequence[Read], decimals: int, named: list[str]) -> bool:
+        return any(
+            r.tool == self.read_tool
+            and abs((self.relation.value(r.parsed, named) or float("inf")) - value)
+            <= 0.5 * 10**-decimals + 1e-9
+            for r in records
+        )
+
+    def to_mined(self) -> MinedRule:
+        divisor = (str(self.relation.divisor),) if self.relation.divisor else ()
+        return MinedRule(
+            detector=WRONG_AMOUNT, kind="amount", tool=self.tool, statement=self.statement(),
+            read_tool=self.read_tool, path=self.relation.paths[0],
+            values=(*self.relation.paths, *divisor), argument=self.argument,
+            relation=self.relation.form, support=self.support,
+            confidence=round(self.confidence, 4), evidence_runs=self.evidence_runs,
+        )  # fmt: skip
+
+    @staticmethod
+    def relation_of(rule: MinedRule) -> Relation:
+        """The `Relation` a mined amount rule states (ValueError when it states none)."""
+        if rule.kind != "amount" or not rule.relation or not rule.values:
+            raise ValueError("not an amount rule with a relation")
+        paths, divisor = rule.values, None
+        if rule.relation == "share":
+            paths, divisor = rule.values[:-1], int(rule.values[-1])
+        return Relation(rule.relation, tuple(paths), divisor)
+
+
+def _call_records(step: Step, run_reads: list[Read]) -> list[Read]:
+    """The records a write acts on; failing any, every read before it."""
+    return acted_on(step, run_reads) or [r for r in run_reads if r.step.position < step.position]
+
+
+def _named(step: Step) -> list[str]:
+    """The texts a call's arguments name (ids of the items it is about)."""
+    return [str(v) for _, v in flatten(parse_json(step.input)) if isinstance(v, str)]
+
+
+def mine_amount_rules(
+    runs: Sequence[Run], *, min_number: float = 10, min_support: int = 5,
+    min_confidence: float = 0.8,
+) -> dict[tuple[str, str], AmountRule]:  # fmt: skip
+    """Per (write tool, amount argument), the relation successful calls keep (module doc)."""
+    calls: Counter[tuple[str, str]] = Counter()
+    held: dict[tuple[str, str], Counter[tuple[str, Relation]]] = defaultdict(Counter)
+    where: dict[tuple[tuple[str, str], tuple[str, Relation]], set[str]] = defaultdict(set)
+    for run in runs:
+        if run.success is not True:
+            continue
+        run_reads: list[Read] | None = None
+        for step in run.steps:
+            if not is_write(step) or step.failed:
+                continue
+            found = amounts(step, min_number)
+            if not found:
+                continue
+            run_reads = reads(run) if run_reads is None else run_reads
+            records = _call_records(step, run_reads)
+            named = _named(step)
+            for amount in found:
+                key = (step.tool or step.name, amount.arg)
+                calls[key] += 1
+                holding = {
+                    (r.tool, rel)
+                    for r in records
+                    for rel in relations_holding(amount.value, r.parsed,
+                                                 decimals=amount.decimals, named=named)
+                }  # fmt: skip
+                held[key].update(holding)
+                for item in holding:
+                    where[key, item].add(run.trace_id)
+    rules = {}
+    for key, counter in sorted(held.items()):
+        best = [(n, item) for item, n in counter.items()
+                if n >= min_support and n >= min_confidence * calls[key]]  # fmt: skip
+        if not best:
+            continue
+        n, (read_tool, relation) = min(
+            best, key=lambda b: (-b[0], b[1][1].complexity, b[1][1].paths, b[1][0])
+        )
+        evidence = tuple(sorted(where[key, (read_tool, relation)])[:EVIDENCE_RUNS])
+        rules[key] = AmountRule(key[0], key[1], read_tool, relation, n, calls[key], evidence)
+    return rules
+
+
 class WrongAmount(Detector):
     """Amounts in writes that the run's numbers do not give (see the module docstring).
 
     Parameters: `min_number` (10) whole numbers below it are not checked, `vocabulary_runs` (3)
-    successful runs that make an underived value part of an argument's vocabulary.
+    successful runs that make an underived value part of an argument's vocabulary,
+    `min_support` (5) and `min_confidence` (0.8) of a mined relation.
     """
 
     name = WRONG_AMOUNT
@@ -90,10 +218,19 @@ class WrongAmount(Detector):
         "the run saw gives, even by simple arithmetic"
     )
 
-    def __init__(self, min_number: float = 10, vocabulary_runs: int = 3) -> None:
+    def __init__(
+        self,
+        min_number: float = 10,
+        vocabulary_runs: int = 3,
+        min_support: int = 5,
+        min_confidence: float = 0.8,
+    ) -> None:
         self.min_number = min_number
         self.vocabulary_runs = vocabulary_runs
+        self.min_support = min_support
+        self.min_confidence = min_confidence
         self.vocabulary_: set[tuple[str, str, float]] = set()
+        self.rules_: dict[tuple[str, str], AmountRule] = {}
 
     def _underived(self, run: Run) -> list[tuple[Step, Amount, str | None]]:
         """(write, amount, how it is derived or None) for every amount of the run's writes."""
@@ -121,11 +258,28 @@ class WrongAmount(Detector):
                  if how is None}
             )  # fmt: skip
         self.vocabulary_ = {k for k, n in counts.items() if n >= self.vocabulary_runs}
+        self.rules_ = mine_amount_rules(
+            runs, min_number=self.min_number, min_support=self.min_support,
+            min_confidence=self.min_confidence,
+        )  # fmt: skip
         return self
+
+    def _broken_rule(self, run: Run, step: Step, amount: Amount, cache: dict[str, Any]) -> Any:
+        """The mined rule of the call's argument, as a dict, when the call breaks it."""
+        rule = self.rules_.get((step.tool or step.name, amount.arg))
+        if rule is None:
+            return None
+        if "reads" not in cache:
+            cache["reads"] = reads(run)
+        records = _call_records(step, cache["reads"])
+        if rule.holds(amount.value, records, amount.decimals, _named(step)):
+            return None
+        return rule.to_mined().to_dict()
 
     def detect(self, run: Run) -> list[Finding]:
         findings: dict[str, Finding] = {}
         evidence = Evidence(run)
+        cache: dict[str, Any] = {}
         for step, amount, how in self._underived(run):
             tool = step.tool or step.name
             if how is not None or (tool, amount.arg, amount.value) in self.vocabulary_:
@@ -136,6 +290,12 @@ class WrongAmount(Detector):
             evidence.advance(step.position)
             near = _nearest(evidence, amount.value)
             spans = [step.span_id] + ([near.span_id] if near is not None else [])
+            details: dict[str, Any] = {"tool": tool, "argument": amount.arg, "value": amount.value,
+                       "nearest_position": near.position if near is not None else None}  # fmt: skip
+            broken = self._broken_rule(run, step, amount, cache)
+            if broken is not None:
+                details.update(mined_rule=broken, request=request_text(run)[:500],
+                               first_call=first_call(run))  # fmt: skip
             findings[key] = Finding(
                 detector=self.name, key=key, trace_id=run.trace_id, **step_ref(step),
                 span_ids=tuple(spans),
@@ -145,7 +305,6 @@ class WrongAmount(Detector):
                     "by a sum, difference, product, split or count"
                 ),
                 confidence=0.7,
-                details={"tool": tool, "argument": amount.arg, "value": amount.value,
-                         "nearest_position": near.position if near is not None else None},
+                details=details,
             )  # fmt: skip
         return list(findings.values())
