@@ -313,10 +313,11 @@ def _string_facts(values: Counter[str]) -> dict[str, Any]:
         (kind,) = kinds
         moments = [m for m in (parse_date(v, kind) for v in ordered) if m is not None]
         if moments:
+            low, high = min(moments), max(moments)
             facts["dates"] = {
                 "kind": kind,
-                "min": min(moments).isoformat(),
-                "max": max(moments).isoformat(),
+                "min": low.date().isoformat() if kind == "date" else low.isoformat(),
+                "max": high.date().isoformat() if kind == "date" else high.isoformat(),
                 "count": sum(values.values()),
             }
     elif (
