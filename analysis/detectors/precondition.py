@@ -43,6 +43,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from math import comb
+from typing import Any
 
 from tracegym.analysis.detector_names import FORBIDDEN_ACTION
 from tracegym.analysis.detectors.base import Detector, Finding
@@ -67,6 +68,7 @@ class Precondition:
     acted: int  # records successful runs acted on with this field
     abstained: int  # records they read and left alone holding a forbidden value
     evidence_runs: tuple[str, ...] = ()  # successful runs it was mined from (sorted, <= 10)
+    acted_values: frozenset[str] = frozenset()  # enum values on the records they acted on
 
     def violated_by(self, read: Read) -> str | None:
         """The forbidden value `read` holds, as text, or None."""
@@ -98,6 +100,12 @@ class Precondition:
             above=self.above, below=self.below, support=self.acted, abstained=self.abstained,
             confidence=1.0, evidence_runs=self.evidence_runs,
         )  # fmt: skip
+
+    def rule_record(self) -> dict[str, Any]:
+        """`to_rule().to_dict()`, plus the states successful runs did act in (`allowed`): which
+        of the other observed states an environment may show as allowed (a `MinedRule` field
+        to come; readers that do not know it ignore it)."""
+        return {**self.to_rule().to_dict(), "allowed": sorted(self.acted_values)}
 
 
 def mine_preconditions(
@@ -224,7 +232,8 @@ def _enum_rules(
         )
         if forbidden:
             count = sum(1 for r in abstained if r.enums.get(path, frozenset()) & forbidden)
-            rules.append(Precondition(tool, read_tool, path, forbidden, None, None, n, count))
+            rules.append(Precondition(tool, read_tool, path, forbidden, None, None, n, count,
+                                      acted_values=frozenset(allowed)))  # fmt: skip
     return rules
 
 
@@ -350,6 +359,6 @@ class ForbiddenAction(Detector):
                 details={"tool": tool, "read_tool": read.tool, "path": rule.path, "value": value,
                          "rule": rule.describe(), "acted": rule.acted,
                          "abstained": rule.abstained, "read_position": read.step.position,
-                         "write_failed": write.failed, "mined_rule": rule.to_rule().to_dict()},
+                         "write_failed": write.failed, "mined_rule": rule.rule_record()},
             )  # fmt: skip
         return None
