@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from copy import deepcopy
 from dataclasses import asdict, dataclass, field
 from datetime import date
 from typing import Any
 
 from tracegym.analysis import detector_names as dn
-from tracegym.analysis.detectors.state import DAY_OFFSET, date_value, enum_value
+from tracegym.analysis.detectors.state import DAY_OFFSET, date_value, enum_value, show_number
 from tracegym.analysis.gap import Gap, MinedRule
 from tracegym.synthesis.base import Action, Task
 from tracegym.synthesis.conventions import Conventions
-from tracegym.synthesis.families.chain import ChainEnvironment, human
+from tracegym.synthesis.families.chain import ChainEnvironment, Ctx, human
 from tracegym.synthesis.spec import Catalog, EnvironmentSpec
 from tracegym.synthesis.world import (
     Gen,
@@ -153,6 +154,10 @@ def resolve_policy(gap: Gap, catalog: Catalog) -> Policy:
     if not read_tool or read_tool not in catalog.tools:
         raise NotSynthesizable(f"the rule's read tool {read_tool} has no recorded calls")
     mine = [r for r in usable if r.tool == tool and r.read_tool == read_tool]
+    # a trigger rule is enforced where the gap has no precondition on the action (a record in
+    # the trigger state and in a forbidden one would ask for two things at once)
+    if any(r.kind == PRECONDITION for r in mine):
+        mine = [r for r in mine if r.kind == PRECONDITION]
     shape = catalog.tools[read_tool].result
     fields: dict[str, StateField] = {}
     why: list[str] = []
@@ -163,8 +168,12 @@ def resolve_policy(gap: Gap, catalog: Catalog) -> Policy:
         if not path or leaf.get("type") in (None, "object"):  # absent, or not a leaf
             why.append(f"{read_tool}'s recorded results have no field {path!r}")
             continue
+        if rule.kind == PRECONDITION and not rule.values and rule.above is rule.below is None:
+            why.append(f"the rule on {path} names no forbidden value or threshold")
+            continue
         try:
-            fields[path] = _merge(fields.get(path), rule, leaf, catalog, tool, mine)
+            known = fields.get(path)
+            fields[path] = _merge(deepcopy(known), rule, leaf, catalog, tool, mine)
         except NotSynthesizable as exc:
             why.append(str(exc))
             continue
@@ -175,9 +184,7 @@ def resolve_policy(gap: Gap, catalog: Catalog) -> Policy:
     top = max((r.failed_runs for r in preconditions), default=0)
     checked = [r for r in preconditions if r.failed_runs * 2 >= top]
     respected = [r for r in preconditions if r not in checked]
-    # a trigger rule is enforced where the gap has no precondition to check (a record in the
-    # trigger state and in a forbidden one would ask for two things at once)
-    triggers = [] if checked else [r for r in kept if r.kind == TRIGGER]
+    triggers = [r for r in kept if r.kind == TRIGGER]
     used = {r.path for r in (*checked, *respected, *triggers)}
     status = catalog.status_rules.get(tool)
     after = None
@@ -242,11 +249,17 @@ def _merge(
     if rule.above is not None:
         hi = min(hi, rule.above)
         if (out.high or 0.0) <= rule.above:
-            raise NotSynthesizable(f"no recorded {rule.path} lies above {rule.statement}")
+            raise NotSynthesizable(
+                f"no recorded {rule.path} lies above {show_number(rule.above)}: a task could not "
+                "show the forbidden state"
+            )
     if rule.below is not None:
         lo = max(lo, rule.below)
         if (out.low or 0.0) >= rule.below:
-            raise NotSynthesizable(f"no recorded {rule.path} lies below {rule.statement}")
+            raise NotSynthesizable(
+                f"no recorded {rule.path} lies below {show_number(rule.below)}: a task could not "
+                "show the forbidden state"
+            )
     if lo > hi:
         raise NotSynthesizable(f"the thresholds on {rule.path} leave no allowed value")
     out.allowed_low, out.allowed_high = lo, hi
@@ -350,6 +363,25 @@ class PolicyActionEnv(ChainEnvironment):
         for item in items:
             set_at(item, tokens[fan + 1 :], value)
 
+    def _mirror(self, ctx: Ctx) -> None:
+        """The owner's list of records mirrors their fields (`orders[*].status`): show the
+        states just set there too, so that no read shows another one."""
+        r = self.roles
+        if not (r.owner and ctx.owner_id is not None and r.owner_path):
+            return
+        tokens = path_tokens(r.owner_path)
+        fan = next((i for i, t in enumerate(tokens) if t == "[*]"), None)
+        if fan is None or not tokens[fan + 1 :]:
+            return
+        records = ctx.state["entities"]
+        for item in get_all(ctx.state["owners"][ctx.owner_id], tokens[: fan + 1]):
+            found = get_all(item, tokens[fan + 1 :])
+            record = records.get(found[0]) if found and isinstance(found[0], str) else None
+            if isinstance(item, dict) and record is not None:
+                for key in item:
+                    if key in record and not isinstance(record[key], (dict, list)):
+                        item[key] = record[key]
+
     def _shown(self, value: Any) -> str:
         if isinstance(value, bool) or value is None:
             return enum_value(value) or ""
@@ -376,6 +408,7 @@ class PolicyActionEnv(ChainEnvironment):
                 self._put(record, f, value, rng)
                 if rule is not None:
                     why[eid] = (path, self._shown(value), not isinstance(value, bool))
+        self._mirror(ctx)
         oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []
         goal: dict[str, Any] = {
             "required_calls": [],
