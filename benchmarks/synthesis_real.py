@@ -35,6 +35,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -105,14 +106,15 @@ class GapOutcome:
     env_id: str | None = None
     reason: str = ""  # why no environment was built (empty when one was)
     valid: bool | None = None
-    failed_checks: list[str] = field(default_factory=list)
+    failed_checks: list[str] = field(default_factory=list)  # "name: detail" (ValidityReport)
     fidelity_ok: bool | None = None  # None: no fidelity check in this checkout
-    fidelity_issues: list[str] = field(default_factory=list)
+    fidelity_issues: list[str] = field(default_factory=list)  # "where: problem", distinct
     rules: list[dict[str, Any]] = field(default_factory=list)  # spec.extra["rules"]
     task: SampledTask | None = None
     noisy_oracle: PassRate | None = None
     policy: PassRate | None = None
     policy_error: str = ""
+    errors: list[str] = field(default_factory=list)  # steps that raised (calibration, sampling)
     seconds: float = 0.0
 
     @property
@@ -131,11 +133,24 @@ class GapOutcome:
                 return f"no family serves {self.detector}"
             return self.reason.split("; ")[0][:110]
         if not self.valid:
-            names = sorted({c.split(":", 1)[0] for c in self.failed_checks})
-            return f"rejected by validity: {', '.join(names)}"
+            groups = grouped(self.failed_checks)
+            crash = next((d for n, d in groups if len(n) > 1 and d.startswith("raised")), None)
+            if crash:  # one crash failing several checks: name it once
+                return f"crashed in validity: {crash.removeprefix('raised ')[:100]}"
+            return f"rejected by validity: {', '.join(n for names, _ in groups for n in names)}"
         if self.fidelity_ok is False:
             return "rejected by fidelity"
         return ""
+
+
+def grouped(failures: Sequence[str]) -> list[tuple[list[str], str]]:
+    """Failed checks ("name: detail") with the same detail together: a crash that fails every
+    check reads once."""
+    out: dict[str, list[str]] = {}
+    for failure in failures:
+        name, _, detail = failure.partition(": ")
+        out.setdefault(detail, []).append(name)
+    return [(names, detail) for detail, names in out.items()]
 
 
 @dataclass
@@ -161,6 +176,7 @@ class Summary:
     passed: int
     in_band: int  # the noisy oracle's calibration landed in the band
     reasons: Counter[str]
+    not_forced: dict[str, str] = field(default_factory=dict)  # forced section: detector -> why
 
 
 def summarize(result: SetResult, section: str) -> Summary:
@@ -174,6 +190,7 @@ def summarize(result: SetResult, section: str) -> Summary:
         passed=sum(o.passed for o in rows),
         in_band=sum(bool(o.noisy_oracle and o.noisy_oracle.in_band) for o in rows),
         reasons=Counter(o.reason_label() for o in rows if not o.passed),
+        not_forced=dict(result.no_forced) if section == FORCED else {},
     )  # fmt: skip
 
 
@@ -214,6 +231,13 @@ def _fidelity():
     return check_fidelity
 
 
+def _raised(exc: BaseException) -> str:
+    """The exception and where it was raised (file:line), as validity reports a crash."""
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    at = f" ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})" if where else ""
+    return f"{type(exc).__name__}: {exc}{at}"
+
+
 def _short(text: Any, limit: int = SHOW) -> str:
     text = text if isinstance(text, str) else json.dumps(text, ensure_ascii=False, default=str)
     text = " ".join(text.split())
@@ -244,64 +268,74 @@ def _rate(name: str, result: Any, seconds: float) -> PassRate:
 def synthesize_gap(gap: Any, set_name: str, section: str, catalog: Any, conventions: Any,
                    options: Options, policy: Any = None) -> GapOutcome:  # fmt: skip
     """Build, calibrate and check the environment of `gap`; nothing raised escapes."""
-    from tracegym.synthesis.calibrate import calibrate
     from tracegym.synthesis.families import build_spec
-    from tracegym.synthesis.policies import NoisyOraclePolicy
-    from tracegym.synthesis.registry import from_spec
     from tracegym.synthesis.spec import catalog_from_patterns
-    from tracegym.synthesis.validity import check_environment
     from tracegym.synthesis.world import NotSynthesizable
 
     clock = time.perf_counter()
     out = GapOutcome(set_name, section, gap.name, gap.id, gap.detector, len(gap.members),
                      gap.coverage, gap.delta, [r.statement for r in gap.rules])  # fmt: skip
     try:
-        try:
-            chosen = catalog or catalog_from_patterns(list(gap.argument_patterns), list(gap.tools))
-            spec = build_spec(gap, chosen, conventions)
-        except NotSynthesizable as exc:
-            out.reason = str(exc) or "not synthesizable (no reason given)"
-            return out
-        except Exception as exc:  # a gap nobody foresaw must not stop the others
-            out.reason = f"building the environment failed: {type(exc).__name__}: {exc}"
-            return out
+        chosen = catalog or catalog_from_patterns(list(gap.argument_patterns), list(gap.tools))
+        spec = build_spec(gap, chosen, conventions)
+    except NotSynthesizable as exc:
+        out.reason = str(exc) or "not synthesizable (no reason given)"
+    except Exception as exc:  # a gap nobody foresaw must not stop the others
+        out.reason = f"building the environment failed: {_raised(exc)}"
+    else:
         out.family, out.env_id = spec.family, spec.env_id
         out.rules = list(spec.extra.get("rules") or [])
-        _check(out, spec, options, policy, calibrate, NoisyOraclePolicy, from_spec,
-               check_environment)  # fmt: skip
-    except Exception as exc:  # the environment raised outside the checks (which catch theirs)
-        out.valid = False
-        out.failed_checks.append(f"crashed: {type(exc).__name__}: {exc}")
-    finally:
-        out.seconds = round(time.perf_counter() - clock, 1)
+        check(out, spec, options, policy)
+    out.seconds = round(time.perf_counter() - clock, 1)
     return out
 
 
-def _check(out: GapOutcome, spec: Any, options: Options, policy: Any, calibrate: Any,
-           noisy: Any, from_spec: Any, check_environment: Any) -> None:  # fmt: skip
-    env = from_spec(spec)
+def check(out: GapOutcome, spec: Any, options: Options, policy: Any = None) -> None:
+    """Calibrate the noisy oracle, check validity and fidelity at the calibrated knobs, sample a
+    task, calibrate `policy`: each step's crash is recorded in `out` and the others still run."""
+    from tracegym.synthesis.calibrate import calibrate
+    from tracegym.synthesis.policies import NoisyOraclePolicy
+    from tracegym.synthesis.registry import from_spec
+    from tracegym.synthesis.validity import check_environment
+
+    try:
+        env = from_spec(spec)
+    except Exception as exc:
+        out.valid, out.failed_checks = False, [f"instantiating: {_raised(exc)}"]
+        return
     clock = time.perf_counter()
-    calibration = calibrate(env, noisy(p=options.noise), n_seeds=options.calibration_seeds,
-                            k=options.k)  # fmt: skip
-    out.noisy_oracle = _rate(f"noisy-oracle:{options.noise}", calibration,
-                             time.perf_counter() - clock)  # fmt: skip
-    env = from_spec(spec, **calibration.knobs)
-    validity = check_environment(env, options.validity_seeds)
-    out.valid = validity.ok
-    out.failed_checks = validity.failures
+    try:
+        noisy = NoisyOraclePolicy(p=options.noise)
+        calibration = calibrate(env, noisy, n_seeds=options.calibration_seeds, k=options.k)
+        out.noisy_oracle = _rate(f"noisy-oracle:{options.noise}", calibration,
+                                 time.perf_counter() - clock)  # fmt: skip
+        env = from_spec(spec, **calibration.knobs)
+    except Exception as exc:  # validity below still says what else is wrong
+        out.errors.append(f"noisy-oracle calibration raised {_raised(exc)}")
+    validity = check_environment(env, options.validity_seeds)  # catches its checks' crashes
+    out.valid, out.failed_checks = validity.ok, validity.failures
     fidelity = _fidelity()
     if fidelity is not None:
-        report = fidelity(env, n_seeds=options.fidelity_seeds)
-        out.fidelity_ok = bool(report.ok)
-        out.fidelity_issues = [f"seed {i.seed} {i.where}: {i.problem}" for i in report.issues[:5]]
-    out.task = sample_task(env)
+        try:
+            report = fidelity(env, n_seeds=options.fidelity_seeds)
+            out.fidelity_ok = bool(report.ok)
+            distinct = dict.fromkeys(f"{i.where}: {i.problem}" for i in report.issues)
+            out.fidelity_issues = list(distinct)[:5]
+            if len(distinct) > 5:
+                out.fidelity_issues.append(f"... {len(distinct) - 5} more distinct issues")
+        except Exception as exc:
+            out.fidelity_ok, out.fidelity_issues = False, [f"raised {_raised(exc)}"]
+    try:
+        out.task = sample_task(env)
+    except Exception as exc:
+        out.errors.append(f"sampling a task raised {_raised(exc)}")
     if policy is not None:
         try:
             clock = time.perf_counter()
             result = calibrate(from_spec(spec), policy, n_seeds=options.policy_seeds, k=1)
             out.policy = _rate(policy.name, result, time.perf_counter() - clock)
         except Exception as exc:
-            out.policy_error = f"{type(exc).__name__}: {exc}"
+            out.policy_error = _raised(exc)
 
 
 # A model as a policy ----------------------------------------------------------------------------
@@ -389,13 +423,21 @@ def render_outcome(o: GapOutcome) -> str:
     if not o.built:
         lines.append(f"- no environment: {o.reason}")
         return "\n".join(lines)
-    verdict = "ok" if o.valid else "FAILED " + "; ".join(_short(c, 200) for c in o.failed_checks)
+    verdict = (
+        "ok"
+        if o.valid
+        else "FAILED "
+        + "; ".join(
+            f"{', '.join(names)}: {_short(detail, 200)}"
+            for names, detail in grouped(o.failed_checks)
+        )
+    )
     fidelity = (
         "not checked (no synthesis.fidelity)"
         if o.fidelity_ok is None
         else "ok"
         if o.fidelity_ok
-        else "FAILED " + "; ".join(o.fidelity_issues)
+        else "FAILED " + "; ".join(_short(i, 200) for i in o.fidelity_issues)
     )
     lines += [f"- family {o.family}: {o.env_id}", f"- validity: {verdict}",
               f"- fidelity: {fidelity}"]  # fmt: skip
@@ -411,6 +453,7 @@ def render_outcome(o: GapOutcome) -> str:
                   f"  system prompt: {t.system_prompt or '(none)'}",
                   f"  oracle's first call: {t.first_call or '(none)'}",
                   f"  its result: {t.first_result or '(none)'}"]  # fmt: skip
+    lines += [f"- error: {e}" for e in o.errors]
     lines.append(f"- noisy oracle: {_rate_text(o.noisy_oracle)}")
     if o.policy is not None or o.policy_error:
         name = o.policy.policy if o.policy else "policy"
@@ -432,24 +475,34 @@ def render_set(r: SetResult) -> str:
     return "\n".join(lines)
 
 
+def _counted(reasons: Counter[str]) -> str:
+    return "; ".join(
+        f"{n}x {why}" for why, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
+
+
 def render_summary(summaries: Sequence[Summary]) -> str:
     lines = ["## Summary", "",
              "| set | section | gaps | built | valid | fidelity ok | valid + fidelity | noisy "
              "oracle in band | reasons (gaps without a passing environment) |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for s in summaries:
-        reasons = "; ".join(
-            f"{n}x {why}" for why, n in sorted(s.reasons.items(), key=lambda kv: (-kv[1], kv[0]))
-        )
+        reasons = _counted(s.reasons)
+        if s.not_forced:
+            reasons += ("; " if reasons else "") + "no gap to force: " + ", ".join(s.not_forced)
         fidelity = f"{s.fidelity_ok}/{s.fidelity_checked}" if s.fidelity_checked else "-"
         lines.append(f"| {s.set_name} | {s.section} | {s.gaps} | {s.built} | {s.valid} | "
                      f"{fidelity} | {s.passed} | {s.in_band} | {reasons or '-'} |")  # fmt: skip
-    total = Counter[str]()
-    for s in summaries:
-        total.update(s.reasons)
-    lines.append("\nreasons over all sets: " + ("; ".join(
-        f"{n}x {why}" for why, n in sorted(total.items(), key=lambda kv: (-kv[1], kv[0])))
-        or "none"))  # fmt: skip
+    lines.append("")
+    for section in (KEPT, FORCED):
+        rows = [s for s in summaries if s.section == section]
+        total = Counter[str]()
+        for s in rows:
+            total.update(s.reasons)
+        lines.append(f"{section}: {sum(s.gaps for s in rows)} gaps, {sum(s.built for s in rows)} "
+                     f"built, {sum(s.valid for s in rows)} valid, "
+                     f"{sum(s.passed for s in rows)} valid + fidelity; reasons: "
+                     f"{_counted(total) or 'none'}")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ DATA = next(
 )
 
 pytestmark = [
-    pytest.mark.slow,  # imports the set and analyses it with the sentence embedder (~25 s)
+    pytest.mark.slow,  # imports the set, analyses it with the sentence embedder: 10-20 s
     pytest.mark.skipif(DATA is None, reason="shared data absent (/work/shared/data)"),
 ]
 
