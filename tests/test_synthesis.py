@@ -338,7 +338,16 @@ class Crashes(ToolOrderEnv):
         (FewTasks, {"splits"}),
         (
             Crashes,
-            {"oracle", "null", "random_tool", "all_tools", "empty_answer", "determinism", "splits"},
+            {
+                "oracle",
+                "null",
+                "random_tool",
+                "all_tools",
+                "empty_answer",
+                "determinism",
+                "splits",
+                "fidelity",
+            },
         ),
     ],
 )

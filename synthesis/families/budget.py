@@ -76,11 +76,10 @@ class BudgetEnv(ChainEnvironment):
         # the budget counts the calls the agent's own conventions add
         instruction, goal, oracle, _ = self.follow_conventions(ctx, instruction, goal, oracle)
         budget = sum(1 for a in oracle if "name" in a) + int(k["slack"])
+        # the budget is the world's rule and is said; how to spend it is what the task trains
         prompt = (
             f"You have a budget of {budget} tool calls for this conversation, all of them "
-            "counted; at the limit the conversation ends. The user's main request comes "
-            "first; side questions only if the budget allows. Do not repeat calls. "
-            f"{self.status_rule_text()}"
+            f"counted; at the limit the conversation ends. {self.status_rule_text()}"
         )
         return self.build_task(
             seed, ctx, instruction, goal, oracle, max_steps=budget + 1, prompt=prompt.strip()

@@ -16,24 +16,49 @@ from tracegym.synthesis.conventions import Conventions
 from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec
 from tracegym.synthesis.world import (
     LABEL_NAMES,
+    Gen,
     NotSynthesizable,
     Roles,
     ToolWorld,
     WorldBuilder,
+    echo_field,
+    fits,
     get_all,
     infer_roles,
+    leaf_paths,
     path_tokens,
     shape_at,
     sibling_descriptor,
     synthetic_status,
 )
 
+# The prompt where the agent's own recorded instructions are unknown. It says what any support
+# agent is told and how to end, never how to do the task (no family's answer is in it).
 SYSTEM_PROMPT = (
     "You are a customer-support agent. Use the tools to look records up and to act on them. "
-    "Never guess an id or a value: take it from the user's message or from a tool result. "
     "Act only on what the user asked for. When you are done, give the user one short final "
     "answer that names every record you handled and what happened to it."
 )
+
+
+def write_effects(roles: Roles, catalog: Catalog) -> tuple[bool, list[str]]:
+    """What a lookup shows of the action: whether its mined status changes (the runs showed the
+    status after it, and it differs from the one it needs), and the arguments that name a field
+    of the record it acts on (`seat`, `address1` -> `address.address1`)."""
+    status = roles.status
+    changes = bool(
+        status and status.get("mined") and status.get("after")
+        and status["after"] not in status["allowed"]
+    )  # fmt: skip
+    lookup = catalog.tools.get(roles.lookup) if roles.lookup else None
+    fields = [
+        name
+        for name in catalog.tools[roles.action].arguments
+        if lookup is not None
+        and name not in (roles.id_arg, roles.lookup_arg)
+        and len(leaf_paths(lookup.result, name)) == 1
+    ]
+    return changes, fields
 
 
 def human(name: str) -> str:
@@ -44,7 +69,9 @@ def human(name: str) -> str:
 
 
 def with_article(noun: str) -> str:
-    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
+    word = noun.lower()
+    vowel = word[:1] in "aeiou" and not re.match(r"u[^aeiou][aeiou]", word)  # "a user"
+    return ("an " if vowel else "a ") + noun
 
 
 def join_and(items: list[str]) -> str:
@@ -87,8 +114,8 @@ class ChainEnvironment(Environment):
         self.catalog = spec.catalog
         self.roles = Roles.from_dict(spec.roles)
         wants_status = self.needs_status or int(self.knobs.get("refused", 0)) > 0
-        if wants_status and not self.roles.status:
-            self.roles.status = synthetic_status(self.roles)
+        if wants_status and not self.roles.status:  # observed values only, and no rule
+            self.roles.status = synthetic_status(self.roles, self.catalog)
         self.world = ToolWorld(
             self.catalog, self.roles, memory=self.memory, strict_formats=self.strict_formats
         )
@@ -96,6 +123,21 @@ class ChainEnvironment(Environment):
         self.conventions = Conventions.from_dict(spec.extra.get("conventions"))
         self._schemas = self._as_recorded(self.world.json_schemas())
         self.action_schema = self.catalog.tools[self.roles.action]
+        self._id_schemas = self._entity_id_schemas()
+
+    def _entity_id_schemas(self) -> tuple[ArgSchema | None, ...]:
+        """Every schema an entity id must satisfy: the action's id argument, the lookup's, and
+        the id field of the looked-up record (generated ids match all three formats)."""
+        r = self.roles
+        out: list[ArgSchema | None] = [self.action_schema.arguments.get(r.id_arg)]
+        lookup = self.catalog.tools.get(r.lookup) if r.lookup else None
+        if lookup is not None:
+            out.append(lookup.arguments.get(r.lookup_arg or ""))
+            echo = echo_field(lookup, r.lookup_arg)
+            facts = (lookup.result.get("properties") or {}).get(echo or "") or {}
+            if facts.get("formats"):
+                out.append(ArgSchema(echo or "id", formats=facts["formats"]))
+        return tuple(out)
 
     def _as_recorded(self, schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The agent's own definitions (and order) for the tools it recorded them for."""
@@ -143,6 +185,19 @@ class ChainEnvironment(Environment):
             raise NotSynthesizable(
                 f"no recorded read tool returns the record {roles.action} acts on "
                 f"(none takes {roles.id_arg}), so there is nothing to look up first"
+            )
+        cls.require_effects(roles, catalog)
+
+    @classmethod
+    def require_effects(cls, roles: Roles, catalog: Catalog) -> None:
+        """Raise NotSynthesizable when nothing a lookup shows is known to change by the action."""
+        changes, fields = write_effects(roles, catalog)
+        if not changes and not fields:
+            raise NotSynthesizable(
+                f"what {roles.action} does to the {roles.entity_noun} is unknown: the runs show "
+                f"no status after it that differs from before, and none of its arguments names a "
+                f"field of the {roles.entity_noun}'s record, so a world could only pretend it "
+                "changed something"
             )
 
     @classmethod
@@ -234,6 +289,7 @@ class ChainEnvironment(Environment):
         mined = bool(r.status and r.status.get("mined"))
         status = r.status if (self.needs_status or refused or mined) else None
         builder = WorldBuilder(self.catalog, r, rng, status)
+        builder.reserve = n_entities
         gen = builder.gen
         owner_id, attrs = None, {}
         if r.owner:
@@ -243,9 +299,7 @@ class ChainEnvironment(Environment):
                 attrs = {a: gen.argument(finder.arguments[a]) for a in finder.required}
             else:
                 attrs = {r.owner_arg: owner_id}
-        entities = [
-            builder.new_id(self.action_schema.arguments[r.id_arg]) for _ in range(n_entities)
-        ]
+        entities = [builder.new_id(*self._id_schemas) for _ in range(n_entities)]
         targets = entities[:n_targets]
         refused_set = set(rng.sample(targets, min(refused, len(targets))))
         extras = {} if user_extras else r.extras
@@ -266,9 +320,11 @@ class ChainEnvironment(Environment):
                 if src["source"] in ("lookup", "record")
             ]
             value = None
-            if status:
+            if status and status["refused"]:
                 refuse = eid in refused_set or (eid not in targets and rng.random() < 0.5)
                 value = rng.choice(status["refused"]) if refuse else status["allowed"][0]
+            elif status:  # no rule: any observed value
+                value = rng.choice(status["allowed"])
             records[eid] = builder.entity(eid, owner_id, value, plants)
         # the owner's record, listing the entities (and e.g. its payment methods)
         owners: dict[str, Any] = {}
@@ -291,7 +347,7 @@ class ChainEnvironment(Environment):
             for name, src in r.extras.items():
                 arg = self.action_schema.arguments[name]
                 if user_extras or src["source"] == "user":
-                    value = gen.argument(arg)
+                    value = self._user_value(gen, arg, records[t])
                     calls[t][name] = value
                     phrases[t].append(f"{human(name)}: {self._say(value)}")
                     continue
@@ -358,7 +414,33 @@ class ChainEnvironment(Environment):
             return [v for v in values if v in picked]
         return rng.choice(values)
 
+    def _user_value(self, gen: Gen, arg: ArgSchema, record: Mapping[str, Any]) -> Any:
+        """A value the user gives for `arg`, as the recorded calls took it; where the call sets a
+        field of the record, one that field could hold too, and not the one it holds (a change
+        to what the record already holds is none)."""
+        tokens = self.world.sets.get(arg.name)
+        if not tokens:
+            return gen.argument(arg)
+        facts = shape_at(self.world.catalog.tools[self.roles.lookup].result, tokens)
+        current = self._current(record, arg.name)
+        drawn = [gen.argument(arg) for _ in range(20)]
+        for value in drawn:  # what the field has held too, else any recorded argument value
+            if value != current and fits(value, facts):
+                return value
+        for value in drawn:
+            if value != current:
+                return value
+        return drawn[0]
+
+    def _current(self, record: Mapping[str, Any], name: str) -> Any:
+        """What the record holds in the field a call's argument `name` sets (None if none)."""
+        tokens = self.world.sets.get(name)
+        found = get_all(record, tokens) if tokens else []
+        return found[0] if found else None
+
     def _phrase(self, name: str, record: Any, path: str, chosen: Any, where: str) -> str:
+        """How the user names a value the call takes from a record: by what tells it apart from
+        its siblings (`the Headphones`), else by the value itself. (`where` names the record.)"""
         values = chosen if isinstance(chosen, list) else [chosen]
         descs = [sibling_descriptor(record, path, v) for v in values]
         tokens = path_tokens(path)
@@ -366,8 +448,6 @@ class ChainEnvironment(Environment):
         siblings = len(get_all(record, tokens[: fan + 1])) if fan is not None else 1
         if siblings > 1 and all(descs):
             return f"{human(name)}: {join_and(descs)}"  # type: ignore[arg-type]
-        if siblings == 1 or fan is None:
-            return f"{human(name)}: the one on the {where}'s record"
         return f"{human(name)}: {self._say(chosen)}"
 
     @staticmethod
@@ -432,7 +512,7 @@ class ChainEnvironment(Environment):
         status = ctx.state["_status"]
         parts = []
         for t in done:
-            after = f" (status now {status['after']})" if status else ""
+            after = f" (status now {status['after']})" if status and status.get("after") else ""
             parts.append(f"{human(self.roles.action)} done for {noun} {t}{after}")
         for t in refused:
             parts.append(f"{noun} {t} was left unchanged: its status is {self.status_of(ctx, t)}")
@@ -491,7 +571,8 @@ class ChainEnvironment(Environment):
                 added += len(opening)
             said = self.identity(ctx)
             if said and not all(str(v) in instruction for v in ctx.attrs.values()):
-                instruction = said + instruction
+                greeting = "Hi. " if instruction.startswith("Hi. ") else ""
+                instruction = greeting + said + instruction[len(greeting) :]
             goal = {**goal, "opening": names}
         lookup = conv.lookups.get(r.action)
         if lookup and lookup == r.lookup:
@@ -513,14 +594,10 @@ class ChainEnvironment(Environment):
         return instruction, goal, oracle, added
 
     def status_rule_text(self) -> str:
-        status = self.roles.status
-        if not status:
-            return ""
-        return (
-            f"Call {self.roles.action} only for {with_article(self.roles.entity_noun)} whose "
-            f"{status['field']} is {join_and(status['allowed'])}; otherwise leave it unchanged "
-            "and tell the user why."
-        )
+        """Kept for families that append it: always empty. A mined status rule is the domain's
+        (the agent's own recorded instructions say it where they say it); a prompt that stated
+        it would state the answer of the tasks that leave refused records alone."""
+        return ""
 
 
 def is_answer(name: str) -> bool:

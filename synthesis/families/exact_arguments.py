@@ -39,6 +39,7 @@ class ExactArgumentsEnv(ChainEnvironment):
 
     @classmethod
     def requirements(cls, roles: Roles, catalog: Catalog, gap: Gap) -> None:
+        cls.require_effects(roles, catalog)
         schema = catalog.tools[roles.action]
         exact = [
             a
@@ -92,9 +93,6 @@ class ExactArgumentsEnv(ChainEnvironment):
             goal["answer_includes"].append(t)
         oracle.append({"answer": self.answer(ctx, ctx.targets, [])})
         instruction = f"Hi. {self.request(ctx, ctx.targets, ids=said)}"
-        prompt = (
-            "Tool arguments must match the tool's schema exactly (types, lists, and the "
-            "id patterns given); write ids in that exact format. Invalid calls count "
-            "against you."
-        )
+        # the tools' own schemas carry the formats; writing ids in them is what is trained
+        prompt = "Invalid tool calls count against you."
         return self.build_task(seed, ctx, instruction, goal, oracle, prompt=prompt)

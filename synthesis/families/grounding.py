@@ -72,9 +72,5 @@ class GroundingEnv(ChainEnvironment):
         else:
             who = self.identity(ctx) if ctx.needs_owner else ""
             instruction = f"Hi. {who}{self.request(ctx, ctx.targets)}"
-        prompt = (
-            (f"Find the user's {r.entity_noun}s with the tools; the user does not know the ids.")
-            if by_label
-            else ""
-        )
-        return self.build_task(seed, ctx, instruction, goal, oracle, prompt=prompt)
+        # where the ids come from is what the task trains: the prompt does not say
+        return self.build_task(seed, ctx, instruction, goal, oracle)

@@ -5,14 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from tracegym.analysis import detector_names as dn
+from tracegym.analysis.gap import Gap
 from tracegym.synthesis.base import Action, Task, contains_token
 from tracegym.synthesis.families.chain import (
     ChainEnvironment,
+    with_article,
 )
+from tracegym.synthesis.spec import Catalog
 from tracegym.synthesis.world import (
     MEMORY_SEARCH,
     MEMORY_UPDATE,
     Gen,
+    NotSynthesizable,
+    Roles,
     synthetic_status,
 )
 
@@ -41,9 +46,23 @@ class MemoryHygieneEnv(ChainEnvironment):
             )
         ]
 
+    @classmethod
+    def requirements(cls, roles: Roles, catalog: Catalog, gap: Gap) -> None:
+        super().requirements(roles, catalog, gap)
+        stale = any(
+            src["source"] == "lookup" and catalog.tools[roles.action].arguments[n].type == "string"
+            for n, src in roles.extras.items()
+        )
+        if not stale and not roles.status and synthetic_status(roles, catalog) is None:
+            raise NotSynthesizable(
+                f"a note about {with_article(roles.entity_noun)} would hold nothing the traces "
+                f"show: {roles.action} takes no value from its record and the record has no "
+                "status with observed values"
+            )
+
     def _stale_field(self) -> str | None:
         for name, source in self.roles.extras.items():
-            if source["source"] in ("lookup", "record"):
+            if source["source"] == "lookup":
                 arg = self.action_schema.arguments[name]
                 if arg.type == "string":
                     return name
@@ -56,12 +75,12 @@ class MemoryHygieneEnv(ChainEnvironment):
         ctx = self.world_ctx(seed, n_targets=n, n_entities=n + int(k["distractors"]))
         r = self.roles
         status = ctx.state["_status"]
-        if field_name is None and status is None:
-            status = ctx.state["_status"] = synthetic_status(r)
+        if field_name is None and status is None:  # the observed status values, no rule
+            status = ctx.state["_status"] = synthetic_status(r, self.catalog)
+            if status is None:
+                raise NotSynthesizable(f"{r.lookup}'s records have no status to take notes of")
             for eid in ctx.entities:
-                ctx.state["entities"][eid][status["field"]] = ctx.rng.choice(
-                    [status["allowed"][0], *status["refused"]]
-                )
+                ctx.state["entities"][eid][status["field"]] = ctx.rng.choice(status["allowed"])
         memory = ctx.state["memory"]
         flaky = ctx.state["_flaky"]
         oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []
@@ -85,11 +104,8 @@ class MemoryHygieneEnv(ChainEnvironment):
                 fact, fresh = f"{field_name}: {stale}", f"{field_name}: {true}"
             else:
                 current = self.status_of(ctx, t)
-                wrong = (
-                    status["allowed"][0]
-                    if current != status["allowed"][0]
-                    else status["refused"][0]
-                )
+                observed = [*status["allowed"], *status["refused"]]
+                wrong = next(v for v in observed if v != current)
                 stale, true = wrong, current
                 fact, fresh = f"{status['field']}: {wrong}", f"{status['field']}: {current}"
             memory[key] = {
@@ -123,12 +139,11 @@ class MemoryHygieneEnv(ChainEnvironment):
             f"Hi. {self.identity(ctx) if ctx.needs_owner else ''}"
             f"{self.request(ctx, ctx.targets)} You should have notes on this."
         )
+        # the notes and how to keep them are the world's; re-checking them is what is trained
         prompt = (
-            f"Your notes ({MEMORY_SEARCH}/{MEMORY_UPDATE}) may be stale or written from "
-            "failed tool calls: check a note's facts with the tools before acting on "
-            f"them, retry a lookup that errored, and when done update the note "
-            f"('{r.entity_noun} <id>') with the facts you verified, never with a value "
-            f"from a failed call. {self.status_rule_text()}"
+            f"You keep notes across conversations ({MEMORY_SEARCH}/{MEMORY_UPDATE}); when done, "
+            f"update the note '{r.entity_noun} <id>' of each {r.entity_noun} you handled with "
+            f"its current facts. {self.status_rule_text()}"
         )
         return self.build_task(seed, ctx, instruction, goal, oracle, prompt=prompt.strip())
 

@@ -26,6 +26,9 @@ from tracegym.synthesis.world import (
     ToolError,
     canonical,
     clone,
+    leaf_paths_cached,
+    path_tokens,
+    replace_at,
 )
 
 
@@ -235,4 +238,36 @@ class RequestedActionEnv(Environment):
         if is_read_tool(name):
             return "not found"  # this world holds the user's record only
         state["writes"].append({"name": name, "arguments": canonical(args)})
-        return {"status": "done", **args}
+        if name == self.action:  # the values the user gave land in the user's record
+            record = state["record"] = self._updated(record, args)
+        return self._result(state, name, args, record)
+
+    def _updated(self, record: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
+        """The record after the action: each value from the user set where the record keeps a
+        field of that name (a top-level field, or the one nested field so named), else added
+        under the argument's name."""
+        shape = self.catalog.tools[self.opening].result
+        out = dict(record)
+        for name in self.user_args:
+            if name not in args:
+                continue
+            paths = leaf_paths_cached(shape, name)
+            tokens = path_tokens(paths[0]) if len(paths) == 1 else [name]
+            out = replace_at(out, tokens, args[name])
+        return out
+
+    def _result(
+        self, state: Mapping[str, Any], name: str, args: Mapping[str, Any], record: Any
+    ) -> Any:
+        """A write's result: in the shape the traces recorded for the tool (the record's fields
+        and the call's arguments where it has them), else the record as it now stands."""
+        schema = self.catalog.tools.get(name)
+        shape = schema.result if schema is not None and schema.calls else None
+        if not shape or shape.get("type") != "object" or not shape.get("properties"):
+            return clone(record)
+        made = Gen(random.Random(f"{state['_key']}:{name}:{canonical(args)}")).value(shape)
+        made = made if isinstance(made, dict) else {}
+        return {
+            k: args[k] if k in args else record[k] if k in record else made.get(k)
+            for k in shape.get("required", shape["properties"])
+        }

@@ -170,9 +170,5 @@ class ToolOrderEnv(ChainEnvironment):
         oracle.append({"answer": self.answer(ctx, done, refused)})
         who = self.identity(ctx) if (ctx.needs_owner or in_owner_chain) else ""
         instruction = f"Hi. {who}{self.request(ctx, ctx.targets, 'label' if by_label else 'id')}"
-        rule = f"Always call {before} before {after}" + (
-            f" for the same {r.entity_noun}." if before == r.lookup and after == r.action else "."
-        )
-        return self.build_task(
-            seed, ctx, instruction, goal, oracle, prompt=f"{rule} {self.status_rule_text()}".strip()
-        )
+        # the order is what the task trains: learnt from the verifier, never told
+        return self.build_task(seed, ctx, instruction, goal, oracle, prompt=self.status_rule_text())

@@ -8,10 +8,9 @@ from tracegym.analysis import detector_names as dn
 from tracegym.synthesis.base import Action, Task
 from tracegym.synthesis.families.chain import (
     ChainEnvironment,
-)
-from tracegym.synthesis.spec import EnvironmentSpec
-from tracegym.synthesis.world import (
-    synthetic_status,
+    Ctx,
+    human,
+    write_effects,
 )
 
 
@@ -19,14 +18,6 @@ class VerifyBeforeFinishEnv(ChainEnvironment):
     family = "verify_before_finish"
     capability = "Check that a write took effect (and redo it if not) before finishing."
     detectors = (dn.PREMATURE_FINISH,)
-    needs_status = True
-
-    def __init__(self, spec: EnvironmentSpec, **knobs: Any) -> None:
-        super().__init__(spec, **knobs)
-        status = self.roles.status
-        if status and status["after"] in status["allowed"]:
-            self.roles.status = synthetic_status(self.roles)
-            self.world.roles = self.roles
 
     def default_knobs(self) -> dict[str, Any]:
         return {"targets": 1, "distractors": 1, "silent": 1, "slack": 6}
@@ -46,12 +37,30 @@ class VerifyBeforeFinishEnv(ChainEnvironment):
             )
         ]
 
+    def _shown(self, ctx: Ctx, t: str, changes: bool) -> list[str]:
+        """The values a lookup shows once the write took effect, which the answer must report."""
+        status = ctx.state["_status"]
+        if changes and status:
+            return [str(status["after"])]
+        call = ctx.calls[t]
+        return [str(call[name]) for name in self.world.sets if name in call]
+
+    def answer(self, ctx: Ctx, done: list[str], refused: list[str]) -> str:
+        text = super().answer(ctx, done, refused)
+        shown = [
+            f"{human(name)} now {self._say(ctx.calls[t][name])} for {self.roles.entity_noun} {t}"
+            for t in done
+            for name in self.world.sets
+            if name in ctx.calls[t]
+        ]
+        return text[:-1] + "; " + "; ".join(shown) + "." if shown else text
+
     def generate(self, seed: int) -> Task:
         k = self.knobs
         n = int(k["targets"])
         ctx = self.world_ctx(seed, n_targets=n, n_entities=n + int(k["distractors"]))
         r = self.roles
-        status = ctx.state["_status"]
+        changes, _ = write_effects(r, self.catalog)
         silent = ctx.state["_silent"]
         for t in ctx.rng.sample(ctx.targets, min(int(k.get("silent", 0)), n)):
             silent[t] = 1
@@ -64,16 +73,12 @@ class VerifyBeforeFinishEnv(ChainEnvironment):
                 oracle += [self.action_call(ctx, t), check]
             goal["required_calls"].append(self.action_call(ctx, t))
             goal["verify_after"].append([check, {"name": r.action, "arguments": {r.id_arg: t}}])
-            goal["answer_includes"] += [t, status["after"]]
+            goal["answer_includes"] += [t, *self._shown(ctx, t, changes)]
         oracle.append({"answer": self.answer(ctx, ctx.targets, [])})
+        confirm = "the new status" if changes else "that the change went through"
         instruction = (
             f"Hi. {self.identity(ctx) if ctx.needs_owner else ''}"
-            f"{self.request(ctx, ctx.targets)} Please confirm the new status."
+            f"{self.request(ctx, ctx.targets)} Please confirm {confirm}."
         )
-        prompt = (
-            f"{r.action} may report success without the change being saved. After "
-            f"each {r.action}, check the {r.entity_noun} with {r.lookup}; if the "
-            f"{status['field']} did not change, do it again. Tell the user the status "
-            "you verified."
-        )
-        return self.build_task(seed, ctx, instruction, goal, oracle, prompt=prompt)
+        # that a write can report success without saving is what the task trains: not said
+        return self.build_task(seed, ctx, instruction, goal, oracle)

@@ -26,13 +26,17 @@ from tracegym.synthesis.world.backend import (
     MEMORY_TOOLS,
     ToolWorld,
     public_state,
+    replace_at,
 )
 from tracegym.synthesis.world.builder import (
     WorldBuilder,
+    echo_field,
+    label_pool,
     leaf_paths,
     leaf_paths_cached,
     loosen,
     money,
+    shared_formats,
     sibling_descriptor,
 )
 from tracegym.synthesis.world.errors import (
@@ -62,6 +66,7 @@ from tracegym.synthesis.world.values import (
     Gen,
     Maker,
     compile_shape,
+    fits,
 )
 
 __all__ = [
@@ -83,19 +88,24 @@ __all__ = [
     "clone",
     "compile_shape",
     "digest",
+    "echo_field",
+    "fits",
     "formats_of",
     "get_all",
     "infer_roles",
     "is_id_value",
     "is_wordlike",
+    "label_pool",
     "leaf_paths",
     "leaf_paths_cached",
     "loosen",
     "money",
     "path_tokens",
     "public_state",
+    "replace_at",
     "set_at",
     "shape_at",
+    "shared_formats",
     "sibling_descriptor",
     "synthetic_status",
 ]

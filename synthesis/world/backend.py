@@ -16,6 +16,10 @@ from tracegym.synthesis.spec import (
 from tracegym.synthesis.world.arithmetic import (
     calculate,
 )
+from tracegym.synthesis.world.builder import (
+    echo_field,
+    leaf_paths_cached,
+)
 from tracegym.synthesis.world.errors import (
     MEMORY_SEARCH,
     MEMORY_UPDATE,
@@ -75,6 +79,28 @@ class ToolWorld:
         self.schemas: dict[str, ToolSchema] = {n: catalog.tools[n] for n in names}
         if memory:
             self.schemas.update(MEMORY_TOOLS)
+        # which result field echoes which argument, per read (the record asked for)
+        self.echoes: dict[str, list[tuple[str, str]]] = {}
+        for n, schema in self.schemas.items():
+            pairs = [(a, echo_field(schema, a)) for a in schema.arguments]
+            self.echoes[n] = [(a, f) for a, f in pairs if f]
+        self.sets = self._write_paths()
+
+    def _write_paths(self) -> dict[str, list[str]]:
+        """The action's arguments that name a field of the record it acts on (`seat`,
+        `address1` -> `address.address1`): a call sets them. Only where the name is unique."""
+        r = self.roles
+        lookup = self.catalog.tools.get(r.lookup) if r.lookup else None
+        if lookup is None or r.action not in self.schemas:
+            return {}
+        out: dict[str, list[str]] = {}
+        for name in self.schemas[r.action].arguments:
+            if name in (r.id_arg, r.lookup_arg):
+                continue
+            paths = leaf_paths_cached(lookup.result, name)
+            if len(paths) == 1:
+                out[name] = path_tokens(paths[0])
+        return out
 
     def json_schemas(self) -> list[dict[str, Any]]:
         out = []
@@ -173,6 +199,10 @@ class ToolWorld:
             return ""
         rng = random.Random(f"{state['_seed']}:{name}:{canonical(args)}")
         result = Gen(rng).value(schema.result)
+        if isinstance(result, dict):  # the record asked for: its id is the one requested
+            for arg, field_name in self.echoes.get(name, ()):
+                if arg in args:
+                    result[field_name] = args[arg]
         if not schema.read:
             state["writes"].append({"tool": name, "arguments": canonical_value(args)})
         return result
@@ -199,21 +229,60 @@ class ToolWorld:
             current = record.get(status["field"])
             if state.get("_guard") and current not in status["allowed"]:
                 raise ToolError(f"{r.action}: not allowed while {status['field']} is {current!r}")
-        if silent.get(eid, 0) > 0:
+        changed = dict(record)
+        for name, tokens in self.sets.items():
+            if name in args:
+                changed = replace_at(changed, tokens, canonical_value(args[name]))
+        if status and status.get("after"):
+            changed[status["field"]] = status["after"]
+        if silent.get(eid, 0) > 0:  # reports success, saves nothing
             silent[eid] -= 1
-            shown = dict(record)
-            if status:
-                shown[status["field"]] = status["after"]
-            return self._action_result(shown)
-        if status:
-            record[status["field"]] = status["after"]
+            return self._action_result(state, changed, args)
+        state["entities"][eid] = changed
         state["writes"].append({"tool": r.action, "arguments": canonical_value(args)})
-        return self._action_result(record)
+        return self._action_result(state, changed, args)
 
-    def _action_result(self, record: dict[str, Any]) -> Any:
-        if self.schemas[self.roles.action].result.get("type") == "object":
-            return record
-        return "ok"
+    def _action_result(
+        self, state: Mapping[str, Any], record: dict[str, Any], args: Mapping[str, Any]
+    ) -> Any:
+        """What the real tool returned, in its recorded shape: the record's fields (after the
+        write) and the call's arguments where the shape has them, the rest generated."""
+        shape = self.schemas[self.roles.action].result
+        kind = shape.get("type")
+        if kind == "object":
+            props = shape.get("properties") or {}
+            if not props:
+                return dict(record)
+            rng = random.Random(f"{state['_seed']}:{self.roles.action}:{canonical(args)}")
+            made = Gen(rng).value(shape)
+            out = {}
+            for key in shape.get("required", props):
+                if key in record:
+                    out[key] = record[key]
+                elif key in args:
+                    out[key] = args[key]
+                else:
+                    out[key] = made.get(key) if isinstance(made, dict) else None
+            return out
+        if kind == "string":
+            examples = shape.get("examples") or ()
+            return examples[0] if examples else "ok"  # "ok" only where nothing was recorded
+        rng = random.Random(f"{state['_seed']}:{self.roles.action}:{canonical(args)}")
+        return Gen(rng).value(shape)
+
+
+def replace_at(record: dict[str, Any], tokens: list[str], value: Any) -> dict[str, Any]:
+    """`record` with the (fan-free) path set to `value`, copying every object on the way: the
+    state's records are forked one level deep, so nested objects are shared with the parent."""
+    out = dict(record)
+    node = out
+    for token in tokens[:-1]:
+        child = node.get(token)
+        child = dict(child) if isinstance(child, dict) else {}
+        node[token] = child
+        node = child
+    node[tokens[-1]] = value
+    return out
 
 
 def public_state(state: Mapping[str, Any], memory: bool = False) -> dict[str, Any]:

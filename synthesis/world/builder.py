@@ -10,6 +10,7 @@ from typing import Any
 from tracegym.synthesis.spec import (
     ArgSchema,
     Catalog,
+    ToolSchema,
     is_wordlike,
 )
 from tracegym.synthesis.world.errors import (
@@ -49,29 +50,54 @@ class WorldBuilder:
         self.taken: set[str] = set()
         lookup = catalog.tools.get(roles.lookup) if roles.lookup else None
         self.lookup_shape = lookup.result if lookup else {"type": "object", "properties": {}}
-        pool: list[str] = []
-        if roles.label_path and lookup:
-            pool = list(
-                shape_at(self.lookup_shape, path_tokens(roles.label_path)).get("examples", [])
-            )
-        pool = sorted(set(pool) | set(FALLBACK_LABELS)) if len(pool) < 24 else sorted(set(pool))
+        self.lookup_echo = echo_field(lookup, roles.lookup_arg) if lookup else None
+        owner = catalog.tools.get(roles.owner) if roles.owner else None
+        self.owner_echo = echo_field(owner, roles.owner_arg) if owner else None
+        observed = label_pool(self.lookup_shape, roles.label_path)
+        # the recorded names; the fallback names only where the traces recorded none
+        self.observed = observed or list(FALLBACK_LABELS)
+        pool = list(self.observed)
         rng.shuffle(pool)
         self.labels = pool
+        self.naming: set[str] = set()  # labels that name an entity: never given to another
+        self.used: set[str] = set()  # labels of the other items
+        self.reserve = 10  # names kept for entities still to come (world_ctx sets it)
 
-    def new_id(self, arg: ArgSchema | None) -> str:
+    def new_id(self, arg: ArgSchema | None, *also: ArgSchema | None) -> str:
+        """A fresh id in the inferred format of `arg`; where other schemas take the same id
+        (`get_order_details.order_id`), in a format they all share when there is one."""
         if arg is None or not (arg.formats or arg.examples):
+            arg = next((a for a in also if a is not None and (a.formats or a.examples)), None)
+        if arg is None:  # the traces recorded no value of it: the one invented format
             return self.gen.unique(lambda: f"ID-{self.rng.randrange(10**6, 10**7)}", self.taken)
-        cached = _ID_MAKERS.get(id(arg))
+        key = (id(arg), *(id(a) for a in also))
+        cached = _ID_MAKERS.get(key)  # type: ignore[call-overload]
         if cached is None or cached[0] is not arg:
-            facts = {"formats": arg.formats} if arg.formats else {"examples": arg.examples}
-            cached = _ID_MAKERS[id(arg)] = (arg, _string_maker(facts))
+            formats = shared_formats(arg, also)
+            facts = {"formats": formats, "examples": arg.examples}
+            cached = _ID_MAKERS[key] = (arg, _string_maker(facts))  # type: ignore[index]
         maker = cached[1]
         return self.gen.unique(lambda: maker(self.rng.random), self.taken)
 
-    def label(self) -> str:
-        if not self.labels:
-            raise NotSynthesizable("ran out of distinct labels for entities")
-        return self.labels.pop()
+    def label(self, naming: bool = False) -> str:
+        """A recorded name for an entity's item. The name that names an entity (its first item's)
+        is one no other item of the task has; the other items take names from the other end
+        of the pool and, once it runs out, reuse those (never an entity's name)."""
+        if naming and self.labels:
+            word = self.labels.pop()
+        elif not naming and (len(self.labels) > self.reserve or (self.labels and not self.used)):
+            word = self.labels.pop(0)
+        elif naming:
+            raise NotSynthesizable(
+                f"the traces recorded {len(self.observed)} distinct names, too few to tell "
+                "this task's records apart"
+            )
+        else:
+            spare = sorted(self.used) or [w for w in self.observed if w not in self.naming]
+            spare = spare or list(self.observed)
+            word = spare[int(self.rng.random() * len(spare))]
+        (self.naming if naming else self.used).add(word)
+        return word
 
     def entity(
         self,
@@ -86,8 +112,8 @@ class WorldBuilder:
             record = {}
         for path, values in plants:
             record = self.plant(record, path, values, self.lookup_shape)
-        for name in (r.lookup_arg, r.id_arg):
-            if name and name in self.lookup_shape.get("properties", {}):
+        for name in {r.lookup_arg, r.id_arg, self.lookup_echo} - {None}:
+            if name in self.lookup_shape.get("properties", {}):
                 record[name] = eid
         if (
             owner_id is not None
@@ -99,13 +125,15 @@ class WorldBuilder:
             tokens = path_tokens(r.label_path)
             fan = _fan(tokens)
             if fan is None:
-                record = set_at(record, tokens, self.label())
+                record = set_at(record, tokens, self.label(naming=True))
             else:
                 container = get_all(record, tokens[:fan])
                 items = container[0] if container and isinstance(container[0], list) else []
+                first = True
                 for item in items:
                     if isinstance(item, dict):
-                        set_at(item, tokens[fan + 1 :], self.label())
+                        set_at(item, tokens[fan + 1 :], self.label(naming=first))
+                        first = False
         if self.status is not None:
             record[self.status["field"]] = status_value
         return record
@@ -152,8 +180,9 @@ class WorldBuilder:
         record = self.gen.value(shape)
         if not isinstance(record, dict):
             record = {}
-        if r.owner_arg in shape.get("properties", {}):
-            record[r.owner_arg] = oid
+        for name in {r.owner_arg, self.owner_echo} - {None}:
+            if name in shape.get("properties", {}):
+                record[name] = oid
         for name, value in attrs.items():
             for path in leaf_paths_cached(shape, name):
                 record = set_at(record, path_tokens(path), value)
@@ -170,6 +199,57 @@ class WorldBuilder:
                         ):
                             item[key] = entities[eid][key]
         return record
+
+
+def echo_field(tool: ToolSchema | None, arg: str | None) -> str | None:
+    """The result field that holds the value of argument `arg` (the record asked for): the one
+    the traces showed echoing it (`booking_id` -> `id`), else a field of the same name, else an
+    `id` field in the argument's format."""
+    if tool is None or arg is None:
+        return None
+    echoes = getattr(tool, "echoes", None) or {}
+    if arg in echoes:
+        return echoes[arg]
+    props = tool.result.get("properties", {}) if tool.result.get("type") == "object" else {}
+    if arg in props:
+        return arg
+    schema = tool.arguments.get(arg)
+    sub = props.get("id", {})
+    same = bool(schema and schema.formats and sub.get("formats"))
+    if same and sub["formats"][0]["regex"] == schema.formats[0]["regex"]:  # type: ignore[union-attr]
+        return "id"
+    return None
+
+
+def shared_formats(arg: ArgSchema, also: Sequence[ArgSchema | None]) -> list[dict[str, Any]]:
+    """`arg`'s formats that every other schema with formats accepts too (all of them if none
+    is shared: the action's own schema decides)."""
+    others = [
+        {f["regex"] for f in a.formats}
+        for a in also
+        if a is not None and a is not arg and a.formats
+    ]
+    shared = [f for f in arg.formats if all(f["regex"] in o for o in others)]
+    return shared or list(arg.formats)
+
+
+_LABELS: dict[tuple[int, str], tuple[Any, list[str]]] = {}
+
+
+def label_pool(shape: Mapping[str, Any], path: str | None) -> list[str]:
+    """The distinct recorded values at the label path (`items[*].name`), cached per shape."""
+    if not path:
+        return []
+    cached = _LABELS.get((id(shape), path))
+    if cached is not None and cached[0] is shape:
+        return cached[1]
+    facts = shape_at(shape, path_tokens(path))
+    values = facts.get("enum") or facts.get("examples") or []
+    pool = sorted({v for v in values if isinstance(v, str) and v})
+    if len(_LABELS) > 10_000:
+        _LABELS.clear()
+    _LABELS[(id(shape), path)] = (shape, pool)
+    return pool
 
 
 _LEAF_PATHS: dict[tuple[int, str], tuple[Any, list[str]]] = {}

@@ -116,6 +116,21 @@ def _label_path(shape: Mapping[str, Any], prefix: str = "", depth: int = 0) -> s
     return None
 
 
+def _leaves_named(shape: Mapping[str, Any], name: str, prefix: str = "", depth: int = 0) -> list:
+    """Fan-free paths to the leaves called `name` (the fields a write's argument of that name
+    sets: copying its value from the same record would change nothing)."""
+    if depth > 3 or shape.get("type") != "object":
+        return []
+    out: list[str] = []
+    for key, sub in (shape.get("properties") or {}).items():
+        path = f"{prefix}.{key}" if prefix else key
+        if key == name and sub.get("type") in ("string", "integer", "number"):
+            out.append(path)
+        elif sub.get("type") == "object":
+            out.extend(_leaves_named(sub, name, path, depth + 1))
+    return out
+
+
 def infer_roles(catalog: Catalog, action: str, *, extra_tools: Sequence[str] = ()) -> Roles:
     """The roles around the write `action`; raises NotSynthesizable when it has no id argument."""
     tools = catalog.tools
@@ -209,6 +224,9 @@ def infer_roles(catalog: Catalog, action: str, *, extra_tools: Sequence[str] = (
             and f.count * 2 >= top  # the usual source, not a coincidence
             and f.path not in taken
         ]
+        lookup_shape = tools[roles.lookup].result if roles.lookup else {}
+        own = [p for p in _leaves_named(lookup_shape, arg.name)]
+        local = [f for f in local if not (f.source == roles.lookup and [f.path] == own)]
         if arg.enum:
             source = {"source": "user", "enum": True}
         elif local:
@@ -217,10 +235,9 @@ def infer_roles(catalog: Catalog, action: str, *, extra_tools: Sequence[str] = (
                 "source": "lookup" if best.source == roles.lookup else "owner",
                 "path": best.path,
             }
-        elif flows or not roles.lookup:
-            source = {"source": "user"}  # it comes from elsewhere: the user states it
         else:
-            source = {"source": "record", "path": arg.name}  # no evidence: keep it on file
+            # no earlier result held the value: it came from the user's message
+            source = {"source": "user"}
         roles.extras[arg.name] = source
 
     if roles.lookup:
@@ -230,8 +247,8 @@ def infer_roles(catalog: Catalog, action: str, *, extra_tools: Sequence[str] = (
         roles.status = {
             "field": rule.field,
             "allowed": rule.allowed[:1],
-            "refused": rule.refused or ["closed"],
-            "after": rule.after or f"{action.replace('_', ' ')} done",
+            "refused": list(rule.refused),  # empty: the runs showed no status it is refused in
+            "after": rule.after,  # None: the runs never showed the status after the write
             "mined": True,
         }
     for t in tools.values():
@@ -249,12 +266,19 @@ def infer_roles(catalog: Catalog, action: str, *, extra_tools: Sequence[str] = (
     return roles
 
 
-def synthetic_status(roles: Roles) -> dict[str, Any]:
-    """A status field for records whose recorded shape has none."""
-    return {
-        "field": "status",
-        "allowed": ["open"],
-        "refused": ["closed", "on hold"],
-        "after": f"{roles.action.replace('_', ' ')} done",
-        "mined": False,
-    }
+def synthetic_status(roles: Roles, catalog: Catalog | None = None) -> dict[str, Any] | None:
+    """The looked-up record's status field with its observed values, and no rule: every observed
+    value allows the action, nothing is refused, the write's effect on it is unknown. None when
+    the recorded records have no status field with at least two observed values (then there is
+    no status to speak of, and none is invented)."""
+    if catalog is None or not roles.lookup or roles.lookup not in catalog.tools:
+        return None
+    shape = catalog.tools[roles.lookup].result
+    facts = (shape.get("properties") or {}).get("status") if shape.get("type") == "object" else None
+    if not facts or facts.get("type") != "string":
+        return None
+    values = [v for v in facts.get("enum") or facts.get("examples") or () if isinstance(v, str)]
+    if len(values) < 2:
+        return None
+    return {"field": "status", "allowed": sorted(values), "refused": [], "after": None,
+            "mined": False}  # fmt: skip
