@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -220,7 +221,7 @@ def _object_checker(shape: Mapping[str, Any], facts: bool, depth: int) -> Checke
             found.append(
                 (
                     path or "$",
-                    f"lacks the field(s) every recorded result had: {', '.join(missing)}",
+                    f"lacks field(s) most recorded results had: {', '.join(missing)}",
                     None,
                 )
             )
@@ -369,7 +370,7 @@ def _number_checker(shape: Mapping[str, Any], facts: bool, depth: int) -> Checke
 
 # The system prompt ------------------------------------------------------------------------------
 ORDER_WORDS = re.compile(
-    r"\b(before|after|afterwards|first|then|prior|earlier|once|until|unless|followed|"
+    r"\b(before|after|afterwards|first|then|prior|earlier|once|until|followed|"
     r"precedes?|preceded|preceding|beforehand|next|previously)\b",
     re.IGNORECASE,
 )
@@ -480,7 +481,7 @@ class _Checker:
             if tool and self.has_results(tool) and isinstance(records, Mapping):
                 shape = self.tools[tool].result
                 for rid, record in records.items():
-                    yield f"{tool} record {rid}", record, shape
+                    yield f"{tool} record[{rid}]", record, shape
 
     # writes
     def id_order(self, args: Mapping[str, Any]) -> list[str]:
@@ -514,8 +515,10 @@ class _Checker:
         return None
 
     def check_seed(self, seed: int) -> list[tuple[str, str]]:
-        env = self.env
-        task = env.make_task(seed)
+        try:
+            task = self.env.make_task(seed)
+        except Exception as exc:  # a crashing generator fails the check, never the caller
+            return [("generation", _raised(exc))]
         found: list[tuple[str, str]] = []
 
         def add(prefix: str, items: Found, accepted: Mapping[str, set[str]] | None = None) -> None:
@@ -529,7 +532,11 @@ class _Checker:
             items: Found = []
             self.shape_check(shape)(record, "", items)
             add(where, items)
-        decisive = self.replay(task, add, found)
+        try:
+            decisive = self.replay(task, add, found)
+        except Exception as exc:  # the environment's own tool code crashed on the oracle
+            found.append(("oracle replay", _raised(exc)))
+            decisive = []
         found.extend(("system prompt", leak) for leak in self.prompt(task, decisive))
         return found
 
@@ -655,6 +662,12 @@ def _echoes_record(record: Any, path: str, value: Any) -> bool:
     return here == value
 
 
+def _raised(exc: Exception) -> str:
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    at = f" ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})" if where else ""
+    return f"raised {type(exc).__name__}: {exc}{at}"
+
+
 def _resolve(state: Mapping[str, Any], path: tuple[str, ...]) -> Any:
     value: Any = state
     for key in path:
@@ -681,10 +694,7 @@ def check_fidelity(
         checker.skipped.add("everything: no recorded tools to compare with")
     per_place: dict[str, int] = {}
     for seed in seeds:
-        try:
-            found = checker.check_seed(seed)
-        except Exception as exc:  # a crashing generator fails the check, never the caller
-            found = [("generation", f"raised {type(exc).__name__}: {exc}")]
+        found = checker.check_seed(seed)
         if not found:
             report.clean += 1
         report.problems += len(found)

@@ -81,7 +81,10 @@ BREAKS = {
     "prompt_then": ("system prompt", "names the order of the oracle's calls"),
     "prompt_rule": ("system prompt", "states the 'pending'"),
     "prompt_argument": ("system prompt", "holds the oracle's argument"),
+    "missing_field": ("get_order result", "lacks field(s) most recorded results had: ships"),
+    "null": ("get_order result.total", "is null where the traces never showed null"),
     "crash": ("generation", "raised KeyError"),
+    "tool_crash": ("oracle replay", "raised RuntimeError: backend down"),
 }
 
 
@@ -127,6 +130,10 @@ class Orders(Environment):
             "invented_field": {"loyalty": "gold"},
         }
         target.update(changes.get(broken, {}))
+        if broken == "missing_field":
+            del target["ships"]
+        if broken == "null":
+            target["total"] = None
         if broken == "nested":
             target["items"][0]["item_id"] = "n/a"
         if broken == "crash":
@@ -159,6 +166,8 @@ class Orders(Environment):
         if oid not in orders:
             raise ToolError(f"order {oid!r} not found")
         broken = self.knobs["broken"]
+        if broken == "tool_crash":
+            raise RuntimeError("backend down")
         if name == "get_order":
             if broken == "read_other":
                 return next(r for k, r in orders.items() if k != oid)
@@ -329,7 +338,7 @@ def test_records_the_oracle_never_reads_are_checked_too():
     }
     report = check_fidelity(env, n_seeds=10)
     new = [i for i in report.issues if (i.where, i.problem) not in before]
-    assert new and all(i.where.startswith("get_order_details record #W") for i in new)
+    assert new and all(i.where.startswith("get_order_details record[#W") for i in new)
     assert any("'9872-24-24' is not a value the traces showed" in i.problem for i in new)
 
 
@@ -416,10 +425,15 @@ def shop_runs(n: int = 300) -> list[list[dict[str, Any]]]:
 @pytest.fixture(scope="module")
 def real_catalogs(tmp_path_factory) -> dict[str, tuple[Catalog, str, str]]:
     """dataset -> (catalog, lookup, action)."""
+    from tracegym.synthesis.spec import catalog_from_store
+    from tracegym.tests.fixtures.seat_agent import write_seat_agent
+
     out = {"demo-shop": (infer_catalog(shop_runs()), "get_order", "cancel_order")}
+    seats = tmp_path_factory.mktemp("seats")
+    write_seat_agent(seats)  # issue 15's small agent of one's own
+    out["seat-agent"] = (catalog_from_store(seats), "get_booking", "change_seat")
     if RETAIL.is_file():
         from tracegym.store.importers import import_path
-        from tracegym.synthesis.spec import catalog_from_store
 
         home = tmp_path_factory.mktemp("retail")
         import_path("tau-bench", RETAIL, home)
@@ -428,7 +442,7 @@ def real_catalogs(tmp_path_factory) -> dict[str, tuple[Catalog, str, str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dataset", ["tau-retail", "demo-shop"])
+@pytest.mark.parametrize("dataset", ["tau-retail", "demo-shop", "seat-agent"])
 @pytest.mark.parametrize("family", _family_names())
 def test_every_family_is_faithful_on_real_runs(real_catalogs, dataset, family):
     from tracegym.synthesis.families import FAMILIES
