@@ -1,6 +1,7 @@
 """benchmarks/synthesis_real.py on the shared AgentRx tau-retail runs: every kept gap and every
 forced gap of the rule-mining detectors ends with an environment or a stated reason (nothing
-raised escapes), and the summary's counts add up."""
+raised escapes), a model policy calibrates on each environment built, and the summary's counts
+add up."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def agentrx(tmp_path_factory: pytest.TempPathFactory) -> sr.SetResult:
     if not found:
         pytest.skip("AgentRx tau-retail is not in the shared data")
     work = tmp_path_factory.mktemp("synthesis-real")
-    options = sr.Options(validity_seeds=20, fidelity_seeds=20, calibration_seeds=10)
-    return sr.run_set(found[0], work, Embedder(work / "cache"), options)
+    options = sr.Options(validity_seeds=20, fidelity_seeds=20, calibration_seeds=10, policy_seeds=1)
+    policy = sr.load_model_policy("tiny", work)  # a random tiny Llama: the model path, not skill
+    return sr.run_set(found[0], work, Embedder(work / "cache"), options, policy)
 
 
 def test_every_gap_gets_an_environment_or_a_reason(agentrx: sr.SetResult):
@@ -47,6 +49,9 @@ def test_every_gap_gets_an_environment_or_a_reason(agentrx: sr.SetResult):
             assert o.task.instruction and o.noisy_oracle is not None
             assert 0.0 <= o.noisy_oracle.pass_at_1 <= 1.0
             assert o.passed or o.reason_label()
+            # the model policy was calibrated on the environment like the noisy oracle
+            assert not o.policy_error and o.policy is not None and o.policy.history
+            assert 0.0 <= o.policy.pass_at_1 <= 1.0
         else:
             assert o.reason.strip() and o.reason_label()
 
