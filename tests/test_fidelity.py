@@ -465,10 +465,25 @@ def test_every_family_is_faithful_on_real_runs(real_catalogs, dataset, family):
             "read_tool": status.lookup, "path": status.field, "values": status.refused,
             "support": 10, "confidence": 1.0, "failed_runs": 3, "evidence_runs": ["t1"],
         }]  # fmt: skip
+    lists = [
+        f
+        for f in catalog.flows
+        if f.source == lookup
+        and "[*]" in f.path
+        and catalog.tools[f.target].arguments[f.argument].type == "array"
+    ]
+    if detector == "wrong_list" and lists:  # a list the runs copy from the lookup, as mined
+        flow = lists[0]
+        data = gap(detector, [flow.target])
+        data["rules"] = [{
+            "detector": detector, "kind": "list", "tool": flow.target, "statement": "x",
+            "read_tool": lookup, "path": flow.path, "argument": flow.argument,
+            "relation": "subset", "support": 10, "confidence": 1.0, "evidence_runs": ["t1"],
+        }]  # fmt: skip
     try:
         spec = cls.build_spec(_as_gap(data), catalog)
     except NotSynthesizable as exc:
-        pytest.skip(f"{family} builds no environment from a plain {detector} gap: {exc}")
+        pytest.skip(f"{family} builds no environment on {dataset}: {exc}")
     report = check_fidelity(cls(spec), n_seeds=200)
     assert report.ok, report.detail()
 
