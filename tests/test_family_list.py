@@ -139,22 +139,23 @@ def write_agent(home: Path, d: Domain, *, succeeded: int = 24, wrong: int = 9, s
         rid = f"#{d.name[0].upper()}{rng.randrange(10**6, 10**7)}"
         other = f"#{d.name[0].upper()}{rng.randrange(10**6, 10**7)}"
         mine = _record(d, rng, rid, [])
+        mine["previous"] = other  # the agent reads it too, in every run
         labels = [e[d.label] for e in mine[d.list_key]]
         theirs = _record(d, rng, other, labels[:1] + [n for n in NAMES if n not in labels][:1])
         if d.relation == "subset":
             picked = rng.sample(mine[d.list_key], rng.randint(1, len(labels) - 1))
             said = " and the ".join(e[d.label] for e in picked)
-            request = f"Hi, please return the {said} from order {rid} (not from {other})."
+            request = f"Hi, please return the {said} from order {rid}."
         else:
             picked = list(mine[d.list_key])
             request = f"Hi, please move every flight of booking {rid} to next Monday."
         run.chat("Let me look that up.", request)
         run.tool(d.read, {d.record_arg: rid}, mine)
+        run.tool(d.read, {d.record_arg: other}, theirs)
         ids = [e[d.element_id] for e in picked]
         if kind == "wrong":
             truth.add(run.trace)
             if d.relation == "subset":  # the same name, from the other record
-                run.tool(d.read, {d.record_arg: other}, theirs)
                 rest = [e[d.element_id] for e in mine[d.list_key] if e not in picked]
                 ids = [theirs[d.list_key][0][d.element_id], *rest[:1]]
             else:  # one segment dropped
@@ -272,6 +273,19 @@ def test_the_other_record_holds_elements_of_the_same_names(built: Built):
                   for e in r[d.list_key]}  # fmt: skip
         similar += bool(others & set(asked))
     assert similar == 20
+
+
+def test_the_request_is_worded_as_the_users_worded_theirs(built: Built):
+    d, env = _domain(built), built.env
+    opening = {SHOP: "Hi, please return the ", AIRLINE: "Hi, please move every flight of booking "}
+    for seed in range(10):
+        task = env.make_task(seed)
+        target = task.meta["list"]["record"]
+        assert task.instruction.startswith(opening[d]) and target in task.instruction
+    # without the users' words, the chain's own phrasing
+    plain = type(env)(replace(env.spec, extra={**env.spec.extra, "wording": None}))
+    assert not plain.make_task(0).instruction.startswith(opening[d])
+    assert run_actions(plain, 0, plain.oracle(0))[1].passed
 
 
 def test_the_prompt_is_the_agents_own_and_names_no_element(built: Built):

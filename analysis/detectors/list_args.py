@@ -18,8 +18,9 @@ whose list is not named by the user either (what the user asked for is never wro
 `span_ids`; confidence 0.7. Each finding carries the rule it breaks as
 ``details["mined_rule"]`` (a `MinedRule` of kind ``list``: the read tool and the list's path in
 its result that successful calls related to most often, e.g. ``items[*].item_id``, and up to
-ten of those runs), so that synthesis enforces what was mined and nothing else. Nothing about
-any domain is hard-coded.
+ten of those runs), so that synthesis enforces what was mined and nothing else, with the run's
+request and first call (`request`, `first_call`: the users' words, for synthesis). Nothing
+about any domain is hard-coded.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from tracegym.analysis.detector_names import WRONG_LIST
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.state import MAX_DEPTH, Read, is_write, reads
 from tracegym.analysis.detectors.ungrounded import Evidence, leaf_texts, loose
+from tracegym.analysis.detectors.unserved import first_call, request_text
 from tracegym.analysis.features import step_ref
 from tracegym.analysis.gap import MinedRule
 from tracegym.analysis.runs import Run, Step, parse_json
@@ -315,7 +317,8 @@ class WrongListArgument(Detector):
                 details={"tool": tool, "argument": arg, "rule": rule,
                          "subset_of_a_read": near is not None,
                          "read_position": near.step.position if near is not None else None,
-                         **({"mined_rule": self.mined_[tool, arg].to_dict()}
+                         **({"mined_rule": self.mined_[tool, arg].to_dict(),
+                             "request": request_text(run)[:500], "first_call": first_call(run)}
                             if (tool, arg) in self.mined_ else {})},
             )  # fmt: skip
         return list(findings.values())

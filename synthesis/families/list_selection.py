@@ -20,17 +20,20 @@ family refuses (`NotSynthesizable`) with the reason.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+import re
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from tracegym.analysis import detector_names as dn
 from tracegym.analysis.detectors.ungrounded import loose
-from tracegym.analysis.gap import Gap, MinedRule
+from tracegym.analysis.gap import Gap, GapRequest, MinedRule
 from tracegym.synthesis.base import Action, Episode, Task, Verdict
 from tracegym.synthesis.conventions import Conventions
 from tracegym.synthesis.families.chain import ChainEnvironment, human, join_and
 from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec, ToolSchema
+from tracegym.synthesis.wording import IDENTITY, MIN_REQUESTS, Wording
 from tracegym.synthesis.world import (
     LABEL_NAMES,
     NotSynthesizable,
@@ -42,6 +45,7 @@ from tracegym.synthesis.world import (
     shape_at,
 )
 
+NAMES = "\x00names\x00"  # the slot of a request's element names
 RELATIONS = ("equal", "subset")  # "named" is the user dictating values: exact_arguments' job
 MIN_LABELS = 3  # observed names a subset task needs, to name some elements and not others
 
@@ -165,6 +169,53 @@ def plan_list(rule: MinedRule, catalog: Catalog, roles: Roles) -> ListPlan:
     return ListPlan(rule.argument or "", rule.relation or "", list_path, field, label, mirror)
 
 
+def learn_request(
+    requests: Sequence[GapRequest], id_arg: ArgSchema, relation: str, labels: Sequence[str] = ()
+) -> Wording | None:
+    """How the gap's users asked: their most common request once the one record id it names
+    (in the action's id format) is a slot and, for a subset, the stretch naming the elements
+    (from the first recorded element name to the last: "the Kettle and the Lamp") is the other.
+    None unless `MIN_REQUESTS` requests share it, or when it holds another number the task
+    would not know how to fill."""
+    if not id_arg.formats:
+        return None
+    ids = re.compile(id_arg.formats[0]["regex"].strip("^$"))
+    names = sorted({str(x) for x in labels if str(x).strip()}, key=lambda x: (-len(x), x))
+    named = re.compile("|".join(rf"\b{re.escape(n)}\b" for n in names), re.I) if names else None
+    counts: Counter[str] = Counter()
+    spans: dict[str, list[str]] = defaultdict(list)
+    for request in requests:
+        text = " ".join(request.text.split())
+        found = set(ids.findall(text))
+        if len(found) != 1:
+            continue
+        record = found.pop()
+        if text.count(record) != 1:
+            continue
+        text = text.replace(record, IDENTITY)
+        said = ""
+        if relation == "subset":
+            hits = [m.span() for m in named.finditer(text)] if named else []
+            if not hits:
+                continue
+            said = text[hits[0][0] : hits[-1][1]]
+            if IDENTITY in said:
+                continue
+            text = text[: hits[0][0]] + NAMES + text[hits[-1][1] :]
+        if re.search(r"\d{3,}", text.replace(IDENTITY, "")):
+            continue
+        counts[text] += 1
+        if said and said not in spans[text]:
+            spans[text].append(said)
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))
+    if not ranked or ranked[0][1] < MIN_REQUESTS:
+        return None
+    template = ranked[0][0]
+    pieces = re.split(f"({re.escape(IDENTITY)}|{re.escape(NAMES)})", template)
+    slots = ["identity" if p == IDENTITY else "value" for p in pieces[1::2]]
+    return Wording(pieces[0::2], slots, [spans[template]] if NAMES in template else [])
+
+
 def _join(tokens: list[str]) -> str:
     """Path tokens back to a path: ``["items", "[*]", "item_id"]`` -> ``items[*].item_id``."""
     return "".join(t if t.startswith(("[", "{")) else f".{t}" for t in tokens).lstrip(".")
@@ -196,6 +247,8 @@ class ListSelectionEnv(ChainEnvironment):
         super().__init__(spec, **knobs)
         planned = spec.extra.get("list")
         self.plan = ListPlan.from_dict(planned) if isinstance(planned, Mapping) else None
+        worded = spec.extra.get("wording")
+        self.wording = Wording.from_dict(worded) if isinstance(worded, dict) else None
         # the lists this family writes are named by it, not by the chain's record labels (which
         # would spend the recorded names on elements it replaces)
         self.label_path = self.roles.label_path
@@ -260,6 +313,10 @@ class ListSelectionEnv(ChainEnvironment):
         spec = super().build_spec(gap, catalog, conventions)
         spec.extra["rules"] = [rule.to_dict()]
         spec.extra["list"] = plan.to_dict()
+        env = cls(spec)
+        id_arg = env.action_schema.arguments[env.roles.id_arg]
+        wording = learn_request(gap.requests, id_arg, plan.relation, env._labels())
+        spec.extra["wording"] = wording.to_dict() if wording is not None else None
         spec.description += f" Mined rule: {rule.statement}."
         spec.knobs = cls(spec).knobs
         return spec
@@ -410,7 +467,7 @@ class ListSelectionEnv(ChainEnvironment):
             phrases[index] = said
         else:
             phrases.insert(0, said)
-        instruction = f"Hi. {self.request(ctx, [target])}"
+        instruction = self._instruction(ctx, target, said, target_names, chosen)
         oracle: list[Action] = [
             self.lookup_call(target),
             self.action_call(ctx, target),
@@ -420,6 +477,22 @@ class ListSelectionEnv(ChainEnvironment):
         task = self.build_task(seed, ctx, instruction, goal, oracle)
         task.meta["list"] = {"record": target, "expected": expected}
         return task
+
+    def _instruction(
+        self, ctx: Any, target: str, said: str, names: list[str] | None, chosen: list[int]
+    ) -> str:
+        """The request in the users' recorded words where they were learnt (the record in its
+        slot, the names asked for in the one slot where users' requests differ), with the
+        arguments those words do not cover in brackets; else the chain's phrasing."""
+        wording = self.wording
+        if wording is None:
+            return f"Hi. {self.request(ctx, [target])}"
+        values = [join_and([names[i] for i in chosen])] if wording.value_slots and names else []
+        if len(values) != wording.value_slots:
+            return f"Hi. {self.request(ctx, [target])}"
+        rest = [p for p in ctx.phrases[target] if not (values and p == said)]
+        text = wording.fill(identity=target, values=values).strip()
+        return text + (f" ({'; '.join(rest)})" if rest else "")
 
     def _phrase_list(self, plan: ListPlan, names: list[str] | None, chosen: list[int]) -> str:
         noun = human(plan.argument)
