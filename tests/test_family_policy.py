@@ -243,3 +243,32 @@ def test_the_ladder_varies_records_and_forbidden_share(planted: World):
         assert len(task.meta["forbidden"]) == round(n * level["forbidden_share"])
         seen.add((n, len(task.meta["forbidden"])))
     assert len(seen) >= 4
+
+
+def test_the_request_follows_the_users_recorded_wording(planted: World):
+    """Where the gap kept its users' requests and two of them share a wording (the record and
+    the customer aside), tasks ask in those words; else in the chain families' phrasing."""
+    from tracegym.analysis.gap import GapRequest
+
+    catalog = planted.catalog
+    spec = planted.spec
+    action, owner = spec.roles["action"], spec.roles["owner"]
+    ids = [str(x) for x in catalog.tools[action].arguments[spec.roles["id_arg"]].examples[:2]]
+    emails = [str(x) for x in catalog.tools[owner].arguments[spec.roles["owner_arg"]].examples[:2]]
+    said = [
+        f"Hi, this is {e}. Please sort out my record {i} today."
+        for e, i in zip(emails, ids, strict=True)
+    ]
+    gap = replace(planted.gap, requests=tuple(GapRequest(t) for t in said))
+    env = from_spec(build_spec(gap, catalog, planted.conventions))
+    for seed in range(5):
+        task = env.make_task(seed)
+        assert task.instruction.startswith("Hi, this is ")
+        assert task.instruction.endswith("Please sort out my record " + " and ".join(
+            task.meta["targets"]) + " today.")  # fmt: skip
+        assert any(f"this is {o}." in task.instruction for o in task.state["owners"])
+    assert check_environment(env, 30).ok
+    # one recorded request is no wording: the chain phrasing stays
+    alone = replace(planted.gap, requests=(GapRequest(said[0]),))
+    env = from_spec(build_spec(alone, catalog, planted.conventions))
+    assert "sort out" not in env.make_task(0).instruction

@@ -17,8 +17,9 @@ acted on records of R holding v:
 ``missed_action:T``; decisive step: the (latest) read that showed the state, where the run
 should have gone on to act; the run's last step follows in `span_ids`. Confidence 0.6: a user
 may have changed their mind. Each finding carries the rule it breaks as `details["mined_rule"]`
-(`analysis.gap.MinedRule`, kind ``trigger``, with the successful runs it was mined from): what
-synthesis may enforce. Nothing about any domain is hard-coded.
+(`analysis.gap.MinedRule`, kind ``trigger``, with the successful runs it was mined from), and the
+run's request and first call (`request`, `first_call`): what synthesis may enforce, and how users
+ask. Nothing about any domain is hard-coded.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tracegym.analysis.detector_names import MISSED_ACTION
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.precondition import evidence
 from tracegym.analysis.detectors.state import acted_run
+from tracegym.analysis.detectors.unserved import first_call, request_text
 from tracegym.analysis.features import step_ref
 from tracegym.analysis.gap import MinedRule
 from tracegym.analysis.runs import Run
@@ -182,6 +184,7 @@ class MissedAction(Detector):
                              "share": round(rule.share, 3),
                              "other_share": round(rule.other_share, 3),
                              "called_elsewhere": rule.tool in called,
-                             "mined_rule": rule.to_rule().to_dict()},
+                             "mined_rule": rule.to_rule().to_dict(),
+                             "request": request_text(run)[:500], "first_call": first_call(run)},
                 ))  # fmt: skip
         return findings

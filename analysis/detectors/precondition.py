@@ -34,7 +34,8 @@ finding per key and run; decisive step: the first such write; the read that show
 and later such writes follow in `span_ids`. Confidence 0.8
 for an enum value, 0.6 for a threshold. Each finding carries the rule it breaks as
 `details["mined_rule"]` (`analysis.gap.MinedRule`, kind ``precondition``, with the successful runs
-it was mined from): what synthesis may enforce. Nothing about any domain is hard-coded.
+it was mined from), and the run's request and first call (`request`, `first_call`: the users'
+words): what synthesis may enforce, and how users ask. Nothing about any domain is hard-coded.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from typing import Any
 from tracegym.analysis.detector_names import FORBIDDEN_ACTION
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.state import Read, acted_run, show_number
+from tracegym.analysis.detectors.unserved import first_call, request_text
 from tracegym.analysis.features import step_ref
 from tracegym.analysis.gap import MinedRule
 from tracegym.analysis.runs import Run, Step
@@ -359,6 +361,7 @@ class ForbiddenAction(Detector):
                 details={"tool": tool, "read_tool": read.tool, "path": rule.path, "value": value,
                          "rule": rule.describe(), "acted": rule.acted,
                          "abstained": rule.abstained, "read_position": read.step.position,
-                         "write_failed": write.failed, "mined_rule": rule.rule_record()},
+                         "write_failed": write.failed, "mined_rule": rule.rule_record(),
+                         "request": request_text(run)[:500], "first_call": first_call(run)},
             )  # fmt: skip
         return None

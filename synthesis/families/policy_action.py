@@ -19,6 +19,8 @@ only other observed value (a flag). Anything else is refused rather than guessed
 from __future__ import annotations
 
 import random
+import re
+from collections import Counter
 from collections.abc import Sequence
 from copy import deepcopy
 from dataclasses import asdict, dataclass, field
@@ -27,10 +29,10 @@ from typing import Any
 
 from tracegym.analysis import detector_names as dn
 from tracegym.analysis.detectors.state import DAY_OFFSET, date_value, enum_value, show_number
-from tracegym.analysis.gap import Gap, MinedRule
+from tracegym.analysis.gap import Gap, GapRequest, MinedRule
 from tracegym.synthesis.base import Action, Task
 from tracegym.synthesis.conventions import Conventions
-from tracegym.synthesis.families.chain import ChainEnvironment, Ctx, human
+from tracegym.synthesis.families.chain import ChainEnvironment, Ctx, human, join_and
 from tracegym.synthesis.spec import Catalog, EnvironmentSpec
 from tracegym.synthesis.world import (
     Gen,
@@ -43,6 +45,28 @@ from tracegym.synthesis.world import (
 )
 
 PRECONDITION, TRIGGER = "precondition", "trigger"
+RECORD, CUSTOMER = "\x00record\x00", "\x00customer\x00"  # slots of a learnt request
+MIN_REQUESTS = 2  # recorded requests that must share a wording
+
+
+def learn_template(requests: Sequence[GapRequest], id_regex: str, owner_regex: str | None) -> str:
+    """The users' most common wording of the request (`Gap.requests`), the record's id (and the
+    customer's) as slots: recorded texts naming exactly one record, no other number left in;
+    "" when fewer than `MIN_REQUESTS` requests share one."""
+    ids = re.compile(id_regex.strip("^$"))
+    owners = re.compile(owner_regex.strip("^$")) if owner_regex else None
+    counts: Counter[str] = Counter()
+    for request in requests:
+        text = " ".join(request.text.split())
+        if len(ids.findall(text)) != 1:
+            continue
+        text = ids.sub(RECORD, text)
+        text = owners.sub(CUSTOMER, text) if owners is not None else text
+        if re.search(r"\d", text):
+            continue  # another value this task could not fill
+        counts[text] += 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))
+    return ranked[0][0] if ranked and ranked[0][1] >= MIN_REQUESTS else ""
 
 
 @dataclass
@@ -278,6 +302,7 @@ class PolicyActionEnv(ChainEnvironment):
         super().__init__(spec, **knobs)
         data = spec.extra.get("policy_action")
         self.policy = Policy.from_dict(data) if data else None
+        self.template = str((data or {}).get("template") or "")
 
     def default_knobs(self) -> dict[str, Any]:
         # two records, one of them forbidden: acting on every record cannot pass
@@ -316,7 +341,21 @@ class PolicyActionEnv(ChainEnvironment):
         spec = super().build_spec(gap, catalog, conventions)
         policy = resolve_policy(gap, catalog)
         spec.roles["status"] = None  # the mined rules are the only policy here
-        spec.extra["policy_action"] = policy.to_dict()
+        roles = Roles.from_dict(spec.roles)
+        id_formats = catalog.tools[roles.action].arguments[roles.id_arg].formats
+        owner = (
+            catalog.tools[roles.owner].arguments.get(roles.owner_arg or "") if roles.owner else None
+        )
+        template = (
+            learn_template(
+                gap.requests,
+                id_formats[0]["regex"],
+                owner.formats[0]["regex"] if owner and owner.formats else None,
+            )
+            if id_formats
+            else ""
+        )
+        spec.extra["policy_action"] = {**policy.to_dict(), "template": template}
         spec.extra["rules"] = [r.to_dict() for r in (*policy.checked, *policy.triggers)]
         spec.description += " Rules: " + "; ".join(
             r.statement for r in (*policy.checked, *policy.triggers)
@@ -434,12 +473,21 @@ class PolicyActionEnv(ChainEnvironment):
                 done.append(t)
             goal["answer_includes"].append(t)
         oracle.append({"answer": self._answer(done, left, why)})
-        who = self.identity(ctx) if ctx.needs_owner else ""
-        instruction = f"Hi. {who}{self.request(ctx, ctx.targets)}"
-        task = self.build_task(seed, ctx, instruction, goal, oracle)
+        task = self.build_task(seed, ctx, self.instruction(ctx), goal, oracle)
         task.meta["forbidden"] = sorted(refused)
         task.meta["actions"] = {t: self.action_call(ctx, t) for t in ctx.targets}  # each record's
         return task
+
+    def instruction(self, ctx: Ctx) -> str:
+        """The request in the users' own recorded words where the gap kept them, else the
+        chain families' phrasing; the action's other arguments as the user states them."""
+        if not self.template or (CUSTOMER in self.template and ctx.owner_id is None):
+            who = self.identity(ctx) if ctx.needs_owner else ""
+            return f"Hi. {who}{self.request(ctx, ctx.targets)}"
+        text = self.template.replace(RECORD, join_and(ctx.targets))
+        text = text.replace(CUSTOMER, str(ctx.owner_id or ""))
+        said = [p for t in ctx.targets for p in ctx.phrases[t]]
+        return text + (f" ({'; '.join(said)})" if said else "")
 
     def _answer(
         self, done: list[str], left: list[str], why: dict[str, tuple[str, str, bool]]
