@@ -145,17 +145,47 @@ def test_the_environment_passes_validity(planted):
     assert fidelity.check_fidelity(env, n_seeds=50).ok
 
 
-def test_a_one_field_relation_asks_for_several_records(planted):
+NAMES = ("lamp", "desk", "chair", "sofa", "shelf", "rug", "mirror", "clock", "vase", "stool",
+         "bench", "crate", "kettle", "towel", "pillow", "blanket", "cabinet", "drawer", "curtain",
+         "basket", "trunk", "ladder", "hammer", "bucket")  # fmt: skip
+
+
+def _shop_catalog():
+    """A shop whose refunds turn an order's status to refunded (the write's effect is known)."""
+    traces = []
+    for i in range(8):
+        items = [{"item_id": f"IT-{100 + 3 * i + k}", "name": n, "price": round(9.5 + 7 * k + i, 2)}
+                 for k, n in enumerate(NAMES[3 * i : 3 * i + 2 + i % 2])]  # fmt: skip
+        oid = f"OD-{5000 + i}"
+        order = {"order_id": oid, "status": "delivered", "total": round(50 + 13.7 * i, 2),
+                 "fee": round(2 + i * 0.75, 2), "items": items}  # fmt: skip
+        traces.append([
+            {"tool": "get_order", "arguments": {"order_id": oid}, "result": order},
+            {"tool": "refund_order", "arguments": {"order_id": oid, "amount": order["total"]},
+             "result": {"order_id": oid, "status": "refunded"}},
+            {"tool": "get_order", "arguments": {"order_id": oid},
+             "result": {**order, "status": "refunded"}},
+        ])  # fmt: skip
+    return infer_catalog(traces)
+
+
+def _shop_env(relation: Relation) -> AmountEnv:
+    rule = AmountRule("refund_order", "amount", "get_order", relation, 8, 8, ("t1",)).to_mined()
+    gap = Gap.from_dict({"id": "gap-shop", "detector": "wrong_amount",
+                         "key": "wrong_amount:refund_order.amount", "tools": ["refund_order"],
+                         "rules": [rule.to_dict()]})  # fmt: skip
+    env = from_spec(build_spec(gap, _shop_catalog()))
+    assert isinstance(env, AmountEnv)
+    return env
+
+
+def test_a_one_field_relation_asks_for_several_records():
     """Where the amount is one field, calling the action once with some number seen could be
     right: the tasks name two records at least, and copying cannot pass."""
-    p, home = planted[FIELD_SEED]
-    env = _env(home)
-    assert env.relation == Relation("field", (p.domain.amount_field,))
-    assert all(level["targets"] >= 2 for level in env.levels())
+    env = _shop_env(Relation("field", ("total",)))
+    assert env.knobs["targets"] == 2 and all(level["targets"] >= 2 for level in env.levels())
     report = check_environment(env, n_seeds=50)
-    # (the write's effect on the record is the world's to model: refunds change no field of
-    # this domain's records, which the fidelity check reports)
-    assert all(c.ok for c in report.checks if c.name != "fidelity"), report.failures
+    assert report.ok, report.failures
 
 
 def _amounts(oracle: list[dict[str, Any]], action: str, change) -> list[dict[str, Any]]:
@@ -235,28 +265,8 @@ def test_it_refuses_without_a_mined_relation(planted):
         build_spec(Gap.from_dict({**gap.to_dict(), "rules": [missing.to_dict()]}), catalog)
 
 
-def _items_catalog():
-    traces = []
-    for i in range(8):
-        items = [{"item_id": f"IT-{100 + 3 * i + k}", "name": n, "price": round(9.5 + 7 * k + i, 2)}
-                 for k, n in enumerate(["lamp", "desk", "chair"][: 2 + i % 2])]  # fmt: skip
-        order = {"order_id": f"OD-{5000 + i}", "status": "pending", "items": items}
-        traces.append([
-            {"tool": "get_order", "arguments": {"order_id": order["order_id"]}, "result": order},
-            {"tool": "charge_order", "arguments": {"order_id": order["order_id"],
-                                                   "amount": sum(x["price"] for x in items)},
-             "result": {"order_id": order["order_id"], "status": "charged"}},
-        ])  # fmt: skip
-    return infer_catalog(traces)
-
-
 def test_a_sum_over_the_items_is_drawn_item_by_item():
-    relation = Relation("sum_over", ("items[].price",))
-    rule = AmountRule("charge_order", "amount", "get_order", relation, 8, 8, ("t1",)).to_mined()
-    gap = Gap.from_dict({"id": "gap-sum", "detector": "wrong_amount",
-                         "key": "wrong_amount:charge_order.amount", "tools": ["charge_order"],
-                         "rules": [rule.to_dict()]})  # fmt: skip
-    env = from_spec(build_spec(gap, _items_catalog()))
+    env = _shop_env(Relation("sum_over", ("items[].price",)))
     prices = env.catalog.tools["get_order"].result["properties"]["items"]["items"]
     low, high = prices["properties"]["price"]["min"], prices["properties"]["price"]["max"]
     for seed in range(10):
@@ -267,7 +277,7 @@ def test_a_sum_over_the_items_is_drawn_item_by_item():
             assert all(low <= x["price"] <= high for x in items)
             assert amount == pytest.approx(sum(x["price"] for x in items))
     report = check_environment(env, n_seeds=30)
-    assert all(c.ok for c in report.checks if c.name != "fidelity"), report.failures
+    assert report.ok, report.failures
     assert json.loads(json.dumps(env.spec.extra["rules"]))[0]["relation"] == "sum_over"
 
 
@@ -280,7 +290,6 @@ REAL = [
 ]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("fmt", "path"), REAL, ids=[p.parent.name if p.is_file() else p.name
                                                      for _, p in REAL])  # fmt: skip
 def test_report_the_relations_mined_on_real_runs(fmt, path, tmp_path, capsys):

@@ -23,7 +23,7 @@ get_order.items[].price". Among the relations holding in at least `min_support` 
 calls and `min_confidence` (0.8) of them, the most held wins (then the simplest form). A finding
 whose call breaks its argument's relation carries it as ``details["mined_rule"]``
 (`MinedRule(kind="amount")`: `relation` the form, `read_tool`, `path` the first field, `values`
-every field and, for a share, the divisor last; `AmountRule.from_mined` reads it back), with the
+every field and, for a share, the divisor last; `AmountRule.relation_of` reads it back), with the
 run's request and first call (`request`, `first_call`: the users' words, for synthesis). The
 relation adds no finding and removes none.
 """

@@ -202,6 +202,7 @@ class AmountEnv(ChainEnvironment):
         spec.extra["rules"] = [rule.to_dict()]
         spec.extra["amount"] = {"argument": rule.argument, "template": template}
         spec.description += f" Amount: {rule.statement}"
+        spec.knobs = {}  # those of the instance built before the rule was in the spec
         spec.knobs = cls(spec).knobs
         return spec
 
