@@ -122,8 +122,15 @@ def _place(where: str) -> str:
 _COMPILED: dict[tuple[int, bool], tuple[Any, Checker]] = {}
 
 
-def _kind_ok(value: Any, kinds: frozenset[str]) -> bool:
-    kind = json_type(value)
+_KINDS = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object",
+          list: "array"}  # fmt: skip
+
+
+def _json_kind(value: Any) -> str:
+    return _KINDS.get(type(value)) or json_type(value)
+
+
+def _kind_ok(value: Any, kind: str, kinds: frozenset[str]) -> bool:
     if kind in kinds:
         return True
     if kind == "integer" and "number" in kinds:
@@ -174,26 +181,20 @@ def _compile(shape: Mapping[str, Any], facts: bool, depth: int) -> Checker:
     }.get(kind)
     body = inner(shape, facts, depth) if inner else None
     shown = "/".join(sorted(kinds))
+    main = {"map": "object", "integer": "number"}.get(kind, kind)
 
     def check(value: Any, path: str, found: Found) -> None:
         if value is None:
             if not nullable:
                 found.append((path, "is null where the traces never showed null", None))
             return
-        if not _kind_ok(value, kinds):
+        actual = _json_kind(value)
+        if not _kind_ok(value, actual, kinds):
             found.append(
-                (
-                    path,
-                    f"is {json_type(value)} ({_show(value)}) where the traces showed {shown}",
-                    value,
-                )
+                (path, f"is {actual} ({_show(value)}) where the traces showed {shown}", value)
             )
             return
-        if body is None:
-            return
-        actual = json_type(value)
-        main = {"map": "object", "integer": "number"}.get(kind, kind)
-        if {"integer": "number"}.get(actual, actual) == main:
+        if body is not None and (actual if actual != "integer" else "number") == main:
             body(value, path, found)
 
     return check
@@ -377,10 +378,25 @@ ORDER_WORDS = re.compile(
 _SENTENCE = re.compile(r"(?<=[.!?;])\s+|\n+")
 
 
+def _has(text: str, value: str) -> bool:
+    """`contains_token`, after a cheap substring test (most sentences hold no value at all)."""
+    return value.casefold() in text.casefold() and contains_token(text, value)
+
+
 def _mentions(text: str, tool: str) -> bool:
-    return contains_token(text, tool) or (
-        "_" in tool and contains_token(text, tool.replace("_", " "))
-    )
+    return _has(text, tool) or ("_" in tool and _has(text, tool.replace("_", " ")))
+
+
+def _without(sentence: str, tools: Sequence[str]) -> str:
+    for tool in tools:
+        for form in {tool, tool.replace("_", " ")}:
+            sentence = re.sub(
+                r"(?<![A-Za-z0-9_])" + re.escape(form) + r"(?![A-Za-z0-9_])",
+                " ",
+                sentence,
+                flags=re.IGNORECASE,
+            )
+    return sentence
 
 
 def prompt_leaks(
@@ -404,14 +420,15 @@ def prompt_leaks(
     out = []
     for sentence in filter(None, (s.strip() for s in _SENTENCE.split(prompt))):
         named = [t for t in tools if _mentions(sentence, t)]
-        if named and ORDER_WORDS.search(sentence):
+        rest = _without(sentence, named)  # a tool's own name (`cancel_pending_order`) says nothing
+        if named and ORDER_WORDS.search(rest):
             out.append(f"names the order of the oracle's calls ({', '.join(named)}): {sentence!r}")
             continue
-        value = next((v for v in decisive if contains_token(sentence, v)), None) if named else None
+        value = next((v for v in decisive if _has(rest, v)), None) if named else None
         if value is not None:
             out.append(f"states the {value!r} the oracle's {named[0]} depends on: {sentence!r}")
             continue
-        value = next((v for v in arguments if contains_token(sentence, v)), None)
+        value = next((v for v in arguments if _has(sentence, v)), None)
         if value is not None:
             out.append(f"holds the oracle's argument {value!r}: {sentence!r}")
     return out
@@ -452,6 +469,7 @@ class _Checker:
         if not recorded and env.spec is not None:
             recorded = str((env.spec.extra.get("conventions") or {}).get("system_prompt") or "")
         self.recorded_prompt = recorded
+        self.descriptions = self._own_descriptions(conventions)
         self.status_values: list[str] = []
         for rule in catalog.status_rules.values():
             self.status_values += [
@@ -463,6 +481,28 @@ class _Checker:
             status = self.roles.status
             self.status_values += [*status.get("allowed", []), *status.get("refused", [])]
             self.status_values.append(str(status.get("after") or ""))
+
+    def _own_descriptions(self, conventions: Any) -> list[tuple[str, str]]:
+        """(where, text) of the tool descriptions the environment wrote itself."""
+        recorded = getattr(conventions, "tools", None) or []
+        if not recorded and self.env.spec is not None:
+            recorded = (self.env.spec.extra.get("conventions") or {}).get("tools") or []
+        theirs = {
+            str(t.get("function", t).get("description") or "")
+            for t in recorded
+            if isinstance(t, Mapping)
+        }
+        try:
+            schemas = self.env.tool_schemas()
+        except Exception:  # the schemas are another check's business
+            return []
+        out = []
+        for schema in schemas:
+            function = schema.get("function", schema) if isinstance(schema, Mapping) else {}
+            text = str(function.get("description") or "")
+            if text and text not in theirs:
+                out.append((f"tool description {function.get('name')}", text))
+        return out
 
     def shape_check(self, shape: Mapping[str, Any]) -> Checker:
         return compile_shape_check(shape, self.facts)
@@ -537,7 +577,7 @@ class _Checker:
         except Exception as exc:  # the environment's own tool code crashed on the oracle
             found.append(("oracle replay", _raised(exc)))
             decisive = []
-        found.extend(("system prompt", leak) for leak in self.prompt(task, decisive))
+        found.extend(self.prompt(task, decisive))
         return found
 
     def replay(
@@ -625,11 +665,14 @@ class _Checker:
                 )
         return out
 
-    def prompt(self, task: Task, decisive: list[str]) -> list[str]:
+    def prompt(self, task: Task, decisive: list[str]) -> list[tuple[str, str]]:
+        """Leaks in the system prompt and in the tool descriptions the environment wrote (the
+        agent's own recorded instructions and tool definitions are left out)."""
         text = task.system_prompt or ""
         if self.recorded_prompt:
             text = text.replace(self.recorded_prompt, " ")  # the agent's own instructions
-        if not text.strip():
+        texts = [("system prompt", text), *self.descriptions]
+        if not any(t.strip() for _, t in texts):
             return []
         tools = list(dict.fromkeys(a["name"] for a in task.oracle if a.get("name")))
         values = [v for v in dict.fromkeys([*decisive, *self.status_values]) if len(v) >= 3]
@@ -640,7 +683,13 @@ class _Checker:
             for value in a["arguments"].values()
             for v in _argument_texts(value)
         ]
-        return prompt_leaks(text, tools, values, list(dict.fromkeys(arguments)))
+        arguments = list(dict.fromkeys(arguments))
+        return [
+            (where, leak)
+            for where, body in texts
+            if body.strip()
+            for leak in prompt_leaks(body, tools, values, arguments)
+        ]
 
 
 _STEP = re.compile(r"\[(\d+)\]|\{([^}]*)\}|([^.\[{]+)")

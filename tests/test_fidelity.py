@@ -81,6 +81,7 @@ BREAKS = {
     "prompt_then": ("system prompt", "names the order of the oracle's calls"),
     "prompt_rule": ("system prompt", "states the 'pending'"),
     "prompt_argument": ("system prompt", "holds the oracle's argument"),
+    "description": ("tool description cancel_order", "names the order of the oracle's calls"),
     "missing_field": ("get_order result", "lacks field(s) most recorded results had: ships"),
     "null": ("get_order result.total", "is null where the traces never showed null"),
     "crash": ("generation", "raised KeyError"),
@@ -98,7 +99,12 @@ class Orders(Environment):
         return {"broken": ""}
 
     def tool_schemas(self) -> list[dict[str, Any]]:
-        return [t.json_schema() for t in self.spec.catalog.tools.values()]
+        schemas = [t.json_schema() for t in self.spec.catalog.tools.values()]
+        if self.knobs["broken"] == "description":
+            for schema in schemas:
+                if schema["function"]["name"] == "cancel_order":
+                    schema["function"]["description"] = "Cancels an order; get_order it first."
+        return schemas
 
     def _record(self, rng: random.Random) -> dict[str, Any]:
         total = self.spec.catalog.tools["get_order"].result["properties"]["total"]
