@@ -137,7 +137,9 @@ class GapOutcome:
             crash = next((d for n, d in groups if len(n) > 1 and d.startswith("raised")), None)
             if crash:  # one crash failing several checks: name it once
                 return f"crashed in validity: {crash.removeprefix('raised ')[:100]}"
-            return f"rejected by validity: {', '.join(n for names, _ in groups for n in names)}"
+            names = [n for group, _ in groups for n in group]
+            first = f" (first: {self.fidelity_issues[0][:90]})" if self.fidelity_issues else ""
+            return f"rejected by validity: {', '.join(names)}{first if 'fidelity' in names else ''}"
         if self.fidelity_ok is False:
             return "rejected by fidelity"
         return ""
