@@ -11,9 +11,14 @@ called on each allowed record after its read and on none of the forbidden ones, 
 names every record and, for a forbidden one, the state that stopped it. The system prompt is the
 agent's own (`Conventions`), never the rule.
 
-Allowed states: the rule's `allowed` values when the diagnosis records them; else the values
-the catalog's status rule saw the action succeed on (the same read tool and field); else the
-only other observed value (a flag). Anything else is refused rather than guessed.
+Which rules: those of the gap's most broken rule's action and read tool; the preconditions
+broken by at least half as many failed runs as the most broken one are *checked* (tasks show them
+broken), the others only *respected* (no task breaks them: a coincidence of the successful runs
+is not taught); trigger rules only where the gap has no precondition. Allowed states: the rule's
+`allowed` values when the diagnosis records them; else the values the catalog's status rule saw
+the action succeed on (the same read tool and field); else the only other observed value (a
+flag). Anything else is refused rather than guessed. A write leaves the record in the state the
+traces recorded after it (the catalog's status rule), where they did.
 """
 
 from __future__ import annotations
@@ -127,6 +132,19 @@ class Policy:
 def catalog_path(path: str) -> str:
     """The detector's `items[].status` as the catalog writes it: `items[*].status`."""
     return path.replace("[]", "[*]")
+
+
+def breaks(rule: MinedRule, value: Any) -> bool:
+    """Whether a record holding `value` at the rule's path is in the state the rule names, as
+    the detector reads it (`analysis.detectors.state`: state texts, numbers, ISO dates)."""
+    if rule.values:
+        return enum_value(value) in rule.values
+    number = date_value(value) if isinstance(value, str) else value
+    if not isinstance(number, (int, float)) or isinstance(number, bool):
+        return False
+    return (rule.above is not None and number > rule.above) or (
+        rule.below is not None and number < rule.below
+    )
 
 
 def _raw_values(shape: dict[str, Any]) -> list[Any]:
@@ -291,6 +309,9 @@ def _merge(
 
 
 class PolicyActionEnv(ChainEnvironment):
+    """Look each record up, act on the allowed ones only, say why the others were left alone
+    (see the module docstring); knobs: `targets` (records per task) and `forbidden_share`."""
+
     family = "policy_action"
     capability = (
         "Act on a record only in a state the agent's successful runs act in; in a state they "
@@ -364,31 +385,41 @@ class PolicyActionEnv(ChainEnvironment):
         return spec
 
     # Tasks ---------------------------------------------------------------------------------
-    def _value(self, rng: random.Random, f: StateField, forbidden: MinedRule | None) -> Any:
-        """A value for field `f`: one a successful run acted in, or one `forbidden` forbids."""
+    def _value(
+        self, rng: random.Random, f: StateField, forbidden: MinedRule | None, path: str
+    ) -> Any:
+        """A value for field `f`: one `forbidden` forbids, else one no mined rule on the field
+        forbids (a state successful runs acted in). Numbers are drawn, then held to the rules
+        as the detector reads them (a rounding or a time of day must not cross a threshold)."""
         if f.kind == "enum":
             if forbidden is None:
                 return rng.choice(f.allowed)
             states = _by_state(f.forbidden)
             return rng.choice([states[v] for v in forbidden.values if v in states])
-        assert f.low is not None and f.high is not None
+        assert self.policy is not None and f.low is not None and f.high is not None
+        rules = [r for r in (*self.policy.checked, *self.policy.respected) if r.path == path]
         lo = f.allowed_low if f.allowed_low is not None else f.low
         hi = f.allowed_high if f.allowed_high is not None else f.high
-        step = 1.0 if (f.kind == "date" or f.integer) else 10.0**-f.decimals
-        # strictly beyond the threshold (one step past it), inside the observed range
         if forbidden is not None and forbidden.above is not None:
-            lo, hi = min(forbidden.above + step, f.high), f.high
+            lo, hi = forbidden.above, f.high
         elif forbidden is not None and forbidden.below is not None:
-            lo, hi = f.low, max(forbidden.below - step, f.low)
-        x = lo + rng.random() * max(hi - lo, 0.0)
-        if f.kind == "date":
-            day = int(x - DAY_OFFSET)
-            return date.fromordinal(day).isoformat() + f.time_suffix
-        return round(x) if f.integer else round(x, f.decimals)
+            lo, hi = f.low, forbidden.below
+        value: Any = None
+        for _ in range(20):
+            x = lo + rng.random() * max(hi - lo, 0.0)
+            if f.kind == "date":
+                value = date.fromordinal(int(x - DAY_OFFSET)).isoformat() + f.time_suffix
+            else:
+                value = round(x) if f.integer else round(x, f.decimals)
+            if forbidden is not None and breaks(forbidden, value):
+                return value
+            if forbidden is None and not any(breaks(r, value) for r in rules):
+                return value
+        raise NotSynthesizable(f"no value of {path} in its observed range fits the mined rules")
 
     def _put(self, record: dict[str, Any], f: StateField, value: Any, rng: random.Random) -> None:
         tokens = path_tokens(f.path)
-        fan = next((i for i, t in enumerate(tokens) if t in ("[*]", "{*}")), None)
+        fan = next((i for i, t in enumerate(tokens) if t == "[*]"), None)
         if fan is None:
             set_at(record, tokens, value)
             return
@@ -443,7 +474,7 @@ class PolicyActionEnv(ChainEnvironment):
             broken = rng.choice(policy.checked) if eid in refused else None
             for path, f in policy.fields.items():
                 rule = broken if broken is not None and broken.path == path else None
-                value = self._value(rng, f, rule)
+                value = self._value(rng, f, rule, path)
                 self._put(record, f, value, rng)
                 if rule is not None:
                     why[eid] = (path, self._shown(value), not isinstance(value, bool))
