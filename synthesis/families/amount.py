@@ -153,7 +153,7 @@ class AmountEnv(ChainEnvironment):
 
     @classmethod
     def requirements(cls, roles: Roles, catalog: Catalog, gap: Gap) -> None:
-        super().requirements(roles, catalog, gap)
+        """The rule's own conditions first (their reasons name the relation), then the chain's."""
         rule = amount_rule(gap)
         relation = AmountRule.relation_of(rule)
         if relation.form not in SUPPORTED:
@@ -178,6 +178,7 @@ class AmountEnv(ChainEnvironment):
                     f"{roles.lookup}'s recorded results show no numbers at {path}, so there is "
                     "no observed range to draw from"
                 )
+        super().requirements(roles, catalog, gap)
 
     @classmethod
     def build_spec(cls, gap: Gap, catalog: Catalog, conventions: Any = None) -> EnvironmentSpec:
