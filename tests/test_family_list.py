@@ -272,6 +272,8 @@ def test_the_other_record_holds_elements_of_the_same_names(built: Built):
         others = {e[d.label] for eid, r in task.state["entities"].items() if eid != target
                   for e in r[d.list_key]}  # fmt: skip
         similar += bool(others & set(asked))
+        # the other record is there to be found: the field the agent read its id from links it
+        assert task.state["entities"][target]["previous"] in task.state["entities"]
     assert similar == 20
 
 
@@ -316,9 +318,12 @@ def test_no_mined_rule_no_environment(built: Built):
     elsewhere = replace(rule, read_tool="lookup_something_else")
     with pytest.raises(NotSynthesizable, match="lookup_something_else not in the recorded tools"):
         ListSelectionEnv.build_spec(replace(built.gap, rules=(elsewhere,)), catalog)
-    named = replace(rule, relation="named")
+    named = replace(rule, relation="named", read_tool=None, path=None)
     with pytest.raises(NotSynthesizable, match="what the user named"):
         ListSelectionEnv.build_spec(replace(built.gap, rules=(named,)), catalog)
+    unrecorded = replace(rule, path="refunds[*].refund_id")
+    with pytest.raises(NotSynthesizable, match="no recorded list at refunds"):
+        ListSelectionEnv.build_spec(replace(built.gap, rules=(unrecorded,)), catalog)
 
 
 # Real data --------------------------------------------------------------------------------------

@@ -138,8 +138,11 @@ def plan_list(rule: MinedRule, catalog: Catalog, roles: Roles) -> ListPlan:
     shape: ToolSchema = catalog.tools[rule.read_tool]
     list_tokens, rest = tokens[: fan + 1], tokens[fan + 1 :]
     element = shape_at(shape.result, list_tokens)
-    if element.get("type") not in ("object", "string"):
+    container = shape_at(shape.result, list_tokens[:-1])
+    if container.get("type") != "array" or element.get("type") not in ("object", "string"):
         raise NotSynthesizable(f"{rule.read_tool}'s result has no recorded list at {rule.path}")
+    if any(t in ("[*]", "{*}") for t in rest[:-1]):
+        raise NotSynthesizable(f"{rule.path} is a list inside a list's elements")
     list_path = _join(list_tokens)
     regex = arg.formats[0]["regex"] if arg.formats else None
     if rest:
@@ -284,6 +287,12 @@ class ListSelectionEnv(ChainEnvironment):
         """The first mined list rule the catalog can express, with its roles and plan."""
         why = []
         for rule in cls._rules(gap):
+            if rule.relation not in RELATIONS:
+                why.append(
+                    f"the mined list rule is '{rule.relation}': the list is what the user named, "
+                    "not a selection from a looked-up record"
+                )
+                continue
             missing = [t for t in (rule.tool, rule.read_tool) if not t or t not in catalog.tools]
             if missing:
                 why.append(f"{', '.join(str(m) for m in missing)} not in the recorded tools")
@@ -302,10 +311,6 @@ class ListSelectionEnv(ChainEnvironment):
         return rule.tool, [str(rule.read_tool)], f"{rule.tool}: the tool of the mined list rule"
 
     @classmethod
-    def requirements(cls, roles: Roles, catalog: Catalog, gap: Gap) -> None:
-        super().requirements(roles, catalog, gap)
-
-    @classmethod
     def build_spec(
         cls, gap: Gap, catalog: Catalog, conventions: Conventions | None = None
     ) -> EnvironmentSpec:
@@ -322,14 +327,29 @@ class ListSelectionEnv(ChainEnvironment):
         return spec
 
     # World generation ----------------------------------------------------------------------
-    def _sizes(self) -> tuple[int, int]:
-        """The target list's length and how many of its elements the user asks for."""
+    def _sizes(self, names: int) -> tuple[int, int]:
+        """The target list's length and how many of its elements the user asks for (a subset
+        needs a distinct recorded name per element: at most `names` elements)."""
         assert self.plan is not None
         length = max(2, int(self.knobs.get("length", 3)))
         if self.plan.relation == "equal":
             return length, length
         asked = max(2, int(self.knobs.get("asked", 2)))
-        return max(length, asked + 1), asked
+        length = min(max(length, asked + 1), names)
+        return length, min(asked, length - 1)
+
+    def _links(self) -> list[str]:
+        """Fields of a looked-up record the agent read another record's id from (a recorded
+        flow from the lookup's result into its own id argument): they link this task's
+        records, so the other records (and their like-named elements) are there to be found."""
+        r = self.roles
+        if not r.lookup or not r.lookup_arg:
+            return []
+        flows = self.catalog.flows_into(r.lookup, r.lookup_arg)
+        paths = {
+            f.path for f in flows if f.source == r.lookup and _fan(path_tokens(f.path)) is None
+        }
+        return sorted(p for p in paths if p and p != "$" and p != r.lookup_arg)
 
     def _value_schema(self) -> ArgSchema:
         """The recorded format of the values in the read's list (they are what the agent
@@ -418,35 +438,25 @@ class ListSelectionEnv(ChainEnvironment):
         builder = WorldBuilder(self.catalog, r, rng, None)
         builder.taken |= {str(v) for v in _strings(ctx.state)}
         arg = self._value_schema()
-        length, asked = self._sizes()
         pool = self._labels()
         rng.shuffle(pool)
-        if plan.label and len(pool) < length:
-            length = max(len(pool), asked + (plan.relation == "subset"))
+        length, asked = self._sizes(len(pool))
         target = ctx.targets[0]
+        chosen: list[int] = sorted(rng.sample(range(length), asked))
         names_by: dict[str, list[str] | None] = {}
         values_by: dict[str, list[str]] = {}
-        chosen: list[int] = sorted(rng.sample(range(length), asked))
         for eid in ctx.entities:
             n = length if eid == target else rng.randint(2, max(2, length))
             names = None
-            if plan.label:
-                if eid == target:
-                    names = pool[:length]
-                else:
-                    names = rng.sample(pool, min(n, len(pool)))
-                    n = len(names)
+            if pool and eid == target:
+                names = [pool[i % len(pool)] for i in range(n)]  # distinct where it matters
+            elif pool:
+                names = rng.sample(pool, min(n, len(pool)))
+                n = len(names)
             values_by[eid] = [builder.new_id(arg) for _ in range(n)]
             names_by[eid] = names
-        similar = int(self.knobs.get("similar", 0))
         target_names = names_by[target]
-        if target_names:
-            wanted = [target_names[i] for i in chosen]
-            for k, eid in enumerate(e for e in ctx.entities if e != target):
-                names = names_by[eid] or []
-                for j, name in enumerate(wanted[: max(0, similar - k)]):
-                    if j < len(names) and name not in names:
-                        names[j] = name
+        self._similar(target, [target_names[i] for i in chosen] if target_names else [], names_by)
         for eid in ctx.entities:
             record = ctx.state["entities"][eid]
             record = self._fill(builder, record, plan.list_path, plan.field, values_by[eid],
@@ -454,6 +464,14 @@ class ListSelectionEnv(ChainEnvironment):
             if plan.mirror:
                 record = self._mirror(builder, record, values_by[eid], names_by[eid])
             ctx.state["entities"][eid] = record
+        links = self._links()
+        for i, eid in enumerate(ctx.entities):
+            if len(ctx.entities) > 1:
+                nxt = ctx.entities[(i + 1) % len(ctx.entities)]
+                for path in links:
+                    ctx.state["entities"][eid] = set_at(
+                        ctx.state["entities"][eid], path_tokens(path), nxt
+                    )
         expected = (
             list(values_by[target])
             if plan.relation == "equal"
@@ -477,6 +495,19 @@ class ListSelectionEnv(ChainEnvironment):
         task = self.build_task(seed, ctx, instruction, goal, oracle)
         task.meta["list"] = {"record": target, "expected": expected}
         return task
+
+    def _similar(
+        self, target: str, wanted: list[str], names_by: dict[str, list[str] | None]
+    ) -> None:
+        """The knob `similar`: the other records hold elements named like the ones asked for
+        (the first other record `similar` of them, the next one fewer, ...)."""
+        similar = int(self.knobs.get("similar", 0))
+        others = [e for e in names_by if e != target]
+        for k, eid in enumerate(others):
+            names = names_by[eid] or []
+            for j, name in enumerate(wanted[: max(0, similar - k)]):
+                if j < len(names) and name not in names:
+                    names[j] = name
 
     def _instruction(
         self, ctx: Any, target: str, said: str, names: list[str] | None, chosen: list[int]
