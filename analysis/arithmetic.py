@@ -188,10 +188,10 @@ class Relation:
     def value(self, record: Any, named: Iterable[str] = ()) -> float | None:
         """The relation's amount on `record` (None where its fields are missing); `named`: the
         texts a call names (`sum_over_named` sums the list elements holding one of them)."""
-        numbers = [[amount_of(v) for v in _at(record, path_parts(p))] for p in self.paths]
-        if any(not found or None in found for found in numbers):
+        found = [[amount_of(v) for v in _at(record, path_parts(p))] for p in self.paths]
+        values = [[x for x in f if x is not None] for f in found]
+        if any(not v or len(v) != len(f) for v, f in zip(values, found, strict=True)):
             return None
-        values: list[list[float]] = numbers  # type: ignore[assignment]
         if self.form in ("field", "share", "sum", "difference"):
             if any(len(v) != 1 for v in values):
                 return None
@@ -207,10 +207,9 @@ class Relation:
         fan = tokens.index("[]")
         wanted = {str(n).strip().casefold() for n in named}
         chosen = [e for e in _at(record, tokens[: fan + 1]) if _texts(e) & wanted]
-        found = [amount_of(v) for e in chosen for v in _at(e, tokens[fan + 1 :])]
-        if not chosen or None in found:
-            return None
-        return sum(found)  # type: ignore[arg-type]
+        numbers = [amount_of(v) for e in chosen for v in _at(e, tokens[fan + 1 :])]
+        picked = [x for x in numbers if x is not None]
+        return sum(picked) if chosen and len(picked) == len(numbers) else None
 
     def text(self, where: str = "") -> str:
         """The relation as a formula over `where`'s fields ("get_order.total - ...")."""
