@@ -48,7 +48,8 @@ def _forbidden_gap(home: Path) -> Gap:
     # forbidden_action candidate's findings exactly as analysis describes a kept one
     from tracegym.analysis.gaps import describe, gap_name
 
-    scored = next(s for s in result.scored if s.candidate.detector == dn.FORBIDDEN_ACTION)
+    prefix = f"{dn.FORBIDDEN_ACTION}:"  # the per-tool candidate, not the whole detector's
+    scored = next(s for s in result.scored if s.candidate.key.startswith(prefix))
     by_trace = {r.trace_id: r for r in result.runs}
     successes = [r for r in result.runs if r.success is True]
     return describe(scored, gap_name(scored.candidate), by_trace, successes, {})
