@@ -119,7 +119,8 @@ class MinedRule:
     break. Synthesis enforces exactly these and nothing invented (docs/gaps.md):
 
     - ``precondition`` (forbidden_action): `tool` is never called on a record `read_tool` showed
-      with `path` in `values` (or above `above` / below `below`);
+      with `path` in `values` (or above `above` / below `below`); `allowed` are the states
+      successful runs did call it in;
     - ``trigger`` (missed_action): after `read_tool` shows `path` = `values[0]`, `tool` is called;
     - ``amount`` (wrong_amount): `argument` of `tool` follows from numbers the run saw;
     - ``list`` (wrong_list): `argument` of `tool` holds the `relation` (equal | subset | named) to
@@ -138,6 +139,7 @@ class MinedRule:
     read_tool: str | None = None
     path: str | None = None
     values: tuple[str, ...] = ()
+    allowed: tuple[str, ...] = ()  # (preconditions) the states successful runs acted in
     above: float | None = None
     below: float | None = None
     argument: str | None = None
@@ -151,7 +153,8 @@ class MinedRule:
     def to_dict(self) -> dict[str, Any]:
         return {"detector": self.detector, "kind": self.kind, "tool": self.tool,
                 "statement": self.statement, "read_tool": self.read_tool, "path": self.path,
-                "values": list(self.values), "above": self.above, "below": self.below,
+                "values": list(self.values), "allowed": list(self.allowed), "above": self.above,
+                "below": self.below,
                 "argument": self.argument, "relation": self.relation, "support": self.support,
                 "abstained": self.abstained, "confidence": self.confidence,
                 "failed_runs": self.failed_runs,
@@ -175,7 +178,8 @@ class MinedRule:
             tool=str(data["tool"]), statement=str(data.get("statement") or ""),
             read_tool=str(data["read_tool"]) if data.get("read_tool") else None,
             path=str(data["path"]) if data.get("path") else None,
-            values=_strings(data.get("values"), "values"), above=number("above"),
+            values=_strings(data.get("values"), "values"),
+            allowed=_strings(data.get("allowed"), "allowed"), above=number("above"),
             below=number("below"),
             argument=str(data["argument"]) if data.get("argument") else None,
             relation=str(data["relation"]) if data.get("relation") else None,
@@ -187,7 +191,7 @@ class MinedRule:
     def identity(self) -> tuple[Any, ...]:
         """Two findings state the same rule when these agree (their counts may differ)."""
         return (self.detector, self.kind, self.tool, self.read_tool, self.path, self.values,
-                self.above, self.below, self.argument, self.relation)  # fmt: skip
+                self.allowed, self.above, self.below, self.argument, self.relation)  # fmt: skip
 
 
 def derive_detector(key: str, kind: str, signatures: Sequence[str]) -> str | None:
