@@ -150,18 +150,21 @@ NAMES = ("lamp", "desk", "chair", "sofa", "shelf", "rug", "mirror", "clock", "va
          "basket", "trunk", "ladder", "hammer", "bucket")  # fmt: skip
 
 
-def _shop_catalog():
-    """A shop whose refunds turn an order's status to refunded (the write's effect is known)."""
+def _shop_catalog(relation: Relation):
+    """A shop whose refunds (of the amount `relation` gives) turn an order's status to refunded:
+    the write's effect is known."""
     traces = []
     for i in range(8):
-        items = [{"item_id": f"IT-{100 + 3 * i + k}", "name": n, "price": round(9.5 + 7 * k + i, 2)}
-                 for k, n in enumerate(NAMES[3 * i : 3 * i + 2 + i % 2])]  # fmt: skip
+        names = NAMES[3 * i : 3 * i + 2 + i % 2]
+        items = [{"item_id": f"IT-{100 + 3 * i + k}", "name": n,
+                  "price": round(9.55 + 7 * k + i, 2)} for k, n in enumerate(names)]  # fmt: skip
         oid = f"OD-{5000 + i}"
-        order = {"order_id": oid, "status": "delivered", "total": round(50 + 13.7 * i, 2),
-                 "fee": round(2 + i * 0.75, 2), "items": items}  # fmt: skip
+        order = {"order_id": oid, "status": "delivered", "total": round(50.13 + 13.77 * i, 2),
+                 "fee": round(2.05 + i * 0.75, 2), "items": items}  # fmt: skip
+        amount = round(relation.value(order) or 0.0, 2)
         traces.append([
             {"tool": "get_order", "arguments": {"order_id": oid}, "result": order},
-            {"tool": "refund_order", "arguments": {"order_id": oid, "amount": order["total"]},
+            {"tool": "refund_order", "arguments": {"order_id": oid, "amount": amount},
              "result": {"order_id": oid, "status": "refunded"}},
             {"tool": "get_order", "arguments": {"order_id": oid},
              "result": {**order, "status": "refunded"}},
@@ -174,9 +177,25 @@ def _shop_env(relation: Relation) -> AmountEnv:
     gap = Gap.from_dict({"id": "gap-shop", "detector": "wrong_amount",
                          "key": "wrong_amount:refund_order.amount", "tools": ["refund_order"],
                          "rules": [rule.to_dict()]})  # fmt: skip
-    env = from_spec(build_spec(gap, _shop_catalog()))
+    env = from_spec(build_spec(gap, _shop_catalog(relation)))
     assert isinstance(env, AmountEnv)
     return env
+
+
+@pytest.mark.parametrize(
+    "relation",
+    [Relation("share", ("total",), 2), Relation("sum", ("fee", "total")),
+     Relation("difference", ("total", "fee"))],
+    ids=lambda r: r.form,
+)  # fmt: skip
+def test_every_form_gives_a_valid_environment(relation):
+    env = _shop_env(relation)
+    report = check_environment(env, n_seeds=30)
+    assert report.ok, report.failures
+    for seed in range(10):
+        task = env.make_task(seed)
+        for t, amount in task.goal["amounts"].items():
+            assert amount == pytest.approx(relation.value(task.state["entities"][t]), abs=0.005)
 
 
 def test_a_one_field_relation_asks_for_several_records():
