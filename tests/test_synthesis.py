@@ -178,7 +178,7 @@ def test_tool_order_uses_the_mined_pair(catalog):
     task = env.make_task(0)
     before, after = task.goal["order"][0]
     assert (before["name"], after["name"]) == ("get_user_details", "get_order_details")
-    assert "my order with the" in task.instruction  # the user cannot give the order id
+    assert "my pending order with the" in task.instruction  # the user cannot give the order id
 
 
 def test_refused_targets_must_be_left_alone(catalog):

@@ -482,6 +482,12 @@ class ChainEnvironment(Environment):
             out.append(f"{what}{extra}")
         if joined and how != "label":
             return f"Please {verb} {join_and(out)}."
+        if joined:  # "cancel pending order" + "my order with the lamp" -> "cancel my pending
+            words = verb[: -len(noun)].split()  # order with the lamp"
+            middle = " ".join(words[1:])
+            mine = f"my {middle} {noun}" if middle else f"my {noun}"
+            out = [o.replace(f"my {noun}", mine, 1) for o in out]
+            return f"Please {words[0] if words else verb} {join_and(out)}."
         return f"Please {verb} for {join_and(out)}."
 
     def lookup_call(self, eid: str) -> Action:

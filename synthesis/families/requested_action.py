@@ -187,11 +187,15 @@ class RequestedActionEnv(Environment):
         rng = random.Random(f"{self.family}:{seed}")
         gen = Gen(rng)
         key = gen.argument(self.catalog.tools[self.opening].arguments[self.key_arg])
-        record = gen.value(self.catalog.tools[self.opening].result)
+        shape = self.catalog.tools[self.opening].result
+        record = gen.value(shape)
         if not isinstance(record, dict):
             record = {}
-        for name in self.record_args:
+        fields = shape.get("properties") or {}
+        for name in self.record_args:  # a field most records lacked: as the others showed it
             if record.get(name) in (None, "", [], {}):
+                record[name] = gen.value(fields[name])
+            if record.get(name) in (None, "", [], {}):  # the traces never showed a value of it
                 record[name] = f"{name[:1].upper()}{rng.randrange(100, 1000)}"
         values = [rng.choice(pool) for pool in self.wording.values]
         call = {name: record[name] for name in self.record_args}

@@ -106,6 +106,8 @@ class ToolWorld:
         out = []
         for schema in self.schemas.values():
             item = schema.json_schema()
+            if not schema.description:  # none recorded: not one that repeats the tool's name
+                item["function"]["description"] = "Read-only." if schema.read else "Changes state."
             if schema.name == self.roles.answer_tool:
                 item["function"]["description"] = (
                     "Send the final answer to the user (ends the task)."

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 MEMORY_SEARCH = "search_memory"
 MEMORY_UPDATE = "update_memory"
+# Names for entities only where the traces recorded none at the label path (`WorldBuilder`):
+# wherever they recorded names, only those are used.
 FALLBACK_LABELS = (
     "Headphones",
     "Keyboard",
