@@ -622,9 +622,8 @@ class _Checker:
                     record = _resolve(state, named[1])
                     items = [i for i in items if not _echoes_record(record, i[0], i[2])]
                 add(f"{name} result", items, accepted if read else None)
-            if read:
-                found.extend(self.echo_problems(name, schema, args, result))
-            elif named:
+            found.extend(self.echo_problems(name, schema, args, result, read))
+            if not read and named:
                 after = _resolve(state, named[1])
                 changed = canonical(after) != canonical(before)
                 key = (name, named[0])
@@ -644,25 +643,33 @@ class _Checker:
         return decisive
 
     def echo_problems(
-        self, name: str, schema: ToolSchema | None, args: Any, result: Any
+        self, name: str, schema: ToolSchema | None, args: Any, result: Any, read: bool
     ) -> list[tuple[str, str]]:
+        """A read returns the record asked for, a write the value it wrote: the result field
+        that echoed an argument in every recorded call holds its value."""
         if not isinstance(result, Mapping) or not isinstance(args, Mapping):
             return []
         if schema is not None and self.facts:
             echoes = dict(schema.echoes)
-        else:  # older catalogs: an id argument and the result field of the same name
+        elif read:  # older catalogs: an id argument and the result field of the same name
             props = (schema.result.get("properties") or {}) if schema else {}
             echoes = {a: a for a in args if is_id_name(a) and a in props}
+        else:
+            return []
         out = []
         for arg, key in echoes.items():
             if arg in args and key in result and result[key] != args[arg]:
-                out.append(
-                    (
-                        f"{name} result.{key}",
-                        f"a read of {arg} {_show(args[arg])} returned the "
-                        f"record of {key} {_show(result[key])}",
+                if read:
+                    problem = (
+                        f"a read of {arg} {_show(args[arg])} returned the record of {key} "
+                        f"{_show(result[key])}"
                     )
-                )
+                else:
+                    problem = (
+                        f"a write of {arg} {_show(args[arg])} returned {key} "
+                        f"{_show(result[key])} (the recorded results always echoed it)"
+                    )
+                out.append((f"{name} result.{key}", problem))
         return out
 
     def prompt(self, task: Task, decisive: list[str]) -> list[tuple[str, str]]:

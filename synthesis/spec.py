@@ -539,7 +539,7 @@ def _count_echoes(
     arguments: Mapping[str, Any],
     result: Mapping[str, Any],
     seen: dict[str, Counter[str]],
-    hits: dict[str, Counter[tuple[str, str]]],
+    hits: dict[str, dict[tuple[str, str], tuple[list[int], set[Any]]]],
 ) -> None:
     for name, value in arguments.items():
         if not isinstance(value, (str, int)) or isinstance(value, bool) or value == "":
@@ -547,15 +547,23 @@ def _count_echoes(
         seen.setdefault(tool, Counter())[name] += 1
         for key, item in result.items():
             if item == value and type(item) is type(value):
-                hits.setdefault(tool, Counter())[(name, key)] += 1
+                count, values = hits.setdefault(tool, {}).setdefault((name, key), ([0], set()))
+                count[0] += 1
+                if len(values) < 3:
+                    values.add(value)
 
 
-def _echoes(seen: Counter[str], hits: Counter[tuple[str, str]]) -> dict[str, str]:
-    """argument -> the result field that held its value in (nearly) every successful call: the
-    record a read returns is the one asked for (`order_id` -> `order_id`, `booking_id` -> `id`)."""
+def _echoes(
+    seen: Counter[str], hits: dict[tuple[str, str], tuple[list[int], set[Any]]]
+) -> dict[str, str]:
+    """argument -> the result field that held its value in (nearly) every successful call, for
+    at least two different values (a constant proves nothing): a read returns the record asked
+    for (`order_id` -> `order_id`, `booking_id` -> `id`), a write the value it wrote (`reason`
+    -> `cancel_reason`, `seat` -> `seat`)."""
     out: dict[str, str] = {}
-    for (name, key), count in sorted(hits.items(), key=lambda kv: (-kv[1], kv[0][1] != kv[0][0])):
-        if name in out or count < 2 or count < 0.9 * seen[name]:
+    ranked = sorted(hits.items(), key=lambda kv: (-kv[1][0][0], kv[0][1] != kv[0][0], kv[0]))
+    for (name, key), ((count,), values) in ranked:
+        if name in out or len(values) < 2 or count < 0.9 * seen[name]:
             continue
         out[name] = key
     return out
@@ -572,8 +580,9 @@ def infer_catalog(traces: Iterable[Sequence[Mapping[str, Any]]]) -> Catalog:
     flows: Counter[tuple[str, str, str, str]] = Counter()
     statuses: dict[tuple[str, str], dict[str, Counter[str]]] = {}
     after: dict[str, Counter[str]] = {}
-    echo_seen: dict[str, Counter[str]] = {}  # read tool -> argument -> successful calls with it
-    echo_hits: dict[str, Counter[tuple[str, str]]] = {}  # -> (argument, result field) -> equal
+    echo_seen: dict[str, Counter[str]] = {}  # tool -> argument -> successful calls with it
+    # tool -> (argument, result field) -> (calls where they were equal, some of the values)
+    echo_hits: dict[str, dict[tuple[str, str], tuple[list[int], set[Any]]]] = {}
     n_traces = 0
     for trace in traces:
         n_traces += 1
@@ -603,7 +612,7 @@ def infer_catalog(traces: Iterable[Sequence[Mapping[str, Any]]]) -> Catalog:
             else:
                 results.setdefault(tool, _Shape()).add(result)
                 result_text = result
-                if is_read_tool(tool) and isinstance(result, Mapping):
+                if isinstance(result, Mapping):
                     _count_echoes(tool, arguments, result, echo_seen, echo_hits)
             # status preconditions of writes, judged by the last record seen for the same id
             if not is_read_tool(tool):
@@ -645,7 +654,7 @@ def infer_catalog(traces: Iterable[Sequence[Mapping[str, Any]]]) -> Catalog:
             calls=tool_calls,
             errors=errors[tool],
             read=is_read_tool(tool),
-            echoes=_echoes(echo_seen.get(tool, Counter()), echo_hits.get(tool, Counter())),
+            echoes=_echoes(echo_seen.get(tool, Counter()), echo_hits.get(tool, {})),
         )
     catalog.flows = [Flow(s, p, t, a, c) for (s, p, t, a), c in flows.most_common()]
     for (tool, lookup), kinds in statuses.items():

@@ -32,6 +32,7 @@ SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 RETAIL = SHARED / "agentrx-tau-retail" / "tau_dataset_full.json"
 NAMES = ("Desk Lamp", "Kettle", "Backpack", "Jacket", "Blender")
 START = date(2024, 5, 1)
+REASONS = ("no longer needed", "ordered by mistake")
 
 
 def _call(tool: str, arguments: dict[str, Any], result: Any, error: bool = False) -> dict:
@@ -56,8 +57,10 @@ def order_traces(n: int = 40, seed: int = 0) -> list[list[dict[str, Any]]]:
         }  # fmt: skip
         calls = [_call("get_order", {"order_id": record["order_id"]}, record)]
         if record["status"] == "pending":
-            done = {**record, "status": "cancelled"}
-            calls.append(_call("cancel_order", {"order_id": record["order_id"]}, done))
+            reason = rng.choice(REASONS)
+            done = {**record, "status": "cancelled", "cancel_reason": reason}
+            arguments = {"order_id": record["order_id"], "reason": reason}
+            calls.append(_call("cancel_order", arguments, done))
         traces.append(calls)
     return traces
 
@@ -77,6 +80,7 @@ BREAKS = {
     "read_other": ("get_order result.order_id", "returned the record of order_id"),
     "write_noop": ("cancel_order on orders[", "left the record it names unchanged"),
     "write_shape": ("cancel_order result", "is string"),
+    "write_echo": ("cancel_order result.cancel_reason", "a write of reason 'no longer needed'"),
     "prompt_order": ("system prompt", "names the order of the oracle's calls"),
     "prompt_then": ("system prompt", "names the order of the oracle's calls"),
     "prompt_rule": ("system prompt", "states the 'pending'"),
@@ -159,7 +163,7 @@ class Orders(Environment):
             goal={},
             oracle=[
                 {"name": "get_order", "arguments": {"order_id": oid}},
-                {"name": "cancel_order", "arguments": {"order_id": oid}},
+                {"name": "cancel_order", "arguments": {"order_id": oid, "reason": REASONS[0]}},
                 {"answer": f"Order {oid} is cancelled."},
             ],
             max_steps=6,
@@ -182,9 +186,10 @@ class Orders(Environment):
             if broken != "write_noop":
                 orders[oid] = {**orders[oid], "status": "cancelled"}
             state["writes"].append({"tool": name, "arguments": {"order_id": oid}})
-            return (
-                "cancelled" if broken == "write_shape" else {**orders[oid], "status": "cancelled"}
-            )
+            if broken == "write_shape":
+                return "cancelled"
+            reason = REASONS[1] if broken == "write_echo" else arguments.get("reason")
+            return {**orders[oid], "status": "cancelled", "cancel_reason": reason}
         raise ToolError(f"unknown tool {name!r}", invalid=True)
 
 
@@ -217,6 +222,8 @@ def test_the_catalog_records_enums_dates_ranges_and_echoes(catalog):
     assert props["total"]["count"] == 40 and 10 <= props["total"]["min"] < props["total"]["max"]
     assert "enum" not in props["order_id"]  # ids are never enums
     assert order.echoes == {"order_id": "order_id"}
+    cancel = catalog.tools["cancel_order"]
+    assert cancel.echoes == {"order_id": "order_id", "reason": "cancel_reason"}
     assert order.arguments["order_id"].shape["formats"][0]["regex"] == r"^\#W\d{7}$"
     assert catalog.facts >= 1
     again = Catalog.from_dict(json.loads(json.dumps(catalog.to_dict())))
