@@ -13,8 +13,10 @@ traces showed (the `Catalog` inferred from them, `synthesis.spec`):
   (`ToolSchema.echoes`) holds the argument's value;
 - writes change the state they name: the record the write's arguments name (by id, or by a field
   of a lone record) differs after the oracle's write (after one of them, when the oracle repeats
-  a write a silent failure swallowed), and the write's result has the recorded result's shape;
-- the system prompt does not state the answer (see `prompt_leaks`).
+  a write a silent failure swallowed), and the write's result has the recorded result's shape
+  and echoes what the recorded results echoed (`reason` -> `cancel_reason`);
+- the system prompt, and the tool descriptions the environment wrote, do not state the answer
+  (see `prompt_leaks`; the agent's own recorded instructions and definitions are left out).
 
 Catalogs saved before the facts these checks need were recorded (`Catalog.facts` 0) still load:
 the checks without facts are skipped and `FidelityReport.skipped` says which.
