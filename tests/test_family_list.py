@@ -216,6 +216,11 @@ def test_the_environment_enforces_the_mined_rule_and_passes_validity(built: Buil
     assert checked.ok, [i.to_dict() for i in checked.issues[:3]]
 
 
+def _target(task: Any) -> str:
+    [target] = task.meta["list"]["expected"]  # one record at the default knobs
+    return target
+
+
 def _list_call(oracle: list[Action], tool: str) -> Action:
     return next(a for a in oracle if a.get("name") == tool)
 
@@ -235,7 +240,7 @@ def test_the_verifier_wants_exactly_the_elements_asked_for(built: Built):
         task = env.make_task(seed)
         assert run_actions(env, seed, task.oracle)[1].passed
         expected = _list_call(task.oracle, d.write)["arguments"][d.list_arg]
-        record = task.state["entities"][task.meta["list"]["record"]]
+        record = task.state["entities"][_target(task)]
         every = [e[d.element_id] for e in record[d.list_key]]
         # any order, and as loosely written as the detector compares them
         shuffled = list(reversed([v.upper() for v in expected]))
@@ -247,8 +252,8 @@ def test_the_verifier_wants_exactly_the_elements_asked_for(built: Built):
             wrong = wrong[1:]
         else:
             assert len(every) > len(expected)  # passing all elements is not what was asked
-        others = [e for eid, r in task.state["entities"].items() if eid != task.meta["list"]
-                  ["record"] for e in r[d.list_key]]  # fmt: skip
+        others = [e for eid, r in task.state["entities"].items() if eid != _target(task)
+                  for e in r[d.list_key]]  # fmt: skip
         wrong.append([*expected[:-1], others[0][d.element_id]])  # one from another record
         for value in wrong:
             _, verdict = run_actions(env, seed, _with_list(task.oracle, d.write, d.list_arg, value))
@@ -262,11 +267,11 @@ def test_the_other_record_holds_elements_of_the_same_names(built: Built):
     similar = 0
     for seed in range(20):
         task = env.make_task(seed)
-        target = task.meta["list"]["record"]
+        target = _target(task)
         asked = [
             e[d.label]
             for e in task.state["entities"][target][d.list_key]
-            if e[d.element_id] in task.meta["list"]["expected"]
+            if e[d.element_id] in task.meta["list"]["expected"][_target(task)]
         ]
         assert all(name in task.instruction for name in asked)
         others = {e[d.label] for eid, r in task.state["entities"].items() if eid != target
@@ -282,7 +287,7 @@ def test_the_request_is_worded_as_the_users_worded_theirs(built: Built):
     opening = {SHOP: "Hi, please return the ", AIRLINE: "Hi, please move every flight of booking "}
     for seed in range(10):
         task = env.make_task(seed)
-        target = task.meta["list"]["record"]
+        target = _target(task)
         assert task.instruction.startswith(opening[d]) and target in task.instruction
     # without the users' words, the chain's own phrasing
     plain = type(env)(replace(env.spec, extra={**env.spec.extra, "wording": None}))
@@ -295,11 +300,33 @@ def test_the_prompt_is_the_agents_own_and_names_no_element(built: Built):
     for seed in range(20):
         task = env.make_task(seed)
         assert task.system_prompt.startswith(d.prompt)
-        record = task.state["entities"][task.meta["list"]["record"]]
+        record = task.state["entities"][_target(task)]
         for element in record[d.list_key]:
             assert element[d.element_id] not in task.system_prompt
             assert element[d.label] not in task.system_prompt
-        assert not any(v in task.instruction for v in task.meta["list"]["expected"])
+        assert not any(v in task.instruction for v in task.meta["list"]["expected"][_target(task)])
+
+
+def test_several_records_each_with_its_own_list(built: Built):
+    d, env = _domain(built), built.env
+    harder = type(env)(env.spec, targets=2, records=1)
+    for seed in range(10):
+        task = harder.make_task(seed)
+        (a, first), (b, second) = task.meta["list"]["expected"].items()
+        assert a in task.instruction and b in task.instruction
+        assert run_actions(harder, seed, task.oracle)[1].passed
+        swapped = []
+        for action in task.oracle:
+            if action.get("name") == d.write:
+                mine = action["arguments"][d.record_arg]
+                lists = {a: second, b: first}
+                action = {**action, "arguments": {**action["arguments"], d.list_arg: lists[mine]}}
+            swapped.append(action)
+        _, verdict = run_actions(harder, seed, swapped)
+        assert not verdict.passed and sum(d.list_arg in r for r in verdict.reasons) == 2
+        one = [x for x in task.oracle if x.get("arguments", {}).get(d.record_arg) != b]
+        _, verdict = run_actions(harder, seed, one)
+        assert not verdict.passed and any(b in r for r in verdict.reasons)
 
 
 def test_the_ladder_stays_solvable(built: Built):

@@ -2,19 +2,21 @@
 
 Built only from a list rule the `wrong_list` detector mined from the agent's successful runs
 (`Gap.rules`, kind ``list``): `tool`'s list `argument` is exactly the list at `path` of what
-`read_tool` returned (``equal``), or elements of that one list (``subset``). Per seed the user's
-record (looked up by `read_tool`) holds a list of elements generated from the recorded element
-shape; the user asks for the action on all of them (equal) or on some, named by a word-like field
-of theirs such as an item's name (subset). Other records of the user's carry elements with the
-same names (the knob `similar`), so taking them from the wrong record fails.
+`read_tool` returned (``equal``), or elements of that one list (``subset``). Per seed each record
+the user asks about (the knob `targets`; looked up by `read_tool`) holds a list of elements
+generated from the recorded element shape; the user asks for the action on all of them (equal) or
+on some, named by a word-like field of theirs such as an item's name (subset). Other records
+(`records`) carry elements with the same names (`similar`), so taking them from the wrong record
+fails; where the agent read one record's id from another (a recorded flow), they link.
 
-The verifier checks the list argument of every successful call of the action on the record
-(exactly the right elements, in any order, normalised as the detector compares them:
-`ungrounded.loose`), that the action ran on that record and on no other, and the final answer
-naming the record; nothing else the agent already does (the read before the write, the other
-arguments) is checked. The system prompt is the agent's own recorded instructions and never says
-which elements. Where no list rule was mined, or its tools and path are not in the catalog, the
-family refuses (`NotSynthesizable`) with the reason.
+The verifier checks, per record asked about, the list argument of every successful call of the
+action on it (exactly the right elements, in any order, normalised as the detector compares them:
+`ungrounded.loose`), that the action ran on those records and on no other, and the final answer
+naming them; nothing else the agent already does (the read before the write, the other
+arguments) is checked. The request follows the users' recorded words where the gap's requests
+share them (`learn_request`). The system prompt is the agent's own recorded instructions and
+never says which elements. Where no list rule was mined, or its tools and path are not in the
+catalog, the family refuses (`NotSynthesizable`) with the reason.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from tracegym.analysis.detectors.ungrounded import loose
 from tracegym.analysis.gap import Gap, GapRequest, MinedRule
 from tracegym.synthesis.base import Action, Episode, Task, Verdict
 from tracegym.synthesis.conventions import Conventions
-from tracegym.synthesis.families.chain import ChainEnvironment, human, join_and
+from tracegym.synthesis.families.chain import ChainEnvironment, Ctx, human, join_and
 from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec, ToolSchema
 from tracegym.synthesis.wording import IDENTITY, MIN_REQUESTS, Wording
 from tracegym.synthesis.world import (
@@ -261,15 +263,16 @@ class ListSelectionEnv(ChainEnvironment):
                 self.roles.label_path = None
 
     def default_knobs(self) -> dict[str, Any]:
-        return {"length": 3, "asked": 2, "records": 1, "similar": 1, "slack": 6}
+        return {"targets": 1, "length": 3, "asked": 2, "records": 1, "similar": 1, "slack": 6}
 
     def levels(self) -> list[dict[str, Any]]:
+        """Easiest to hardest: records to act on, list length, elements asked for, other
+        records, like-named elements in them."""
         base = dict(self.knobs)
-        ladder = ((2, 2, 0, 0), (3, 2, 1, 0), (3, 2, 1, 1), (4, 2, 2, 1), (4, 3, 2, 2),
-                  (5, 3, 2, 2), (6, 4, 3, 3))  # fmt: skip
-        return [
-            {**base, "length": n, "asked": a, "records": r, "similar": s} for n, a, r, s in ladder
-        ]
+        ladder = ((1, 2, 2, 0, 0), (1, 3, 2, 1, 0), (1, 3, 2, 1, 1), (2, 3, 2, 1, 1),
+                  (2, 4, 3, 1, 1), (3, 4, 3, 2, 2), (3, 5, 3, 2, 2), (4, 6, 4, 3, 3))  # fmt: skip
+        keys = ("targets", "length", "asked", "records", "similar")
+        return [{**base, **dict(zip(keys, level, strict=True))} for level in ladder]
 
     # Spec construction ---------------------------------------------------------------------
     @classmethod
@@ -432,8 +435,9 @@ class ListSelectionEnv(ChainEnvironment):
         if plan is None:
             raise NotSynthesizable("the spec holds no list rule plan (build it with build_spec)")
         r = self.roles
+        n_targets = max(1, int(self.knobs.get("targets", 1)))
         others = int(self.knobs.get("records", 1))
-        ctx = self.world_ctx(seed, n_targets=1, n_entities=1 + others)
+        ctx = self.world_ctx(seed, n_targets=n_targets, n_entities=n_targets + others)
         rng = random.Random(f"{self.family}:{seed}:list")
         builder = WorldBuilder(self.catalog, r, rng, None)
         builder.taken |= {str(v) for v in _strings(ctx.state)}
@@ -441,22 +445,25 @@ class ListSelectionEnv(ChainEnvironment):
         pool = self._labels()
         rng.shuffle(pool)
         length, asked = self._sizes(len(pool))
-        target = ctx.targets[0]
-        chosen: list[int] = sorted(rng.sample(range(length), asked))
         names_by: dict[str, list[str] | None] = {}
         values_by: dict[str, list[str]] = {}
+        chosen_by: dict[str, list[int]] = {}
         for eid in ctx.entities:
-            n = length if eid == target else rng.randint(2, max(2, length))
+            target = eid in ctx.targets
+            n = length if target else rng.randint(2, max(2, length))
             names = None
-            if pool and eid == target:
-                names = [pool[i % len(pool)] for i in range(n)]  # distinct where it matters
+            if pool and target:  # distinct names where the user names them
+                start = rng.randrange(len(pool))
+                names = [pool[(start + i) % len(pool)] for i in range(n)]
             elif pool:
                 names = rng.sample(pool, min(n, len(pool)))
                 n = len(names)
             values_by[eid] = [builder.new_id(arg) for _ in range(n)]
             names_by[eid] = names
-        target_names = names_by[target]
-        self._similar(target, [target_names[i] for i in chosen] if target_names else [], names_by)
+            if target:
+                chosen_by[eid] = sorted(rng.sample(range(n), asked))
+        wanted = [names_by[t][i] for t in ctx.targets if names_by[t] for i in chosen_by[t]]
+        self._similar(ctx.targets, wanted, names_by)
         for eid in ctx.entities:
             record = ctx.state["entities"][eid]
             record = self._fill(builder, record, plan.list_path, plan.field, values_by[eid],
@@ -464,45 +471,50 @@ class ListSelectionEnv(ChainEnvironment):
             if plan.mirror:
                 record = self._mirror(builder, record, values_by[eid], names_by[eid])
             ctx.state["entities"][eid] = record
-        links = self._links()
-        for i, eid in enumerate(ctx.entities):
-            if len(ctx.entities) > 1:
-                nxt = ctx.entities[(i + 1) % len(ctx.entities)]
-                for path in links:
-                    ctx.state["entities"][eid] = set_at(
-                        ctx.state["entities"][eid], path_tokens(path), nxt
-                    )
-        expected = (
-            list(values_by[target])
-            if plan.relation == "equal"
-            else [values_by[target][i] for i in chosen]
-        )
-        ctx.calls[target][plan.argument] = expected
-        said = self._phrase_list(plan, target_names, chosen)
-        index = list(r.extras).index(plan.argument) if plan.argument in r.extras else None
-        phrases = ctx.phrases[target]
-        if index is not None and index < len(phrases):
-            phrases[index] = said
-        else:
-            phrases.insert(0, said)
-        instruction = self._instruction(ctx, target, said, target_names, chosen)
-        oracle: list[Action] = [
-            self.lookup_call(target),
-            self.action_call(ctx, target),
-            {"answer": self.answer(ctx, [target], [])},
-        ]
-        goal: dict[str, Any] = {"answer_includes": [target]}
+        self._link(ctx)
+        expected: dict[str, list[str]] = {}
+        said: dict[str, str] = {}
+        for t in ctx.targets:
+            every = values_by[t]
+            expected[t] = (
+                list(every) if plan.relation == "equal" else [every[i] for i in chosen_by[t]]
+            )
+            ctx.calls[t][plan.argument] = expected[t]
+            said[t] = self._phrase_list(plan, names_by[t], chosen_by[t])
+            index = list(r.extras).index(plan.argument) if plan.argument in r.extras else None
+            phrases = ctx.phrases[t]
+            if index is not None and index < len(phrases):
+                phrases[index] = said[t]
+            else:
+                phrases.insert(0, said[t])
+        instruction = self._instruction(ctx, said, names_by, chosen_by)
+        oracle: list[Action] = []
+        for t in ctx.targets:
+            oracle += [self.lookup_call(t), self.action_call(ctx, t)]
+        oracle.append({"answer": self.answer(ctx, list(ctx.targets), [])})
+        goal: dict[str, Any] = {"answer_includes": list(ctx.targets)}
         task = self.build_task(seed, ctx, instruction, goal, oracle)
-        task.meta["list"] = {"record": target, "expected": expected}
+        task.meta["list"] = {"expected": expected, "answer": list(ctx.targets)}
         return task
 
+    def _link(self, ctx: Ctx) -> None:
+        """Each record names the next one in the fields `_links` found (a ring)."""
+        links, entities = self._links(), ctx.entities
+        if not links or len(entities) < 2:
+            return
+        for i, eid in enumerate(entities):
+            for path in links:
+                ctx.state["entities"][eid] = set_at(
+                    ctx.state["entities"][eid], path_tokens(path), entities[(i + 1) % len(entities)]
+                )
+
     def _similar(
-        self, target: str, wanted: list[str], names_by: dict[str, list[str] | None]
+        self, targets: list[str], wanted: list[str], names_by: dict[str, list[str] | None]
     ) -> None:
         """The knob `similar`: the other records hold elements named like the ones asked for
         (the first other record `similar` of them, the next one fewer, ...)."""
         similar = int(self.knobs.get("similar", 0))
-        others = [e for e in names_by if e != target]
+        others = [e for e in names_by if e not in targets]
         for k, eid in enumerate(others):
             names = names_by[eid] or []
             for j, name in enumerate(wanted[: max(0, similar - k)]):
@@ -510,18 +522,30 @@ class ListSelectionEnv(ChainEnvironment):
                     names[j] = name
 
     def _instruction(
-        self, ctx: Any, target: str, said: str, names: list[str] | None, chosen: list[int]
+        self,
+        ctx: Ctx,
+        said: dict[str, str],
+        names_by: dict[str, list[str] | None],
+        chosen_by: dict[str, list[int]],
     ) -> str:
         """The request in the users' recorded words where they were learnt (the record in its
         slot, the names asked for in the one slot where users' requests differ), with the
-        arguments those words do not cover in brackets; else the chain's phrasing."""
+        arguments those words do not cover in brackets; else (and for several records) the
+        chain's phrasing."""
         wording = self.wording
-        if wording is None:
-            return f"Hi. {self.request(ctx, [target])}"
-        values = [join_and([names[i] for i in chosen])] if wording.value_slots and names else []
+        plain = f"Hi. {self.request(ctx, list(ctx.targets))}"
+        if wording is None or len(ctx.targets) != 1:
+            return plain
+        [target] = ctx.targets
+        names = names_by[target]
+        values = (
+            [join_and([names[i] for i in chosen_by[target]])]
+            if wording.value_slots and names
+            else []
+        )
         if len(values) != wording.value_slots:
-            return f"Hi. {self.request(ctx, [target])}"
-        rest = [p for p in ctx.phrases[target] if not (values and p == said)]
+            return plain
+        rest = [p for p in ctx.phrases[target] if not (values and p == said[target])]
         text = wording.fill(identity=target, values=values).strip()
         return text + (f" ({'; '.join(rest)})" if rest else "")
 
@@ -534,10 +558,10 @@ class ListSelectionEnv(ChainEnvironment):
 
     # Verification --------------------------------------------------------------------------
     def verify(self, episode: Episode) -> Verdict:
-        """The list, the record and the answer (module docstring); nothing else."""
+        """The lists, the records and the answer (module docstring); nothing else."""
         task = episode.task
         want = task.meta["list"]
-        record, expected = want["record"], [_norm(v) for v in want["expected"]]
+        expected = {t: sorted({_norm(v) for v in vs}) for t, vs in want["expected"].items()}
         r, plan = self.roles, self.plan
         assert plan is not None
         checks: list[dict[str, Any]] = []
@@ -554,46 +578,48 @@ class ListSelectionEnv(ChainEnvironment):
             else f"ran out of steps ({task.max_steps})",
         )
         acts = [
-            s["action"].get("arguments") or {}
+            s["action"].get("arguments")
             for s in episode.calls
             if not s.get("error") and s["action"].get("name") == r.action
         ]
-        mine = [a for a in acts if isinstance(a, Mapping) and a.get(r.id_arg) == record]
+        acts = [a if isinstance(a, Mapping) else {} for a in acts]
+        elsewhere = [a.get(r.id_arg) for a in acts if a.get(r.id_arg) not in expected]
         add(
-            "record",
-            "action",
-            bool(mine),
-            f"{r.action} {'ran' if mine else 'did not run'} on {r.entity_noun} {record}",
-        )
-        elsewhere = [
-            a.get(r.id_arg) for a in acts if not isinstance(a, Mapping) or a.get(r.id_arg) != record
-        ]
-        add(
-            "only_record",
+            "only_records",
             "action",
             not elsewhere,
             f"{r.action} ran on no other {r.entity_noun}"
             if not elsewhere
             else f"{r.action} also ran on {elsewhere[0]!r}",
         )
-        wrong = []
-        for arguments in mine:
-            given = arguments.get(plan.argument)
-            got = [_norm(v) for v in given] if isinstance(given, list) else None
-            if got is None or len(got) != len(set(got)) or set(got) != set(expected):
-                wrong.append(given)
-        ok = bool(mine) and not wrong
-        detail = (
-            f"{plan.argument} held exactly the {len(expected)} element(s) asked for"
-            if ok
-            else f"{plan.argument} was {wrong[0]!r}, not the {len(expected)} element(s) asked for"
-            if wrong
-            else f"{plan.argument} was never passed for {r.entity_noun} {record}"
-        )
-        add("list", "action", ok, detail)
+        for record, right in expected.items():
+            mine = [a for a in acts if a.get(r.id_arg) == record]
+            add(
+                "record",
+                "action",
+                bool(mine),
+                f"{r.action} {'ran' if mine else 'did not run'} on {r.entity_noun} {record}",
+            )
+            wrong = []
+            for arguments in mine:
+                given = arguments.get(plan.argument)
+                got = [_norm(v) for v in given] if isinstance(given, list) else None
+                if got is None or len(got) != len(set(got)) or sorted(got) != right:
+                    wrong.append(given)
+            ok = bool(mine) and not wrong
+            where = f"for {r.entity_noun} {record}"
+            detail = (
+                f"{plan.argument} held exactly the {len(right)} element(s) asked for {where}"
+                if ok
+                else f"{plan.argument} was {wrong[0]!r}, not the {len(right)} element(s) asked "
+                f"for {where}"
+                if wrong
+                else f"{plan.argument} was never passed {where}"
+            )
+            add("list", "action", ok, detail)
         answer = " ".join((episode.answer or "").split()).casefold()
         add("answered", "communication", bool(answer), "the answer is not empty")
-        for text in task.goal.get("answer_includes", []):
+        for text in want.get("answer", []):
             found = str(text).casefold() in answer
             add(
                 "answer_includes",
