@@ -25,11 +25,11 @@ from tracegym.synthesis.world import (
     fits,
     get_all,
     infer_roles,
-    leaf_paths,
     path_tokens,
     shape_at,
     sibling_descriptor,
     synthetic_status,
+    write_paths,
 )
 
 # The prompt where the agent's own recorded instructions are unknown. It says what any support
@@ -44,21 +44,13 @@ SYSTEM_PROMPT = (
 def write_effects(roles: Roles, catalog: Catalog) -> tuple[bool, list[str]]:
     """What a lookup shows of the action: whether its mined status changes (the runs showed the
     status after it, and it differs from the one it needs), and the arguments that name a field
-    of the record it acts on (`seat`, `address1` -> `address.address1`)."""
+    of the record it acts on (`seat`, `address1` -> `address.address1`; see `write_paths`)."""
     status = roles.status
     changes = bool(
         status and status.get("mined") and status.get("after")
         and status["after"] not in status["allowed"]
     )  # fmt: skip
-    lookup = catalog.tools.get(roles.lookup) if roles.lookup else None
-    fields = [
-        name
-        for name in catalog.tools[roles.action].arguments
-        if lookup is not None
-        and name not in (roles.id_arg, roles.lookup_arg)
-        and len(leaf_paths(lookup.result, name)) == 1
-    ]
-    return changes, fields
+    return changes, sorted(write_paths(catalog, roles))
 
 
 def human(name: str) -> str:

@@ -271,7 +271,15 @@ class RequestedActionEnv(Environment):
             return clone(record)
         made = Gen(random.Random(f"{state['_key']}:{name}:{canonical(args)}")).value(shape)
         made = made if isinstance(made, dict) else {}
-        return {
-            k: args[k] if k in args else record[k] if k in record else made.get(k)
-            for k in shape.get("required", shape["properties"])
+        echoed = {
+            f: args[a] for a, f in (getattr(schema, "echoes", None) or {}).items() if a in args
         }
+        out = {}
+        for key in shape.get("required", shape["properties"]):
+            for source in (echoed, args, record, made):
+                if key in source:
+                    out[key] = source[key]
+                    break
+            else:
+                out[key] = None
+        return out

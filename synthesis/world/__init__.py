@@ -27,6 +27,7 @@ from tracegym.synthesis.world.backend import (
     ToolWorld,
     public_state,
     replace_at,
+    write_paths,
 )
 from tracegym.synthesis.world.builder import (
     WorldBuilder,
@@ -108,4 +109,5 @@ __all__ = [
     "shared_formats",
     "sibling_descriptor",
     "synthetic_status",
+    "write_paths",
 ]

@@ -10,6 +10,7 @@ from tracegym.synthesis.spec import (
     ArgSchema,
     Catalog,
     ToolSchema,
+    is_id_name,
     json_type,
     matches_format,
 )
@@ -87,20 +88,7 @@ class ToolWorld:
         self.sets = self._write_paths()
 
     def _write_paths(self) -> dict[str, list[str]]:
-        """The action's arguments that name a field of the record it acts on (`seat`,
-        `address1` -> `address.address1`): a call sets them. Only where the name is unique."""
-        r = self.roles
-        lookup = self.catalog.tools.get(r.lookup) if r.lookup else None
-        if lookup is None or r.action not in self.schemas:
-            return {}
-        out: dict[str, list[str]] = {}
-        for name in self.schemas[r.action].arguments:
-            if name in (r.id_arg, r.lookup_arg):
-                continue
-            paths = leaf_paths_cached(lookup.result, name)
-            if len(paths) == 1:
-                out[name] = path_tokens(paths[0])
-        return out
+        return write_paths(self.catalog, self.roles) if self.roles.action in self.schemas else {}
 
     def json_schemas(self) -> list[dict[str, Any]]:
         out = []
@@ -257,9 +245,12 @@ class ToolWorld:
                 return dict(record)
             rng = random.Random(f"{state['_seed']}:{self.roles.action}:{canonical(args)}")
             made = Gen(rng).value(shape)
+            echoed = {f: args[a] for a, f in self.echoes.get(self.roles.action, ()) if a in args}
             out = {}
             for key in shape.get("required", props):
-                if key in record:
+                if key in echoed:  # the field the recorded results held the argument in
+                    out[key] = echoed[key]
+                elif key in record:
                     out[key] = record[key]
                 elif key in args:
                     out[key] = args[key]
@@ -271,6 +262,33 @@ class ToolWorld:
             return examples[0] if examples else "ok"  # "ok" only where nothing was recorded
         rng = random.Random(f"{state['_seed']}:{self.roles.action}:{canonical(args)}")
         return Gen(rng).value(shape)
+
+
+def write_paths(catalog: Catalog, roles: Roles) -> dict[str, list[str]]:
+    """The action's arguments a call stores in the record it acts on, with where: an argument
+    named like one field of the record (`seat`; `address1` -> `address.address1`; ids excepted:
+    an id names a record, it is not a value to store), and an argument whose value the recorded
+    results echoed in a field the record has (`payment_method_id` ->
+    `exchange_payment_method_id`). Only where the field is the one so named."""
+    r = roles
+    lookup = catalog.tools.get(r.lookup) if r.lookup else None
+    action = catalog.tools.get(r.action)
+    if lookup is None or action is None:
+        return {}
+    out: dict[str, list[str]] = {}
+    for name in action.arguments:
+        if name in (r.id_arg, r.lookup_arg) or is_id_name(name):
+            continue
+        paths = leaf_paths_cached(lookup.result, name)
+        if len(paths) == 1:
+            out[name] = path_tokens(paths[0])
+    for name, field_name in (getattr(action, "echoes", None) or {}).items():
+        if name in (r.id_arg, r.lookup_arg) or name in out or name not in action.arguments:
+            continue
+        paths = leaf_paths_cached(lookup.result, field_name)
+        if len(paths) == 1:
+            out[name] = path_tokens(paths[0])
+    return out
 
 
 def replace_at(record: dict[str, Any], tokens: list[str], value: Any) -> dict[str, Any]:

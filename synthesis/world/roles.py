@@ -189,7 +189,13 @@ def infer_roles(catalog: Catalog, action: str, *, extra_tools: Sequence[str] = (
                 break
     if roles.owner:
         owner = tools[roles.owner]
-        if not owner.required or roles.owner == roles.lookup:
+        # an owner is a record (not a list) found by its own id, not by the entity's
+        if (
+            not owner.required
+            or roles.owner == roles.lookup
+            or owner.result.get("type") != "object"
+            or id_arg in owner.required
+        ):
             roles.owner = roles.owner_path = None
         else:
             roles.owner_arg = owner.required[0]
