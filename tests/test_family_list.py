@@ -329,6 +329,33 @@ def test_several_records_each_with_its_own_list(built: Built):
         assert not verdict.passed and any(b in r for r in verdict.reasons)
 
 
+def test_a_broken_list_world_fails_fidelity(built: Built):
+    fidelity = pytest.importorskip("tracegym.synthesis.fidelity")
+    d, env = _domain(built), built.env
+
+    class Telling(ListSelectionEnv):  # the prompt states the list
+        def generate(self, seed: int) -> Any:
+            task = super().generate(seed)
+            task.system_prompt += f" Pass {d.list_arg} {' and '.join(_expected(task))}."
+            return task
+
+    class Misshapen(ListSelectionEnv):  # an element id the traces never showed the like of
+        def generate(self, seed: int) -> Any:
+            task = super().generate(seed)
+            task.state["entities"][_target(task)][d.list_key][0][d.element_id] = "x-1"
+            return task
+
+    assert fidelity.check_fidelity(env, n_seeds=10).ok
+    told = fidelity.check_fidelity(Telling(env.spec), n_seeds=10)
+    assert not told.ok and any(i.where == "system prompt" for i in told.issues)
+    bent = fidelity.check_fidelity(Misshapen(env.spec), n_seeds=10)
+    assert not bent.ok and any(f"{d.list_key}[0].{d.element_id}" in i.where for i in bent.issues)
+
+
+def _expected(task: Any) -> list[str]:
+    return task.meta["list"]["expected"][_target(task)]
+
+
 def test_the_ladder_stays_solvable(built: Built):
     env = built.env
     for level in env.levels():
