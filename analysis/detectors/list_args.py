@@ -98,12 +98,6 @@ def read_lists(read: Read) -> Iterator[ReadList]:
     yield from walk(read.parsed, "", 0)
 
 
-def result_lists(read: Read) -> Iterator[list[frozenset[str]]]:
-    """Every non-empty list inside a read result, as element keys."""
-    for found in read_lists(read):
-        yield found.candidates
-
-
 def _field_path(found: ReadList, matched: dict[frozenset[str], int]) -> str:
     """The list's path, narrowed to the one field of its records that holds every scalar
     element (``items[*]`` -> ``items[*].item_id``) when there is exactly one."""
@@ -139,12 +133,6 @@ def _matches(
             return {}
         used[element] = match
     return used
-
-
-def _covers(candidates: list[frozenset[str]], elements: list[frozenset[str]]) -> set[int]:
-    """Indices of the candidate records the elements match one to one (`_matches`); empty when
-    an element matches none."""
-    return set(_matches(candidates, elements).values())
 
 
 @dataclass(frozen=True)
