@@ -10,6 +10,8 @@ from tracegym.synthesis.families.chain import (
     ChainEnvironment,
 )
 
+_NOT_LOOKUPS = ("think", "calculate", "compute")
+
 
 class BudgetEnv(ChainEnvironment):
     family = "budget"
@@ -34,6 +36,21 @@ class BudgetEnv(ChainEnvironment):
             )
         ]
 
+    def _side_reads(self) -> list[str]:
+        """Other reads a side request may ask for: those that take the record's own id (a
+        request to look an order up with a product lookup would mean nothing)."""
+        r = self.roles
+        formats = {f["regex"] for f in self.action_schema.arguments[r.id_arg].formats}
+        out = []
+        for name in r.others:
+            tool = self.catalog.tools[name]
+            if not tool.read or len(tool.required) != 1 or name.lower().startswith(_NOT_LOOKUPS):
+                continue
+            arg = tool.arguments[tool.required[0]]
+            if arg.name == r.id_arg or formats & {f["regex"] for f in arg.formats}:
+                out.append(name)
+        return out
+
     def generate(self, seed: int) -> Task:
         k = self.knobs
         n, d = int(k["targets"]), int(k["distractors"])
@@ -56,13 +73,7 @@ class BudgetEnv(ChainEnvironment):
             goal["forbidden_calls"].append({"name": r.action, "arguments": {r.id_arg: other}})
         oracle.append({"answer": self.answer(ctx, done, refused)})
         side = []
-        others = [
-            o
-            for o in r.others
-            if self.catalog.tools[o].read
-            and self.catalog.tools[o].required
-            and not o.lower().startswith(("think", "calculate", "compute"))
-        ]
+        others = self._side_reads()
         for i, other in enumerate(ctx.entities[n:]):
             what = f"({i + 1}) tell me everything about {r.entity_noun} {other}"
             if others:

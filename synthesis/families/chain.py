@@ -415,14 +415,14 @@ class ChainEnvironment(Environment):
             return gen.argument(arg)
         facts = shape_at(self.world.catalog.tools[self.roles.lookup].result, tokens)
         current = self._current(record, arg.name)
-        drawn = [gen.argument(arg) for _ in range(20)]
-        for value in drawn:  # what the field has held too, else any recorded argument value
+        other = None
+        for _ in range(20):  # what the field has held too, else any recorded argument value
+            value = gen.argument(arg)
             if value != current and fits(value, facts):
                 return value
-        for value in drawn:
-            if value != current:
-                return value
-        return drawn[0]
+            if other is None and value != current:
+                other = value
+        return other if other is not None else value
 
     def _current(self, record: Mapping[str, Any], name: str) -> Any:
         """What the record holds in the field a call's argument `name` sets (None if none)."""

@@ -243,10 +243,9 @@ class ToolWorld:
             props = shape.get("properties") or {}
             if not props:
                 return dict(record)
-            rng = random.Random(f"{state['_seed']}:{self.roles.action}:{canonical(args)}")
-            made = Gen(rng).value(shape)
             echoed = {f: args[a] for a, f in self.echoes.get(self.roles.action, ()) if a in args}
             out = {}
+            missing = []
             for key in shape.get("required", props):
                 if key in echoed:  # the field the recorded results held the argument in
                     out[key] = echoed[key]
@@ -255,6 +254,11 @@ class ToolWorld:
                 elif key in args:
                     out[key] = args[key]
                 else:
+                    missing.append(key)
+            if missing:  # generated only when needed: a large result shape costs a step
+                rng = random.Random(f"{state['_seed']}:{self.roles.action}:{canonical(args)}")
+                made = Gen(rng).value(shape)
+                for key in missing:
                     out[key] = made.get(key) if isinstance(made, dict) else None
             return out
         if kind == "string":
