@@ -342,3 +342,30 @@ def test_a_read_returns_the_record_asked_for_whatever_its_id_is_called(echoes):
                 result = env.call_tool(state, "change_seat", action["arguments"])
                 assert result == {"id": action["arguments"]["booking_id"],
                                   "seat": action["arguments"]["seat"]}  # fmt: skip
+
+
+def test_the_check_above_fails_a_world_that_returns_another_record(world):
+    """The 200-seed test has teeth: a read that returns another record, or a record whose id
+    leaves its format, fails it."""
+    fidelity = pytest.importorskip("tracegym.synthesis.fidelity")
+    source, catalog, envs = world
+    env = next(e for e in envs if e.family == "tool_order")
+
+    class OtherRecord(type(env)):
+        def call_tool(self, state, name, arguments):
+            result = super().call_tool(state, name, arguments)
+            if name == self.roles.lookup:
+                others = [k for k in state["entities"] if k != arguments[self.roles.lookup_arg]]
+                return dict(state["entities"][others[0]]) if others else result
+            return result
+
+    class BadIds(type(env)):
+        def generate(self, seed):
+            task = super().generate(seed)
+            for record in task.state["entities"].values():
+                record[self.roles.lookup_arg] = "not-an-id"
+            return task
+
+    for broken in (OtherRecord, BadIds):
+        report = fidelity.check_fidelity(broken(env.spec), catalog, n_seeds=20)
+        assert not report.ok, (source, broken.__name__)
