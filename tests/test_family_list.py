@@ -169,6 +169,7 @@ def write_agent(home: Path, d: Domain, *, succeeded: int = 24, wrong: int = 9, s
 
 @dataclass
 class Built:
+    domain: Domain
     home: Path
     truth: set[str]
     gap: Gap
@@ -180,7 +181,7 @@ def _build(home: Path, d: Domain) -> Built:
     result = analyze(home, embedder=HashEmbedder(home / "cache"))
     [gap] = [g for g in result.gaps if g.key == f"{WRONG_LIST}:{d.write}.{d.list_arg}"]
     spec = build_spec(gap, catalog_from_store(home), conventions_from_store(home))
-    return Built(home, truth, gap, family_for_gap(gap)(spec))
+    return Built(d, home, truth, gap, family_for_gap(gap)(spec))
 
 
 @pytest.fixture(scope="module", params=[SHOP, AIRLINE], ids=lambda d: d.name)
@@ -189,12 +190,13 @@ def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def _domain(b: Built) -> Domain:
-    return SHOP if b.home.name.startswith("shop") else AIRLINE
+    return b.domain
 
 
 def test_the_rule_reaches_the_gap(built: Built):
     d = _domain(built)
-    successful = {r.trace_id for r in load_runs(Store(built.home)) if r.success}
+    with Store(built.home) as store:
+        successful = {r.trace_id for r in load_runs(store) if r.success}
     [rule] = built.gap.rules
     assert (rule.kind, rule.tool, rule.argument, rule.relation) == (
         "list", d.write, d.list_arg, d.relation)  # fmt: skip
