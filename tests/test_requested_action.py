@@ -146,3 +146,29 @@ def test_an_action_on_a_record_the_user_names_is_left_to_the_chain_families():
     conventions = Conventions(runs=10, tools=[FIND, refund], opening=["find_user"])
     with pytest.raises(NotSynthesizable, match="get_order looks up"):
         build_spec(gap, _catalog(), conventions)
+
+
+def test_the_users_values_are_those_the_recorded_calls_would_take():
+    """Where the action was called, its recorded arguments say which of the users' words it
+    takes (`33 Hill Ln`, not `4 Pine Rd` when every recorded address had a two-digit number)."""
+    requests = [*REQUESTS, ("Hi, my email is ivo4@mail.com. Please change my address to 4 Pine Rd.",
+                            "ivo4@mail.com")]  # fmt: skip
+    gap = _gap(requests=[{"text": t, "first_call": {"tool": "find_user", "arguments": {"email": e}}}
+                         for t, e in requests])  # fmt: skip
+    traces = [*([c] for c in _catalog_traces()), *(
+        [{"tool": "update_address", "arguments": {"user_id": f"U{100 + i}", "address": a},
+          "result": {"user_id": f"U{100 + i}", "address": a}}]
+        for i, a in enumerate(["12 Oak St", "53 Hill Ln", "88 Pine Rd", "21 Elm Ave",
+                               "64 Lake Dr", "70 Oak St"]))]  # fmt: skip
+    conventions = Conventions(runs=10, tools=[FIND, UPDATE], opening=["find_user"])
+    env = from_spec(build_spec(gap, infer_catalog(traces), conventions))
+    said = {env.make_task(seed).oracle[1]["arguments"]["address"] for seed in range(60)}
+    assert said == {"53 Hill Ln", "88 Pine Rd", "33 Hill Ln"}  # the users' words that fit
+    fidelity = pytest.importorskip("tracegym.synthesis.fidelity")
+    assert fidelity.check_fidelity(env, n_seeds=100).ok
+
+
+def _catalog_traces():
+    for i, name in enumerate(["ana", "ben", "cleo", "dan", "eva", "finn"] * 3):
+        yield {"tool": "find_user", "arguments": {"email": f"{name}{i}@mail.com"},
+               "result": {"user_id": f"U{100 + i}", "orders": [f"O{1000 + i}"]}}  # fmt: skip

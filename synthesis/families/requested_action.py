@@ -26,6 +26,7 @@ from tracegym.synthesis.world import (
     ToolError,
     canonical,
     clone,
+    fits,
     leaf_paths_cached,
     path_tokens,
     replace_at,
@@ -60,6 +61,19 @@ class RequestedActionEnv(Environment):
         self.user_args: list[str] = extra["user_args"]
         self.wording = Wording.from_dict(extra["wording"])
         self._arguments: dict[str, set[str]] | None = None
+        self._pools = self._value_pools()
+
+    def _value_pools(self) -> list[list[str]]:
+        """Per user value: the users' recorded words for it, those the recorded calls of the
+        action would have taken where it was called (all of them where none fit)."""
+        schema = self.catalog.tools.get(self.action)
+        pools = []
+        for name, pool in zip(self.user_args, self.wording.values, strict=True):
+            arg = schema.arguments.get(name) if schema else None
+            shape = getattr(arg, "shape", None) if arg else None
+            fitting = [v for v in pool if fits(v, shape)] if shape else []
+            pools.append(fitting or list(pool))
+        return pools
 
     def default_knobs(self) -> dict[str, Any]:
         return {"slack": 4}
@@ -197,7 +211,7 @@ class RequestedActionEnv(Environment):
                 record[name] = gen.value(fields[name])
             if record.get(name) in (None, "", [], {}):  # the traces never showed a value of it
                 record[name] = f"{name[:1].upper()}{rng.randrange(100, 1000)}"
-        values = [rng.choice(pool) for pool in self.wording.values]
+        values = [rng.choice(pool) for pool in self._pools]
         call = {name: record[name] for name in self.record_args}
         call.update(dict(zip(self.user_args, values, strict=True)))
         instruction = self.wording.fill(str(key), values)
