@@ -29,6 +29,7 @@ from tracegym.synthesis.world import (
     ToolError,
     compile_shape,
     get_all,
+    key_kinds,
     path_tokens,
 )
 
@@ -277,6 +278,17 @@ def _names(catalog: Catalog, env: Any) -> set[str]:
     return set(facts.get("enum") or facts.get("examples") or ())
 
 
+def _kinds_agree(shape: dict[str, Any], record: dict[str, Any]) -> None:
+    """An id-keyed map's values name the kind their key starts with (`paypal_3024827` is a
+    `paypal` payment method, not a `credit_card` one)."""
+    for key, facts in shape.get("properties", {}).items():
+        if facts.get("type") != "map":
+            continue
+        for name, _ in key_kinds(facts):
+            for mkey, item in (record.get(key) or {}).items():
+                assert mkey.startswith(item[name]), (mkey, item)
+
+
 def test_records_ids_names_and_reads_are_the_recorded_ones(world):
     source, catalog, envs = world
     for env in envs:
@@ -298,6 +310,9 @@ def test_records_ids_names_and_reads_are_the_recorded_ones(world):
                     assert found <= names, found - names  # no invented names
                     assert not found & (set(FALLBACK_LABELS) - names)
             assert "the one on the" not in task.instruction
+            if r.owner:
+                for owner in task.state["owners"].values():
+                    _kinds_agree(catalog.tools[r.owner].result, owner)
 
 
 def test_every_family_passes_the_fidelity_check_on_200_seeds(world):

@@ -66,8 +66,10 @@ from tracegym.synthesis.world.roles import (
 from tracegym.synthesis.world.values import (
     Gen,
     Maker,
+    agree,
     compile_shape,
     fits,
+    key_kinds,
 )
 
 __all__ = [
@@ -83,6 +85,7 @@ __all__ = [
     "ToolError",
     "ToolWorld",
     "WorldBuilder",
+    "agree",
     "calculate",
     "canonical",
     "canonical_value",
@@ -96,6 +99,7 @@ __all__ = [
     "infer_roles",
     "is_id_value",
     "is_wordlike",
+    "key_kinds",
     "label_pool",
     "leaf_paths",
     "leaf_paths_cached",

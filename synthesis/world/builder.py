@@ -32,6 +32,8 @@ from tracegym.synthesis.world.values import (
     _ID_MAKERS,
     Gen,
     _string_maker,
+    agree,
+    key_kinds,
 )
 
 
@@ -157,6 +159,7 @@ class WorldBuilder:
                 items.append(item)
             return set_at(record, head, items)
         mapping = {}
+        kinds = key_kinds(shape_at(shape, tokens[:fan]))
         for value in values:
             item = self.gen.value(element)
             if rest:
@@ -165,6 +168,8 @@ class WorldBuilder:
                 for name in ("id", "item_id"):
                     if name in item:
                         item[name] = value
+            if isinstance(item, dict) and isinstance(value, str):
+                agree(item, value, kinds)
             mapping[value] = item
         return set_at(record, head, mapping)
 

@@ -320,6 +320,7 @@ def compile_shape(shape: Mapping[str, Any], depth: int = 0) -> Maker:
     elif kind == "map":
         key = _string_maker(shape.get("keys", {}))
         item = compile_shape(shape.get("values", {}), depth + 1)
+        kinds = key_kinds(shape)
 
         def maker(r: Callable[[], float]) -> dict[str, Any]:
             out = {}
@@ -330,6 +331,7 @@ def compile_shape(shape: Mapping[str, Any], depth: int = 0) -> Maker:
                     for field_name in ("id", "item_id"):
                         if field_name in value:
                             value[field_name] = name
+                    agree(value, name, kinds)
                 out[name] = value
             return out
 
@@ -342,6 +344,42 @@ def compile_shape(shape: Mapping[str, Any], depth: int = 0) -> Maker:
         _COMPILED.clear()
     _COMPILED[id(shape)] = (shape, maker)
     return maker
+
+
+Kinds = list[tuple[str, list[str]]]
+_KINDS: dict[int, tuple[Any, Kinds]] = {}
+
+
+def key_kinds(shape: Mapping[str, Any]) -> Kinds:
+    """The fields of an id-keyed map's values that name the kind the key starts with
+    (`payment_methods{*}.source`: `paypal` for `paypal_3024827`, `credit_card` for
+    `credit_card_3124723`): every observed value begins some recorded key, every recorded key
+    begins with one. Cached per map shape."""
+    cached = _KINDS.get(id(shape))
+    if cached is not None and cached[0] is shape:
+        return cached[1]
+    keys = [k for k in (shape.get("keys") or {}).get("examples") or () if isinstance(k, str)]
+    values = shape.get("values") or {}
+    out: Kinds = []
+    for name, sub in (values.get("properties") or {}).items():
+        enum = [v for v in sub.get("enum") or () if isinstance(v, str) and v]
+        if (
+            keys
+            and len(enum) > 1
+            and all(any(k.startswith(v) for k in keys) for v in enum)
+            and all(any(k.startswith(v) for v in enum) for k in keys)
+        ):
+            out.append((name, sorted(enum, key=len, reverse=True)))
+    _KINDS[id(shape)] = (shape, out)
+    return out
+
+
+def agree(item: dict[str, Any], key: str, kinds: Kinds) -> None:
+    """Make `item`'s kind fields name the kind its key starts with (see `key_kinds`)."""
+    for name, values in kinds:
+        found = next((v for v in values if key.startswith(v)), None)
+        if found is not None:
+            item[name] = found
 
 
 _ARG_MAKERS: dict[int, tuple[Any, Maker]] = {}
