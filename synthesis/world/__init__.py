@@ -14,6 +14,14 @@ ids, owner links, labels (`items[*].name`) and the values the action's other arg
 planted where the traces say they come from (`payment_history[*].payment_method_id`). Every
 other recorded tool stays callable: reads answer from their result shape, deterministically per
 arguments; writes land in the state (and so break the state hash: side effects count).
+
+Everything generated is what the traces could have shown (`synthesis.fidelity` checks it): ids
+in the formats every schema that takes them shares, enum-like strings, names and statuses from
+the observed values only, dates inside the observed range and order, numbers inside their range
+and precision. A read returns the record asked for (the field the traces showed echoing the
+argument holds it); the action stores what its arguments name (`write_paths`) and answers in
+its recorded result shape; a status rule is one mined from the runs or none (`synthetic_status`
+only lends a record's observed status values, with no rule).
 """
 
 from __future__ import annotations
