@@ -860,6 +860,32 @@ def test_wrong_list_flags_a_list_mixing_records() -> None:
     assert detector.detect(order_items_run(["IT-12"], success=False)) == []
 
 
+def one_list_run(items: list[str], picked: list[str], *, success: bool = True) -> Run:
+    b = RunBuilder("exchange items", success=success)
+    b.user("I want to exchange an item.")
+    b.tool("fetch_order", {"order_id": "OR-1"},
+           {"order_id": "OR-1", "items": [{"item_id": i} for i in items]})  # fmt: skip
+    b.tool("exchange_items", {"order_id": "OR-1", "item_ids": picked}, {"ok": True})
+    return b.build()
+
+
+def test_wrong_list_mines_no_whole_list_rule_from_lists_of_one() -> None:
+    """Orders of one item cannot tell "all of the order" from "part of it": successful calls
+    on them are no evidence of an "equal" rule, so a part of a longer order is no finding."""
+    from tracegym.analysis.detectors.list_args import WrongListArgument
+
+    ones = [one_list_run([f"IT-{n}"], [f"IT-{n}"]) for n in range(6)]
+    detector = WrongListArgument().fit(ones)
+    assert detector.rules_ == {("exchange_items", "item_ids"): "subset"}
+    assert detector.detect(one_list_run(["IT-1", "IT-2"], ["IT-1"], success=False)) == []
+    # shown on lists of two or more, the whole-list rule is mined and kept
+    wholes = [one_list_run([f"IT-{n}", f"IT-{n}b"], [f"IT-{n}", f"IT-{n}b"]) for n in range(6)]
+    detector = WrongListArgument().fit(ones + wholes)
+    assert detector.rules_ == {("exchange_items", "item_ids"): "equal"}
+    [finding] = detector.detect(one_list_run(["IT-1", "IT-2"], ["IT-1"], success=False))
+    assert finding.details["mined_rule"]["relation"] == "equal"
+
+
 def seat_run(*, lookup: bool, success: bool) -> Run:
     b = RunBuilder("change my seat", success=success)
     b.user("Move me to seat 14C on booking BK-31.")

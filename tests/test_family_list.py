@@ -23,7 +23,6 @@ import pytest
 from tracegym.analysis.detector_names import WRONG_LIST
 from tracegym.analysis.detectors.list_args import WrongListArgument
 from tracegym.analysis.gap import Gap, MinedRule
-from tracegym.analysis.gaps import Thresholds, candidates_from_findings, describe, score
 from tracegym.analysis.pipeline import analyze
 from tracegym.analysis.runs import load_runs
 from tracegym.store.records import outcome_record, span_record, write_spool_file
@@ -429,24 +428,14 @@ def _valid(env: Environment) -> str | None:
     return None
 
 
-def test_real_wrong_list_findings_make_a_valid_environment(real: RealSet):
-    """The gap is built from the findings with analysis.gaps (at the default thresholds the
-    wrong_list candidate is not kept on these sets: too few failed runs)."""
-    runs = real.runs
-    findings = [f for run in runs for f in real.detector.detect(run)]
-    assert findings, "the shared set has wrong_list findings"
-    by_id = {r.trace_id: r for r in runs}
-    failed = [r.trace_id for r in runs if r.success is False]
-    succeeded = [r.trace_id for r in runs if r.success is True]
-    [candidate] = [c for c in candidates_from_findings(findings) if c.kind == "finding"]
-    gap = describe(score(candidate, failed, succeeded, Thresholds()), "wrong_list", by_id,
-                   [by_id[t] for t in succeeded], {})  # fmt: skip
-    [rule] = gap.rules
-    assert rule.kind == "list" and rule.read_tool and rule.path and rule.evidence_runs
-    spec = build_spec(gap, catalog_from_store(real.home), conventions_from_store(real.home))
-    assert spec.extra["rules"] == [rule.to_dict()]
-    if (reason := _valid(family_for_gap(gap)(spec))) is not None:
-        pytest.xfail(reason)
+def test_real_sets_mine_no_whole_list_rule_from_lists_of_one(real: RealSet):
+    """The exchanges of these sets pass one fulfillment or one item: read as "the whole list"
+    they made wrong_list findings of every exchange of part of a longer order. Lists of one
+    cannot tell a whole from a part, so the rule mined is "a part of the order's items" and the
+    failed runs break none."""
+    relations = {rule.relation for rule in real.detector.mined_.values()}
+    assert relations == {"subset"}
+    assert [f for run in real.runs for f in real.detector.detect(run)] == []
 
 
 def test_every_list_rule_mined_on_real_runs_makes_a_valid_environment(real: RealSet):
@@ -460,6 +449,6 @@ def test_every_list_rule_mined_on_real_runs_makes_a_valid_environment(real: Real
         env = ListSelectionEnv(ListSelectionEnv.build_spec(gap, catalog))
         relations.add(rule.relation)
         reasons += filter(None, [_valid(env)])
-    assert relations == {"equal", "subset"}
+    assert relations == {"subset"}
     if reasons:
         pytest.xfail(reasons[0])

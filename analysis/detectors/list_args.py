@@ -12,9 +12,11 @@ scalar values):
 
 `fit` finds, per write tool and list argument, the relations successful calls keep: one that
 holds in at least `min_confidence` (0.9) of at least `min_support` (5) successful calls is a
-rule ("subset" is implied by "equal"). `detect` flags a call that breaks its argument's rule and
-whose list is not named by the user either (what the user asked for is never wrong here): key
-``wrong_list:<tool>.<arg>``, decisive step the call, the read it best matches next in
+rule ("subset" is implied by "equal"); "equal" counts only calls whose list was taken from a
+looked-up list of two or more elements (of a one-element list, its one element is all of it and a
+part alike), at least `min_support` of them. `detect` flags a call that breaks its argument's
+rule and whose list is not named by the user either (what the user asked for is never wrong
+here): key ``wrong_list:<tool>.<arg>``, decisive step the call, the read it best matches next in
 `span_ids`; confidence 0.7. Each finding carries the rule it breaks as
 ``details["mined_rule"]`` (a `MinedRule` of kind ``list``: the read tool and the list's path in
 its result that successful calls related to most often, e.g. ``items[*].item_id``, and up to
@@ -144,6 +146,9 @@ class Relation:
     named: bool
     equal_path: str | None = None  # where in the read's result the list is (`_field_path`)
     subset_path: str | None = None
+    # the list it is taken from has two or more elements: only then can "equal" and "subset"
+    # be told apart (the one element of a one-element list is both all of it and a part)
+    telling: bool = False
 
     def where(self, relation: str) -> tuple[str | None, str | None]:
         """The read tool and list path a relation held with (None for ``named``)."""
@@ -161,6 +166,7 @@ def relation(elements: list[frozenset[str]], earlier: list[Read], told: str) -> 
     """The relations `elements` have with the reads before the call and what the user said."""
     equal = subset = None
     equal_path = subset_path = None
+    telling = False
     for read in reversed(earlier):
         for found in read_lists(read):
             matched = _matches(found.candidates, elements)
@@ -168,12 +174,13 @@ def relation(elements: list[frozenset[str]], earlier: list[Read], told: str) -> 
                 continue
             if subset is None:
                 subset, subset_path = read, _field_path(found, matched)
+                telling = len(found.candidates) >= 2
             if len(set(matched.values())) == len(found.candidates) and equal is None:
                 equal, equal_path = read, _field_path(found, matched)
         if equal is not None:
             break
     named = all(any(f" {v} " in told for v in e) for e in elements)
-    return Relation(equal, subset, named, equal_path, subset_path)
+    return Relation(equal, subset, named, equal_path, subset_path, telling)
 
 
 def _told(evidence: Evidence) -> str:
@@ -224,6 +231,8 @@ class WrongListArgument(Detector):
             Counter
         )
         traces: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+        telling: Counter[tuple[str, str]] = Counter()  # calls that can tell equal from subset
+        telling_equal: Counter[tuple[str, str]] = Counter()
         for run in runs:
             if run.success is not True:
                 continue
@@ -232,6 +241,9 @@ class WrongListArgument(Detector):
                     continue
                 key = (step.tool or step.name, arg)
                 calls[key] += 1
+                if found.telling:
+                    telling[key] += 1
+                    telling_equal[key] += found.holds("equal")
                 for name in RELATIONS:
                     if found.holds(name):
                         holds[key][name] += 1
@@ -242,6 +254,11 @@ class WrongListArgument(Detector):
             if n < self.min_support:
                 continue
             for name in RELATIONS:  # the most specific relation first
+                if name == "equal" and not (
+                    telling[key] >= self.min_support
+                    and telling_equal[key] / telling[key] >= self.min_confidence
+                ):
+                    continue  # "all of the list" shown only on lists of one is not shown
                 if holds[key][name] / n >= self.min_confidence:
                     self.rules_[key], self.support_[key] = name, n
                     at = (*key, name)
