@@ -65,15 +65,14 @@ def render_report(console: Console, report: Any) -> None:
                 "-" if not cal else ("yes" if cal["in_band"] else "no"),
             )
         console.print(table)
-    for item in report.rejected:
+    missing = list(getattr(report, "without_environment", ()))
+    if missing:
+        console.print(f"[bold]{len(missing)} gap(s) without an environment[/]")
+    for item in missing:
+        checks = f" [{', '.join(item.failed_checks)}]" if item.failed_checks else ""
         console.print(
-            f"[yellow]rejected[/] {escape(item['env_id'])} ({escape(str(item['name']))}):"
-            f" {escape('; '.join(item['failures']))}"
-        )
-    for item in report.not_synthesizable:
-        console.print(
-            f"[dim]not synthesizable[/] {escape(str(item['name'] or item['gap_id']))} "
-            f"({escape(str(item['detector']))}): {escape(item['reason'])}"
+            f"[yellow]{escape(item.stage.value)}[/] {escape(str(item.gap_name or item.gap_id))} "
+            f"({escape(str(item.detector or '-'))}){escape(checks)}: {escape(item.reason)}"
         )
 
 
