@@ -29,6 +29,7 @@ from tracegym.synthesis.world import (
     shape_at,
     sibling_descriptor,
     synthetic_status,
+    write_fills,
     write_paths,
 )
 
@@ -50,7 +51,7 @@ def write_effects(roles: Roles, catalog: Catalog) -> tuple[bool, list[str]]:
         status and status.get("mined") and status.get("after")
         and status["after"] not in status["allowed"]
     )  # fmt: skip
-    return changes, sorted(write_paths(catalog, roles))
+    return changes, sorted({*write_paths(catalog, roles), *write_fills(catalog, roles)})
 
 
 def human(name: str) -> str:

@@ -35,6 +35,7 @@ from tracegym.synthesis.world.backend import (
     ToolWorld,
     public_state,
     replace_at,
+    write_fills,
     write_paths,
 )
 from tracegym.synthesis.world.builder import (
@@ -121,5 +122,6 @@ __all__ = [
     "shared_formats",
     "sibling_descriptor",
     "synthetic_status",
+    "write_fills",
     "write_paths",
 ]

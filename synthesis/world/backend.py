@@ -86,6 +86,7 @@ class ToolWorld:
             pairs = [(a, echo_field(schema, a)) for a in schema.arguments]
             self.echoes[n] = [(a, f) for a, f in pairs if f]
         self.sets = self._write_paths()
+        self.fills = write_fills(catalog, roles) if roles.action in self.schemas else {}
 
     def _write_paths(self) -> dict[str, list[str]]:
         return write_paths(self.catalog, self.roles) if self.roles.action in self.schemas else {}
@@ -223,6 +224,10 @@ class ToolWorld:
         for name, tokens in self.sets.items():
             if name in args:
                 changed = replace_at(changed, tokens, canonical_value(args[name]))
+        if self.fills:  # what the recorded results held where lookups showed nothing
+            made = Gen(random.Random(f"{state['_seed']}:{r.action}:{canonical(args)}:fill"))
+            for key, shape in self.fills.items():
+                changed[key] = made.value(shape)
         if status and status.get("after"):
             changed[status["field"]] = status["after"]
         if silent.get(eid, 0) > 0:  # reports success, saves nothing
@@ -293,6 +298,27 @@ def write_paths(catalog: Catalog, roles: Roles) -> dict[str, list[str]]:
         if len(paths) == 1:
             out[name] = path_tokens(paths[0])
     return out
+
+
+def write_fills(catalog: Catalog, roles: Roles) -> dict[str, dict[str, Any]]:
+    """The record's fields the action fills, with their recorded shape: those every lookup
+    showed empty (`exchange_items: null` before an exchange) and the action's recorded results
+    held a value in (`exchange_items: ["4153505238"]`), where no argument says what goes there."""
+    lookup = catalog.tools.get(roles.lookup) if roles.lookup else None
+    action = catalog.tools.get(roles.action)
+    if lookup is None or action is None or action.result.get("type") != "object":
+        return {}
+    before = lookup.result.get("properties") or {}
+    after = action.result.get("properties") or {}
+    stored = {tokens[0] for tokens in write_paths(catalog, roles).values() if len(tokens) == 1}
+    return {
+        k: after[k]
+        for k in action.result.get("required", after)
+        if k in after
+        and k not in stored
+        and before.get(k, {}).get("type") == "null"
+        and after[k].get("type") not in (None, "null")
+    }
 
 
 def replace_at(record: dict[str, Any], tokens: list[str], value: Any) -> dict[str, Any]:

@@ -51,7 +51,12 @@ class WorldBuilder:
         self.status = status
         self.taken: set[str] = set()
         lookup = catalog.tools.get(roles.lookup) if roles.lookup else None
-        self.lookup_shape = lookup.result if lookup else {"type": "object", "properties": {}}
+        action = catalog.tools.get(roles.action)
+        self.lookup_shape = (
+            record_shape(lookup.result, action.result if action else None)
+            if lookup
+            else {"type": "object", "properties": {}}
+        )
         self.lookup_echo = echo_field(lookup, roles.lookup_arg) if lookup else None
         owner = catalog.tools.get(roles.owner) if roles.owner else None
         self.owner_echo = echo_field(owner, roles.owner_arg) if owner else None
@@ -238,6 +243,73 @@ def shared_formats(arg: ArgSchema, also: Sequence[ArgSchema | None]) -> list[dic
     return shared or list(arg.formats)
 
 
+_MERGED: dict[tuple[int, int], tuple[Any, Any, dict[str, Any]]] = {}
+
+
+def record_shape(lookup: Mapping[str, Any], written: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The shape of the records a world holds: the lookup's result shape, requiring too the
+    nested fields the action's recorded results (the same record, after the write) nearly
+    always had, where the lookup showed them at all (a record both tools return satisfies both
+    shapes). The lookup's shape itself where the action returns something else. Cached."""
+    if not written or written.get("type") != "object" or lookup.get("type") != "object":
+        return lookup  # type: ignore[return-value]
+    props, other = lookup.get("properties") or {}, written.get("properties") or {}
+    if len(set(props) & set(other)) * 2 < max(len(other), 1):
+        return lookup  # type: ignore[return-value]
+    key = (id(lookup), id(written))
+    cached = _MERGED.get(key)
+    if cached is not None and cached[0] is lookup and cached[1] is written:
+        return cached[2]
+    merged = _merge(lookup, written)
+    if len(_MERGED) > 1000:
+        _MERGED.clear()
+    _MERGED[key] = (lookup, written, merged)
+    return merged
+
+
+def _merge(shape: Mapping[str, Any], other: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
+    out = dict(shape)
+    if depth > 6 or shape.get("type") != other.get("type"):
+        return out
+    kind = shape.get("type")
+    if kind == "object":
+        props, theirs = shape.get("properties") or {}, other.get("properties") or {}
+        out["properties"] = {
+            k: _merge(v, theirs[k], depth + 1) if k in theirs else v for k, v in props.items()
+        }
+        required = list(shape.get("required", props))
+        if depth:  # top-level fields keep the lookup's: they are what the write changes
+            required += [k for k in other.get("required", ()) if k in props and k not in required]
+        out["required"] = required
+    elif kind == "array" and shape.get("items") and other.get("items"):
+        out["items"] = _merge(shape["items"], other["items"], depth + 1)
+    elif kind == "map" and shape.get("values") and other.get("values"):
+        out["values"] = _merge(shape["values"], other["values"], depth + 1)
+        out["keys"] = _narrow(shape.get("keys") or {}, other.get("keys") or {})
+    elif kind == "string" and depth:
+        out = _narrow(out, other)
+    return out
+
+
+def _narrow(facts: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
+    """String facts both shapes accept: the shared enum values, the shared formats (and the
+    examples in them), where the two share any; else the first shape's."""
+    out = dict(facts)
+    enum = [v for v in facts.get("enum") or () if v in set(other.get("enum") or ())]
+    if enum:
+        out["enum"] = enum
+    theirs = {f["regex"] for f in other.get("formats") or ()}
+    formats = [f for f in facts.get("formats") or () if f["regex"] in theirs]
+    if formats and not enum:
+        out["formats"] = formats
+        out["examples"] = [
+            e
+            for e in facts.get("examples") or ()
+            if isinstance(e, str) and any(re.match(f["regex"], e) for f in formats)
+        ]
+    return out
+
+
 _LABELS: dict[tuple[int, str], tuple[Any, list[str]]] = {}
 
 
@@ -278,8 +350,8 @@ def leaf_paths(shape: Mapping[str, Any], name: str, prefix: str = "", depth: int
     out = []
     for key, sub in shape.get("properties", {}).items():
         path = f"{prefix}.{key}" if prefix else key
-        if key == name and sub.get("type") in ("string", "integer", "number"):
-            out.append(path)
+        if key == name and sub.get("type") in ("string", "integer", "number", "null"):
+            out.append(path)  # (a field only ever seen empty is one a write may fill)
         elif sub.get("type") == "object":
             out.extend(leaf_paths(sub, name, path, depth + 1))
     return out
