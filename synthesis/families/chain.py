@@ -117,6 +117,7 @@ class ChainEnvironment(Environment):
         self._schemas = self._as_recorded(self.world.json_schemas())
         self.action_schema = self.catalog.tools[self.roles.action]
         self._id_schemas = self._entity_id_schemas()
+        self._owner_ids = self._owner_id_schemas()
 
     def _entity_id_schemas(self) -> tuple[ArgSchema | None, ...]:
         """Every schema an entity id must satisfy: the action's id argument, the lookup's, and
@@ -130,6 +131,21 @@ class ChainEnvironment(Environment):
             facts = (lookup.result.get("properties") or {}).get(echo or "") or {}
             if facts.get("formats"):
                 out.append(ArgSchema(echo or "id", formats=facts["formats"]))
+        return tuple(out)
+
+    def _owner_id_schemas(self) -> tuple[ArgSchema | None, ...]:
+        """Every schema the owner's id must satisfy: the owner lookup's argument, the owner
+        record's id field, and the entity records' field naming their owner."""
+        r = self.roles
+        owner = self.catalog.tools.get(r.owner) if r.owner else None
+        if owner is None:
+            return (None,)
+        out: list[ArgSchema | None] = [owner.arguments.get(r.owner_arg or "")]
+        lookup = self.catalog.tools.get(r.lookup) if r.lookup else None
+        for tool, name in ((owner, echo_field(owner, r.owner_arg)), (lookup, r.owner_arg)):
+            facts = ((tool.result.get("properties") or {}) if tool else {}).get(name or "") or {}
+            if facts.get("formats"):
+                out.append(ArgSchema(name or "id", formats=facts["formats"]))
         return tuple(out)
 
     def _as_recorded(self, schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -286,7 +302,7 @@ class ChainEnvironment(Environment):
         gen = builder.gen
         owner_id, attrs = None, {}
         if r.owner:
-            owner_id = builder.new_id(self.catalog.tools[r.owner].arguments.get(r.owner_arg))
+            owner_id = builder.new_id(*self._owner_ids)
             finder = self.catalog.tools.get(r.finder) if r.finder else None
             if finder:
                 attrs = {a: gen.argument(finder.arguments[a]) for a in finder.required}
