@@ -406,11 +406,29 @@ class ChainEnvironment(Environment):
                 count = 2 + min(int(self.knobs.get("distractors", 1)), 2)
             if arg.type == "array" and count < 2:
                 count = 2
-        make = (
-            (lambda: builder.new_id(arg))
-            if (arg.formats or arg.type == "string")
-            else (lambda: builder.gen.argument(arg))
-        )
+        # the values sit in the source record and, where the write stores them, in the
+        # record it acts on: they must suit both fields as well as the argument
+        wanted = [shape_at(shape, tokens)]
+        stored = self.world.sets.get(arg.name)
+        if stored and self.roles.lookup:
+            wanted.append(shape_at(self.catalog.tools[self.roles.lookup].result, stored))
+        also = [ArgSchema(arg.name, formats=f["formats"]) for f in wanted if f.get("formats")]
+        if arg.formats or arg.type == "string":
+
+            def make() -> Any:
+                value = builder.new_id(arg, *also)
+                for _ in range(20):
+                    if all(fits(value, f) for f in wanted if f.get("type") == "string"):
+                        break
+                    builder.taken.discard(value)
+                    value = builder.new_id(arg, *also)
+                return value
+
+        else:
+
+            def make() -> Any:
+                return builder.gen.argument(arg)
+
         return [make() for _ in range(count)]
 
     @staticmethod
@@ -432,14 +450,22 @@ class ChainEnvironment(Environment):
             return gen.argument(arg)
         facts = shape_at(self.world.catalog.tools[self.roles.lookup].result, tokens)
         current = self._current(record, arg.name)
-        other = None
+        # where the write changes other fields too, keeping this one (`country: USA`) is fine
+        keep_ok = len(self.world.sets) > 1 or bool(self.world.fills)
+        same = other = None
         for _ in range(20):  # what the field has held too, else any recorded argument value
             value = gen.argument(arg)
-            if value != current and fits(value, facts):
+            fit = fits(value, facts)
+            if value != current and fit:
                 return value
+            if same is None and fit and keep_ok:
+                same = value
             if other is None and value != current:
                 other = value
-        return other if other is not None else value
+        for found in (same, other):
+            if found is not None:
+                return found
+        return value
 
     def _current(self, record: Mapping[str, Any], name: str) -> Any:
         """What the record holds in the field a call's argument `name` sets (None if none)."""
