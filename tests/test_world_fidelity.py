@@ -384,3 +384,12 @@ def test_the_check_above_fails_a_world_that_returns_another_record(world):
     for broken in (OtherRecord, BadIds):
         report = fidelity.check_fidelity(broken(env.spec), catalog, n_seeds=20)
         assert not report.ok, (source, broken.__name__)
+
+
+def test_dates_among_other_values_are_still_calendar_dates():
+    values = ["2024-05-01", "2024-05-30", "2024-06-11", "pending", "pending", "n/a", "n/a"]
+    drawn = [v for v in _draw(_without(shape_of(values), "enum")) if v[:1].isdigit()]
+    assert drawn and all(
+        datetime(2024, 5, 1) <= datetime.strptime(v, "%Y-%m-%d") <= datetime(2024, 6, 11)
+        for v in drawn
+    )

@@ -211,7 +211,10 @@ def _string_maker(facts: Mapping[str, Any]) -> Maker:
         makers = []
         for fmt in formats:
             seen = [e for e in examples if isinstance(e, str) and re.match(fmt["regex"], e)]
-            if _is_closed(fmt) and seen:
+            dated = _date_maker({"examples": seen}) if seen else None
+            if dated is not None:  # a date layout among other values: still real dates
+                makers.append(dated)
+            elif _is_closed(fmt) and seen:
                 makers.append(_choice(seen))
             else:
                 makers.append(_format_maker(fmt, _digit_ranges(fmt, seen)))
