@@ -115,9 +115,9 @@ def _airline_traces(n: int = 30) -> list[list[dict[str, Any]]]:
     rng = random.Random(7)
     traces = []
     for _ in range(n):
-        rid = "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ") for _ in range(3)) + str(
-            rng.randrange(100, 1000)
-        )
+        # six letters and digits, as tau airline's reservation ids (`ZFA04Y`, `4WQ150`): many
+        # formats, of which the schemas keep the most common
+        rid = "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ0123456789") for _ in range(6))
         day = rng.randrange(1, 28)
         status = rng.choice(["active", "active", "cancelled"])
         record = {
@@ -149,18 +149,25 @@ def airline() -> tuple[Catalog, list[list[dict[str, Any]]]]:
 def test_airline_records_hold_what_the_traces_showed(airline):
     catalog, traces = airline
     recorded = [t[0]["result"] for t in traces]
-    id_format = catalog.tools["cancel_reservation"].arguments["reservation_id"].formats
+    formats = [
+        catalog.tools["cancel_reservation"].arguments["reservation_id"].formats,
+        catalog.tools["get_reservation_details"].arguments["reservation_id"].formats,
+        catalog.tools["get_reservation_details"].result["properties"]["reservation_id"]["formats"],
+    ]
+    built = 0
     for family in CHAIN:
         try:
             spec = build_spec(gap(family.detectors[0], ["cancel_reservation"]), catalog)
         except NotSynthesizable:
             continue
         env = family(spec)
+        built += 1
         for seed in range(40):
             task = env.make_task(seed)
             assert "Always call" not in task.system_prompt
             for rid, record in task.state["entities"].items():
-                assert any(re.match(f["regex"], rid) for f in id_format), rid
+                for id_format in formats:  # the action's, the lookup's, the record's
+                    assert any(re.match(f["regex"], rid) for f in id_format), rid
                 assert record["reservation_id"] == rid
                 assert record["flight_type"] in {"round_trip", "one_way"}
                 assert record["cabin"] in {r["cabin"] for r in recorded}
@@ -170,6 +177,7 @@ def test_airline_records_hold_what_the_traces_showed(airline):
                 assert datetime(2024, 5, 1) <= created <= datetime(2024, 5, 28)
                 assert datetime(2024, 6, 1) <= departure <= datetime(2024, 6, 28)
                 assert 80 <= record["total_price"] <= 900
+    assert built >= 4  # tool_order, budget, exact_arguments, verify_before_finish at least
 
 
 # The seat agent: the second bullet ------------------------------------------------------
