@@ -118,6 +118,7 @@ class ChainEnvironment(Environment):
         self.action_schema = self.catalog.tools[self.roles.action]
         self._id_schemas = self._entity_id_schemas()
         self._owner_ids = self._owner_id_schemas()
+        self._planted: dict[tuple[str, str, int], Any] = {}
 
     def _entity_id_schemas(self) -> tuple[ArgSchema | None, ...]:
         """Every schema an entity id must satisfy: the action's id argument, the lookup's, and
@@ -406,13 +407,7 @@ class ChainEnvironment(Environment):
                 count = 2 + min(int(self.knobs.get("distractors", 1)), 2)
             if arg.type == "array" and count < 2:
                 count = 2
-        # the values sit in the source record and, where the write stores them, in the
-        # record it acts on: they must suit both fields as well as the argument
-        wanted = [shape_at(shape, tokens)]
-        stored = self.world.sets.get(arg.name)
-        if stored and self.roles.lookup:
-            wanted.append(shape_at(self.catalog.tools[self.roles.lookup].result, stored))
-        also = [ArgSchema(arg.name, formats=f["formats"]) for f in wanted if f.get("formats")]
+        wanted, also = self._planted_fields(arg, shape, path)
         if arg.formats or arg.type == "string":
 
             def make() -> Any:
@@ -430,6 +425,25 @@ class ChainEnvironment(Environment):
                 return builder.gen.argument(arg)
 
         return [make() for _ in range(count)]
+
+    def _planted_fields(
+        self, arg: ArgSchema, shape: Mapping[str, Any], path: str
+    ) -> tuple[list[Mapping[str, Any]], list[ArgSchema]]:
+        """The fields a value planted for `arg` at `path` sits in: the source record's and,
+        where the write stores it, the acted-on record's (the value must suit both as well as
+        the argument); and their formats as schemas for `new_id`. Cached: ids are compiled
+        once per schema."""
+        key = (arg.name, path, id(shape))
+        cached = self._planted.get(key)
+        if cached is not None:
+            return cached
+        wanted = [shape_at(shape, path_tokens(path))]
+        stored = self.world.sets.get(arg.name)
+        if stored and self.roles.lookup:
+            wanted.append(shape_at(self.catalog.tools[self.roles.lookup].result, stored))
+        also = [ArgSchema(arg.name, formats=f["formats"]) for f in wanted if f.get("formats")]
+        self._planted[key] = (wanted, also)
+        return wanted, also
 
     @staticmethod
     def _choose(rng: random.Random, arg: ArgSchema, values: list[Any]) -> Any:
