@@ -8,7 +8,8 @@ record asked for, a write sets what its arguments name and answers in the record
 no prompt states the answer, no request asks for "the one on the record".
 
 Worlds are built from the demo shop's runs, the seat agent of issue 14, a small airline-like
-agent written here, and the AgentRx tau-retail runs (skipped where ../shared/data is absent).
+agent written here, and the AgentRx tau-retail and tau2 retail runs (skipped where
+../shared/data is absent).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from tracegym.synthesis.world import (
 
 pytestmark = pytest.mark.timeout(120)
 
-RETAIL = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "agentrx-tau-retail"
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+RETAIL = DATA / "agentrx-tau-retail"
+TAU2 = DATA / "tau2-retail-telecom"
 CHAIN = [f for f in FAMILIES.values() if f is not RequestedActionEnv]
 
 
@@ -243,16 +246,30 @@ def _retail_catalog(tmp_path_factory) -> Catalog:
     return catalog_from_store(home)
 
 
+def _tau2_catalog(tmp_path_factory) -> Catalog:
+    """tau2 retail: its orders show `exchange_items: null` until an exchange fills them."""
+    runs = TAU2 / "gpt-4.1_retail_default_gpt-4.1_1trials.json"
+    if not runs.exists():
+        pytest.skip(f"shared data absent: {runs} (tau2 retail)")
+    from tracegym.store.importers import import_path
+    from tracegym.synthesis.spec import catalog_from_store
+
+    home = tmp_path_factory.mktemp("tau2")
+    import_path("tau2-bench", runs, home)
+    return catalog_from_store(home)
+
+
 SOURCES = {
     "demo": (_demo_catalog, "cancel_order"),
     "tau-retail": (_retail_catalog, "exchange_delivered_order_items"),
+    "tau2-retail": (_tau2_catalog, "exchange_delivered_order_items"),
 }
 
 
 @pytest.fixture(scope="module", params=sorted(SOURCES))
 def world(request, tmp_path_factory):
     make, action = SOURCES[request.param]
-    catalog = make(tmp_path_factory) if make is _retail_catalog else make()
+    catalog = make() if make is _demo_catalog else make(tmp_path_factory)
     envs = []
     for family in CHAIN:
         try:
