@@ -64,7 +64,8 @@ class ToolWorld:
 
     Public state (what the verifier hashes): `owners`, `entities`, `memory`, `writes`. Keys that
     start with `_` are the backend's own bookkeeping (finder attributes, flaky reads, silent
-    failures) and never reach the hash.
+    failures) and never reach the hash. A read returns the record asked for; the action stores
+    what its arguments name and answers in its recorded result shape.
     """
 
     def __init__(
@@ -85,11 +86,10 @@ class ToolWorld:
         for n, schema in self.schemas.items():
             pairs = [(a, echo_field(schema, a)) for a in schema.arguments]
             self.echoes[n] = [(a, f) for a, f in pairs if f]
-        self.sets = self._write_paths()
-        self.fills = write_fills(catalog, roles) if roles.action in self.schemas else {}
-
-    def _write_paths(self) -> dict[str, list[str]]:
-        return write_paths(self.catalog, self.roles) if self.roles.action in self.schemas else {}
+        # what the action stores in the record it acts on (see `write_paths`, `write_fills`)
+        acts = roles.action in self.schemas
+        self.sets = write_paths(catalog, roles) if acts else {}
+        self.fills = write_fills(catalog, roles) if acts else {}
 
     def json_schemas(self) -> list[dict[str, Any]]:
         out = []
