@@ -7,7 +7,8 @@ synthesis copies what every successful run of the agent shares:
 
 | convention    | mined from                                                  | e.g.              |
 |---------------|-------------------------------------------------------------|-------------------|
-| system_prompt | `gen_ai.system_instructions` on the agent's chat spans      | the shop's rules  |
+| system_prompt | `gen_ai.system_instructions` on the agent's chat spans, else | the shop's rules  |
+|               | the system message of their `gen_ai.input.messages`         |                   |
 | tools         | `gen_ai.tool.definitions` on the agent's chat spans         | its tool list     |
 | opening       | the tool calls nearly every successful run starts with      | `find_user`       |
 | lookups       | the read on the same id accepted writes follow (per id arg) | `get_order` first |
@@ -87,6 +88,18 @@ def instructions_text(value: Any) -> str:
             if not isinstance(p, Mapping) or p.get("type", "text") == "text"
         ]
         return "\n".join(p for p in parts if p).strip()
+    return ""
+
+
+def system_message(messages: Any) -> str:
+    """The text of the system message a chat's recorded input starts with (importers of
+    OpenAI-style runs record the agent's instructions there), or ""."""
+    data = parse_json(messages) if isinstance(messages, str) else messages
+    if not isinstance(data, list):
+        return ""
+    for message in data[:2]:
+        if isinstance(message, Mapping) and message.get("role") in ("system", "developer"):
+            return instructions_text(message.get("content"))
     return ""
 
 
@@ -225,9 +238,10 @@ def conventions_from_store(home: str | Path) -> Conventions:
             [agent],
         ).fetchall()
         chats = store.sql(
-            "SELECT trace_id, any_value(attributes->>?), any_value(attributes->>?) FROM spans "
+            "SELECT trace_id, any_value(attributes->>?), any_value(attributes->>?), "
+            "arg_min(attributes->>?, start_time) FROM spans "
             f"WHERE operation = ? AND trace_id IN ({mine}) GROUP BY trace_id",
-            [sc.SYSTEM_INSTRUCTIONS, sc.TOOL_DEFINITIONS, sc.OP_CHAT, agent],
+            [sc.SYSTEM_INSTRUCTIONS, sc.TOOL_DEFINITIONS, sc.INPUT_MESSAGES, sc.OP_CHAT, agent],
         ).fetchall()
     runs = {trace_id: Run([], success=bool(success)) for trace_id, success in judged}
     for trace_id, tool, arguments, status, error_type in calls:
@@ -238,12 +252,19 @@ def conventions_from_store(home: str | Path) -> Conventions:
                 "error": status == "ERROR" or error_type is not None,
             }
         )
-    for trace_id, instructions, definitions in chats:
+    for trace_id, instructions, definitions, first_input in chats:
         run = runs.setdefault(trace_id, Run([]))
-        run.system_instructions = instructions_text(instructions)
+        run.system_instructions = instructions_text(instructions) or system_message(first_input)
         tools = parse_json(definitions)
         run.tool_definitions = list(tools) if isinstance(tools, list) else []
     return mine_conventions(list(runs.values()), agent=str(agent))
 
 
-__all__ = ["Conventions", "Run", "conventions_from_store", "instructions_text", "mine_conventions"]
+__all__ = [
+    "Conventions",
+    "Run",
+    "conventions_from_store",
+    "instructions_text",
+    "mine_conventions",
+    "system_message",
+]

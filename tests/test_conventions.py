@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from tracegym.synthesis.base import run_actions
-from tracegym.synthesis.conventions import Conventions, Run, instructions_text, mine_conventions
+from tracegym.synthesis.conventions import (
+    Conventions,
+    Run,
+    instructions_text,
+    mine_conventions,
+    system_message,
+)
 from tracegym.synthesis.families import build_spec
 from tracegym.synthesis.fixtures import gap, shop_traces
 from tracegym.synthesis.registry import from_spec
-from tracegym.synthesis.spec import infer_catalog
+from tracegym.synthesis.spec import catalog_from_store, infer_catalog
 from tracegym.synthesis.validity import check_environment
 
+RETAIL = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "agentrx-tau-retail"
 ACTION = "cancel_pending_order"
 PROMPT = "You are the shop's agent. Always find the customer first."
 TOOLS = [
@@ -107,3 +116,26 @@ def test_lookups_are_learnt_per_id_argument_and_cover_writes_never_seen():
     mined = mine_conventions(runs(tool_definitions=never_called))
     assert mined.lookups["refund_order"] == "get_order_details"  # it takes an order_id too
     assert "update_address" not in mined.lookups  # no accepted write shows a read by user_id
+
+
+def test_the_system_message_of_the_recorded_chat_is_the_agents_instructions():
+    messages = [{"role": "system", "content": "Cancel only pending orders."},
+                {"role": "user", "content": "hi"}]  # fmt: skip
+    assert system_message(messages) == "Cancel only pending orders."
+    assert system_message('[{"role": "user", "content": "hi"}]') == ""
+    assert system_message("not json") == ""
+
+
+def test_imported_runs_give_their_system_message_as_the_prompt(tmp_path):
+    runs = RETAIL / "tau_dataset_full.json"
+    if not runs.exists():
+        pytest.skip(f"shared data absent: {runs} (AgentRx tau-retail)")
+    from tracegym.store.importers import import_path
+    from tracegym.synthesis.conventions import conventions_from_store
+
+    import_path("tau-bench", runs, tmp_path)
+    conventions = conventions_from_store(tmp_path)
+    assert conventions.system_prompt.startswith("# Retail agent policy")
+    spec = build_spec(gap("wrong_tool_order", ["cancel_pending_order"]),
+                      catalog_from_store(tmp_path), conventions)  # fmt: skip
+    assert from_spec(spec).make_task(0).system_prompt.startswith("# Retail agent policy")
