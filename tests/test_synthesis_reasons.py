@@ -5,8 +5,8 @@ dashboard's environments page (its name escaped: gap names come from traces).
 Reproduction: in the demo store's nightly, "synthesize: done - environments=[]", the reasons
 only visible when rerunning `synthesize` by hand.
 
-One home serves: gaps.json holds a gap a family builds from its argument patterns, a gap of a
-detector no family serves (its name an HTML payload), and a record naming no detector.
+One home serves: gaps.json holds a gap a family builds from the shop's recorded calls, a gap of
+a detector no family serves (its name an HTML payload), and a record naming no detector.
 """
 
 from __future__ import annotations
@@ -18,23 +18,30 @@ from typing import Any
 
 import pytest
 from tracegym.synthesis import pipeline
-from tracegym.synthesis.fixtures import gap
+from tracegym.synthesis.fixtures import gap, shop_traces
 from tracegym.synthesis.pipeline import StopStage, last_synthesis, synthesize
+from tracegym.synthesis.spec import infer_catalog
 from tracegym.synthesis.validity import Check, ValidityReport
 
 pytestmark = pytest.mark.timeout(60)
 
 DATE = "2026-02-03"
 XSS = '<img src=x onerror="window.__xss = 1">'
-BUILDS = gap(
-    "wrong_tool_order",
-    ["get_order", "refund_order"],
-    argument_patterns=["refund_order(order_id=<id>)", "get_order(order_id=<id>)"],
-)
-NO_FAMILY = {**gap("my_custom_detector", ["refund_order"]), "name": XSS}
+BUILDS = gap("wrong_tool_order", ["get_order_details", "cancel_pending_order"])
+NO_FAMILY = {**gap("my_custom_detector", ["cancel_pending_order"]), "name": XSS}
 NO_DETECTOR = {**gap("wrong_tool_order", ["send_reply"]), "id": "gap-cluster", "detector": None,
                "key": "cluster:7", "kind": "cluster"}  # fmt: skip
 FAST = {"n_train": 5, "n_heldout": 5, "validity_seeds": 20}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def recorded_shop():
+    """The shop's recorded calls and results stand in for each home's trace store: a world is
+    built only from tools whose results (so whose writes' effects) the traces show."""
+    catalog = infer_catalog(shop_traces(40))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pipeline, "_store_catalog", lambda home: catalog)
+        yield
 
 
 def write_gaps(home: Path, gaps: list[dict[str, Any]]) -> Path:
