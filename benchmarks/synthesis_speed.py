@@ -28,7 +28,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from tracegym.analysis.detector_names import (
+    FORBIDDEN_ACTION,
+    MISSED_ACTION,
+    WRONG_AMOUNT,
+    WRONG_LIST,
+)
 from tracegym.analysis.pipeline import analyze
 from tracegym.synthesis.conventions import conventions_from_store
 from tracegym.synthesis.families import FAMILIES, RequestedActionEnv, build_spec
@@ -43,12 +50,17 @@ SERVED = 0.25  # the share of address changes the demo shop's agent does make
 
 
 def chain_specs(catalog: Catalog, action: str) -> list[EnvironmentSpec]:
-    """One spec per chain family, from a fixture gap naming `action`."""
-    return [
-        build_spec(gap(family.detectors[0], [action]), catalog)
-        for family in FAMILIES.values()
-        if family is not RequestedActionEnv
-    ]
+    """One spec per chain family that builds from a fixture gap naming `action` (the families
+    built from mined rules refuse a fixture gap, which has none: said, not timed)."""
+    specs = []
+    for family in FAMILIES.values():
+        if family is RequestedActionEnv:
+            continue
+        try:
+            specs.append(build_spec(gap(family.detectors[0], [action]), catalog))
+        except NotSynthesizable as exc:
+            print(f"  {family.family}: not built ({str(exc)[:80]})")
+    return specs
 
 
 def demo_shop_runs(n: int) -> list[dict]:
@@ -75,6 +87,53 @@ def demo_shop_runs(n: int) -> list[dict]:
     return runs
 
 
+def rule_specs(analysis: Any, catalog: Any, conventions: Any) -> list[EnvironmentSpec]:
+    """Specs of the families built from mined rules (policy_action, amount, list_selection), from
+    the store's own findings: one gap per rule-mining detector, kept or not (`synthesis_real`'s
+    forced gaps), since a fixture gap carries no rule."""
+    from tracegym.benchmarks.synthesis_real import forced_gaps
+
+    gaps, _ = forced_gaps(analysis, (FORBIDDEN_ACTION, MISSED_ACTION, WRONG_AMOUNT, WRONG_LIST))
+    specs = []
+    for g in gaps + [g for g in analysis.gaps if g.rules]:
+        try:
+            specs.append(build_spec(g, catalog, conventions))
+        except NotSynthesizable as exc:
+            print(f"  {g.detector}: not built ({str(exc)[:80]})")
+    return specs
+
+
+def list_specs(analysis: Any, catalog: Any, conventions: Any) -> list[EnvironmentSpec]:
+    """list_selection specs from every list rule wrong_list mines on the store (a rule without a
+    finding makes no gap: built from the rule alone, as its tests do)."""
+    from tracegym.analysis.detectors.list_args import WrongListArgument
+    from tracegym.analysis.gap import Gap
+
+    detector = WrongListArgument().fit(analysis.runs)
+    specs = []
+    for (tool, arg), rule in sorted(detector.mined_.items()):
+        g = Gap(id=f"gap-{tool}-{arg}", name=f"{tool}.{arg}", key=f"{WRONG_LIST}:{tool}.{arg}",
+                kind="finding", detector=WRONG_LIST, tools=(tool,), rules=(rule,))  # fmt: skip
+        try:
+            specs.append(build_spec(g, catalog, conventions))
+        except NotSynthesizable as exc:
+            print(f"  list rule {tool}.{arg}: not built ({str(exc)[:80]})")
+    return specs[:1]
+
+
+def planted_specs(seed: int) -> list[EnvironmentSpec]:
+    """The rule families' specs from a generated agent with planted causes (`tests/fixtures/
+    planted.py`; seed 9 plants a wrong amount and a policy-forbidden action)."""
+    from tracegym.benchmarks.planted_causes import ExactSignatures
+    from tracegym.tests.fixtures import planted
+
+    with tempfile.TemporaryDirectory(prefix="tracegym-bench-") as tmp:
+        home = Path(tmp)
+        planted.generate(home, seed)
+        analysis = analyze(home, embedder=ExactSignatures(), write=False)
+        return rule_specs(analysis, catalog_from_store(home), conventions_from_store(home))
+
+
 def analysed_specs(home: Path) -> tuple[list[EnvironmentSpec], str]:
     """The requested_action specs of the gaps `analyze` finds in the store under `home`, built
     as `tracegym synthesize` builds them (tools and conventions mined from the store); when
@@ -85,13 +144,14 @@ def analysed_specs(home: Path) -> tuple[list[EnvironmentSpec], str]:
     found = [g for g in analysis.gaps if g.detector in RequestedActionEnv.detectors]
     print(f"  analyze: {len(analysis.runs)} runs ({len(analysis.failed)} failed) -> "
           f"{len(analysis.gaps)} gap(s), {len(found)} unserved_request, {took:.1f}s")  # fmt: skip
-    if not found:
-        flagged = sum(f.detector == REQUESTED_BY for fs in analysis.findings.values() for f in fs)
-        return [], (f"analysis of its {len(analysis.runs)} runs finds no unserved_request gap "
-                    f"({flagged} unserved_request findings)")  # fmt: skip
     catalog = catalog_from_store(home)
     conventions = conventions_from_store(home)
-    specs, reasons = [], []
+    specs = rule_specs(analysis, catalog, conventions)
+    if not found:
+        flagged = sum(f.detector == REQUESTED_BY for fs in analysis.findings.values() for f in fs)
+        return specs, (f"analysis of its {len(analysis.runs)} runs finds no unserved_request gap "
+                       f"({flagged} unserved_request findings)")  # fmt: skip
+    reasons = []
     for g in found:
         try:
             specs.append(build_spec(g, catalog, conventions))
@@ -177,6 +237,7 @@ def main() -> int:
             import_path("tau-bench", RETAIL / "tau_dataset_full.json", home)
             catalog = catalog_from_store(home)
             specs, why = analysed_specs(home)
+            specs += list_specs(analyze(home, write=False), catalog, conventions_from_store(home))
         rows = measure(chain_specs(catalog, "exchange_delivered_order_items") + specs,
                        args.tasks, args.episodes)  # fmt: skip
         ok &= report("AgentRx tau-retail tools as recorded (exchange_delivered_order_items)",
@@ -186,6 +247,11 @@ def main() -> int:
             print(f"{REQUESTED:22s} not built: {why}")
     elif not args.no_retail:
         print(f"\n(skipped the retail tools: {RETAIL} is absent)")
+
+    print("\nplanted agent, seed 9 (tests/fixtures/planted.py): the rule families")
+    rows = measure(planted_specs(9), args.tasks, args.episodes)
+    ok &= report("planted seed 9, gaps' mined rules", rows, args.tasks)
+    measured |= {r[0] for r in rows}
 
     missing = [f for f in FAMILIES if f not in measured]
     if missing:
