@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import EnvironmentSpec, is_id_value
 from tracegym.synthesis.world import (
     ToolError,
@@ -56,11 +57,15 @@ class Task:
     seed: int
     instruction: str
     state: dict[str, Any]
-    goal: dict[str, Any]
+    goal: Goal
     oracle: list[Action]
     max_steps: int
     system_prompt: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.goal, Goal):  # a mapping of its parts (TypeError on a typo)
+            self.goal = Goal.from_dict(self.goal)
 
     def fingerprint(self) -> str:
         """The same for the same task, whatever the seed that made it."""
@@ -229,14 +234,14 @@ class Environment:
 
     def expected_state_hash(self, task: Task) -> str:
         """The digest of the final state the oracle reaches (cached in `task.goal`)."""
-        if "state_hash" not in task.goal:
+        if task.goal.state_hash is None:
             state = self.fork_state(task.state)
             for action in task.oracle:
                 if "name" in action:
                     with contextlib.suppress(ToolError):
                         self.call_tool(state, action["name"], action.get("arguments", {}))
-            task.goal["state_hash"] = digest(public_state(state))
-        return task.goal["state_hash"]
+            task.goal.state_hash = digest(public_state(state))
+        return task.goal.state_hash
 
     def reset(
         self,
@@ -343,19 +348,9 @@ class Environment:
     def verify(self, episode: Episode) -> Verdict:
         """Score an episode from the final state and the actions taken.
 
-        `Task.goal` keys (all optional):
-          state_hash        digest of the expected final public state (default: derived by
-                            replaying the oracle, see `expected_state_hash`)
-          required_calls    [{"name", "arguments"}] that must have run (exact arguments)
-          forbidden_calls   [{"name", "arguments"?}] that must not have run
-          opening           tool names the episode's first successful calls must be, in order
-          order             [[before, after]]: the first `after` call comes after a `before`
-          verify_after      [[check, write]]: a successful `check` after the last `write`
-          grounded          every id-like argument value was seen before it was used
-          max_invalid       at most this many invalid invocations
-          memory_excludes   strings no memory note may contain
-          answer_includes   strings the final answer must contain (case-insensitive)
-          answer_excludes   strings it must not contain
+        `Task.goal` is a `Goal` (synthesis/goal.py: required and forbidden calls, opening, order,
+        verify_after, grounded, max_invalid, memory, answer includes/excludes, amounts); its
+        `state_hash` defaults to the state the oracle reaches (`expected_state_hash`).
         Reward: 0.6 x share of action checks passed + 0.4 x share of communication checks.
         """
         goal = episode.task.goal
@@ -383,7 +378,7 @@ class Environment:
             if same
             else "the final state differs from the expected one",
         )
-        for pattern in goal.get("required_calls", []):
+        for pattern in goal.required_calls:
             ok = any(call_matches(c, pattern) for c in done_calls)
             add(
                 "required_call",
@@ -391,7 +386,7 @@ class Environment:
                 ok,
                 f"{_describe(pattern)} {'was' if ok else 'was not'} called",
             )
-        for pattern in goal.get("forbidden_calls", []):
+        for pattern in goal.forbidden_calls:
             ok = not any(call_matches(c, pattern) for c in done_calls)
             add(
                 "forbidden_call",
@@ -399,7 +394,7 @@ class Environment:
                 ok,
                 f"{_describe(pattern)} {'was not' if ok else 'was'} called",
             )
-        opening = list(goal.get("opening", []))
+        opening = list(goal.opening)
         if opening:
             head = [c.get("name") for c in done_calls[: len(opening)]]
             add(
@@ -409,7 +404,7 @@ class Environment:
                 f"the episode {'opened' if head == opening else 'did not open'} with "
                 + ", ".join(opening),
             )
-        for before, after in goal.get("order", []):
+        for before, after in goal.order:
             first_after = next(
                 (i for i, c in enumerate(done_calls) if call_matches(c, after)), None
             )
@@ -422,7 +417,7 @@ class Environment:
                 ok,
                 f"{_describe(before)} {'came' if ok else 'did not come'} before {_describe(after)}",
             )
-        for check, write in goal.get("verify_after", []):
+        for check, write in goal.verify_after:
             last = max(
                 (i for i, c in enumerate(done_calls) if call_matches(c, write)), default=None
             )
@@ -434,7 +429,7 @@ class Environment:
                 f"{_describe(check)} "
                 f"{'checked' if ok else 'did not check'} the result of {_describe(write)}",
             )
-        if goal.get("grounded"):
+        if goal.grounded:
             unseen = self._ungrounded(episode)
             add(
                 "grounded",
@@ -444,16 +439,16 @@ class Environment:
                 if not unseen
                 else f"used {unseen[0]!r} before any message or tool result showed it",
             )
-        if goal.get("max_invalid") is not None:
+        if goal.max_invalid is not None:
             n = episode.invalid
             add(
                 "valid_calls",
                 "action",
-                n <= goal["max_invalid"],
-                f"{n} invalid invocation(s) (at most {goal['max_invalid']})",
+                n <= goal.max_invalid,
+                f"{n} invalid invocation(s) (at most {goal.max_invalid})",
             )
         memory = json.dumps(episode.state.get("memory", {}), ensure_ascii=False)
-        for text in goal.get("memory_excludes", []):
+        for text in goal.memory_excludes:
             ok = not contains_token(memory, str(text))
             add(
                 "memory",
@@ -463,7 +458,7 @@ class Environment:
             )
         answer = _norm(episode.answer or "")
         add("answered", "communication", bool(answer), "the answer is not empty")
-        for text in goal.get("answer_includes", []):
+        for text in goal.answer_includes:
             ok = _norm(str(text)) in answer
             add(
                 "answer_includes",
@@ -471,7 +466,7 @@ class Environment:
                 ok,
                 f"the answer {'mentions' if ok else 'does not mention'} {text!r}",
             )
-        for text in goal.get("answer_excludes", []):
+        for text in goal.answer_excludes:
             ok = _norm(str(text)) not in answer
             add(
                 "answer_excludes",

@@ -75,7 +75,7 @@ def test_environments_follow_the_agents_conventions(catalog, detector):
     assert task.system_prompt.startswith(PROMPT)
     assert not plain.make_task(5).system_prompt.startswith(PROMPT)
     names = [a.get("name") for a in task.oracle]
-    opening = task.goal["opening"]
+    opening = task.goal.opening
     assert names[: len(opening)] == opening and opening[0] == "find_user_id_by_email"
     assert "email" in task.instruction  # the user says who they are
     for i, name in enumerate(names):  # every write follows its lookup on the same order

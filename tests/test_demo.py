@@ -179,7 +179,7 @@ def test_every_stage_ran_and_left_valid_artifacts(demo_home):
         assert task.system_prompt.startswith(RULES)
         if env.family == "requested_action":
             assert "Hi, my email is" in task.instruction  # the users' own wording
-        assert task.oracle[0]["name"] == "find_user" and task.goal["opening"] == ["find_user"]
+        assert task.oracle[0]["name"] == "find_user" and task.goal.opening == ["find_user"]
         assert {s["function"]["name"]: s for s in env.tool_schemas()}["find_user"] in TOOL_SCHEMAS
     # training + evaluation: an adapter per environment, each with an evaluation row
     metas = adapters.list_adapters(home)

@@ -194,7 +194,7 @@ def test_every_form_gives_a_valid_environment(relation):
     assert report.ok, report.failures
     for seed in range(10):
         task = env.make_task(seed)
-        for t, amount in task.goal["amounts"].items():
+        for t, amount in task.goal.amounts.items():
             assert amount == pytest.approx(relation.value(task.state["entities"][t]), abs=0.005)
 
 
@@ -258,7 +258,7 @@ def test_the_prompt_never_states_the_relation(planted):
         task = env.make_task(seed)
         shown = f"{task.system_prompt}\n{task.instruction}".lower()
         assert not [w for w in words if w in shown], shown
-        for amount in task.goal["amounts"].values():
+        for amount in task.goal.amounts.values():
             assert f"{amount:.2f}" not in shown
     # the users' own wording: a recorded request with the record and the customer as slots
     template = env.spec.extra["amount"]["template"]
@@ -290,7 +290,7 @@ def test_a_sum_over_the_items_is_drawn_item_by_item():
     low, high = prices["properties"]["price"]["min"], prices["properties"]["price"]["max"]
     for seed in range(10):
         task = env.make_task(seed)
-        for t, amount in task.goal["amounts"].items():
+        for t, amount in task.goal.amounts.items():
             items = task.state["entities"][t]["items"]
             assert len(items) == env.knobs["items"]
             assert all(low <= x["price"] <= high for x in items)

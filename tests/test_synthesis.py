@@ -137,8 +137,8 @@ def _mistake(env: ChainEnvironment, seed: int) -> list[dict]:
                                                  r.id_arg: guess}},
                 oracle[-1]]  # fmt: skip
     if detector == "poisoned_memory":  # copy the stale note instead of re-checking it
-        key = next(iter(task.goal["memory_includes"]))
-        stale = task.goal["memory_excludes"][0]
+        key = next(iter(task.goal.memory_includes))
+        stale = task.goal.memory_excludes[0]
         return [a if a.get("name") != "update_memory"
                 else {"name": "update_memory", "arguments": {"key": key, "content": stale}}
                 for a in oracle]  # fmt: skip
@@ -176,7 +176,7 @@ def test_family_end_to_end(catalog, detector, action):
 def test_tool_order_uses_the_mined_pair(catalog):
     env = make_env(catalog, "wrong_tool_order", ["get_user_details", "get_order_details"])
     task = env.make_task(0)
-    before, after = task.goal["order"][0]
+    before, after = task.goal.order[0]
     assert (before["name"], after["name"]) == ("get_user_details", "get_order_details")
     assert "my pending order with the" in task.instruction  # the user cannot give the order id
 
@@ -184,10 +184,10 @@ def test_tool_order_uses_the_mined_pair(catalog):
 def test_refused_targets_must_be_left_alone(catalog):
     env = make_env(catalog, "wrong_tool_order", [ACTION], targets=2, refused=1)
     task = env.make_task(4)
-    assert len(task.goal["forbidden_calls"]) == 1
-    refused = task.goal["forbidden_calls"][0]["arguments"]["order_id"]
+    assert len(task.goal.forbidden_calls) == 1
+    refused = task.goal.forbidden_calls[0]["arguments"]["order_id"]
     status = task.state["entities"][refused]["status"]
-    assert status != "pending" and status in task.goal["answer_includes"]
+    assert status != "pending" and status in task.goal.answer_includes
     acting = [a for a in task.oracle if "answer" not in a] + [
         {"name": ACTION, "arguments": {"order_id": refused, "reason": "no longer needed"}},
         task.oracle[-1]]  # fmt: skip

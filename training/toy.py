@@ -22,6 +22,7 @@ import random
 from typing import Any
 
 from tracegym.synthesis.base import Environment, Task
+from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import EnvironmentSpec
 from tracegym.synthesis.world import ToolError
 
@@ -53,14 +54,14 @@ class PressEnv(_ColorEnv):
             seed=seed,
             instruction=f"Ticket {rng.getrandbits(24):06x}: please press the {color} button.",
             state={"pressed": []},
-            goal={
-                "required_calls": [{"name": "press", "arguments": {"color": color}}],
-                "forbidden_calls": [
+            goal=Goal(
+                required_calls=[{"name": "press", "arguments": {"color": color}}],
+                forbidden_calls=[
                     {"name": "press", "arguments": {"color": c}} for c in colors if c != color
                 ],
-                "answer_includes": ["done"],
-                "answer_excludes": ["not done"],
-            },
+                answer_includes=["done"],
+                answer_excludes=["not done"],
+            ),
             oracle=[{"name": "press", "arguments": {"color": color}}, {"answer": "done"}],
             max_steps=int(self.knobs["max_steps"]),
             system_prompt=SYSTEM,
@@ -120,10 +121,10 @@ class PickEnv(_ColorEnv):
             seed=seed,
             instruction=f"Ticket {rng.getrandbits(24):06x}: which button? The {color} one.",
             state={},
-            goal={
-                "answer_includes": [color],
-                "answer_excludes": [c for c in colors if c != color],
-            },
+            goal=Goal(
+                answer_includes=[color],
+                answer_excludes=[c for c in colors if c != color],
+            ),
             oracle=[{"answer": color}],
             max_steps=int(self.knobs["max_steps"]),
             system_prompt=PICK_SYSTEM,

@@ -12,6 +12,13 @@ own tools.
 | exact_arguments      | ids, amounts, lists in the exact recorded format   | invalid_invocation   |
 | requested_action     | calling the tool the user asked for, in the users' | unserved_request     |
 |                      | own wording (needs no recorded call of it)         |                      |
+| policy_action        | acting only where the mined state rules allow it   | forbidden_action,    |
+|                      |                                                    | missed_action        |
+| amount               | the amount the mined relation gives on the record  | wrong_amount         |
+| list_selection       | the right elements of a looked-up record           | wrong_list           |
+
+The last three are built only from the rules the diagnosis mined from the agent's successful
+runs (`Gap.rules`), and refuse a gap without one.
 
 Every chain family runs on the same simulated backend (`synthesis.world`): the user asks for the
 gap's write tool (the *action*) on one or more records; lookups return records generated from

@@ -34,6 +34,7 @@ from tracegym.analysis.detectors.amounts import AmountRule
 from tracegym.analysis.gap import Gap, GapRequest, MinedRule
 from tracegym.synthesis.base import Action, Episode, Task
 from tracegym.synthesis.families.chain import ChainEnvironment, Ctx, human, join_and
+from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import Catalog, EnvironmentSpec
 from tracegym.synthesis.wording import MIN_REQUESTS
 from tracegym.synthesis.world import (
@@ -287,12 +288,12 @@ class AmountEnv(ChainEnvironment):
         }
         expected = {t: self.written(amounts[t]) for t in ctx.targets}
         oracle: list[Action] = []
-        goal: dict[str, Any] = {"required_calls": [], "answer_includes": list(ctx.targets)}
+        goal = Goal(required_calls=[], answer_includes=list(ctx.targets))
         for t in ctx.targets:
-            goal["required_calls"].append(self.action_call(ctx, t))  # the record, any amount
+            goal.required_calls.append(self.action_call(ctx, t))  # the record, any amount
             ctx.calls[t][self.argument] = expected[t]
             oracle += [self.lookup_call(t), self.action_call(ctx, t)]
-        goal["amounts"] = {t: float(parse_number(v) or 0.0) for t, v in expected.items()}
+        goal.amounts = {t: float(parse_number(v) or 0.0) for t, v in expected.items()}
         oracle.append({"answer": self.amount_answer(ctx, expected)})
         return self.build_task(seed, ctx, self.instruction(ctx), goal, oracle)
 
@@ -313,7 +314,7 @@ class AmountEnv(ChainEnvironment):
         return "; ".join(parts) + "."
 
     def extra_checks(self, episode: Episode) -> list[dict[str, Any]]:
-        wanted: Mapping[str, float] = episode.task.goal.get("amounts") or {}
+        wanted: Mapping[str, float] = episode.task.goal.amounts or {}
         r = self.roles
         done = [s["action"] for s in episode.calls if not s.get("error")]
         answer = numbers_in([episode.answer or ""])

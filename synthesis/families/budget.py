@@ -9,6 +9,7 @@ from tracegym.synthesis.base import Action, Task
 from tracegym.synthesis.families.chain import (
     ChainEnvironment,
 )
+from tracegym.synthesis.goal import Goal
 
 _NOT_LOOKUPS = ("think", "calculate", "compute")
 
@@ -57,20 +58,20 @@ class BudgetEnv(ChainEnvironment):
         ctx = self.world_ctx(seed, n_targets=n, n_entities=n + d)
         r = self.roles
         oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []
-        goal: dict[str, Any] = {"required_calls": [], "answer_includes": [], "forbidden_calls": []}
+        goal = Goal(required_calls=[], answer_includes=[], forbidden_calls=[])
         done, refused = [], []
         for t in ctx.targets:
             oracle.append(self.lookup_call(t))
             if self.allowed(ctx, t):
                 oracle.append(self.action_call(ctx, t))
-                goal["required_calls"].append(self.action_call(ctx, t))
+                goal.required_calls.append(self.action_call(ctx, t))
                 done.append(t)
             else:
-                goal["forbidden_calls"].append({"name": r.action, "arguments": {r.id_arg: t}})
+                goal.forbidden_calls.append({"name": r.action, "arguments": {r.id_arg: t}})
                 refused.append(t)
-            goal["answer_includes"].append(t)
+            goal.answer_includes.append(t)
         for other in ctx.entities[n:]:
-            goal["forbidden_calls"].append({"name": r.action, "arguments": {r.id_arg: other}})
+            goal.forbidden_calls.append({"name": r.action, "arguments": {r.id_arg: other}})
         oracle.append({"answer": self.answer(ctx, done, refused)})
         side = []
         others = self._side_reads()

@@ -7,12 +7,13 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tracegym.analysis.gap import Gap
 from tracegym.synthesis.base import Action, Environment, Task
 from tracegym.synthesis.conventions import Conventions
+from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec
 from tracegym.synthesis.world import (
     LABEL_NAMES,
@@ -196,11 +197,18 @@ class ChainEnvironment(Environment):
                 f"no recorded read tool returns the record {roles.action} acts on "
                 f"(none takes {roles.id_arg}), so there is nothing to look up first"
             )
-        cls.require_effects(roles, catalog)
+        shown = catalog.tools.get(roles.lookup)
+        if shown is None or not (shown.result.get("properties") or shown.result.get("items")):
+            raise NotSynthesizable(
+                f"no recorded result of {roles.lookup} shows the {roles.entity_noun}'s record "
+                "(the traces hold its calls only): a world would invent every field of it"
+            )
 
     @classmethod
     def require_effects(cls, roles: Roles, catalog: Catalog) -> None:
-        """Raise NotSynthesizable when nothing a lookup shows is known to change by the action."""
+        """Raise NotSynthesizable when nothing a lookup shows is known to change by the action (for
+        a family whose lookup after the write must tell whether it took effect). Elsewhere such
+        a write is logged (`state["writes"]`), never shown as a change the traces never showed."""
         changes, fields = write_effects(roles, catalog)
         if not changes and not fields:
             raise NotSynthesizable(
@@ -578,7 +586,7 @@ class ChainEnvironment(Environment):
         seed: int,
         ctx: Ctx,
         instruction: str,
-        goal: dict[str, Any],
+        goal: Goal,
         oracle: list[Action],
         max_steps: int | None = None,
         prompt: str = "",
@@ -604,8 +612,8 @@ class ChainEnvironment(Environment):
         )
 
     def follow_conventions(
-        self, ctx: Ctx, instruction: str, goal: dict[str, Any], oracle: list[Action]
-    ) -> tuple[str, dict[str, Any], list[Action], int]:
+        self, ctx: Ctx, instruction: str, goal: Goal, oracle: list[Action]
+    ) -> tuple[str, Goal, list[Action], int]:
         """The task as the agent's successful runs would do it: its opening calls first (the user
         says who they are), and the read it makes before each write on the same record. Returns
         the instruction, goal and oracle, and how many calls were added."""
@@ -628,11 +636,11 @@ class ChainEnvironment(Environment):
             if said and not all(str(v) in instruction for v in ctx.attrs.values()):
                 greeting = "Hi. " if instruction.startswith("Hi. ") else ""
                 instruction = greeting + said + instruction[len(greeting) :]
-            goal = {**goal, "opening": names}
+            goal = replace(goal, opening=names)
         lookup = conv.lookups.get(r.action)
         if lookup and lookup == r.lookup:
             out: list[Action] = []
-            order = list(goal.get("order", []))
+            order = list(goal.order)
             for action in oracle:
                 eid = (action.get("arguments") or {}).get(r.id_arg)
                 if action.get("name") == r.action and isinstance(eid, str):
@@ -640,12 +648,12 @@ class ChainEnvironment(Environment):
                     if not any(a.get("name") == lookup and a == read for a in out):
                         out.append(read)
                         added += 1
-                    pair = [read, {"name": r.action, "arguments": {r.id_arg: eid}}]
+                    pair = (read, {"name": r.action, "arguments": {r.id_arg: eid}})
                     if pair not in order:
                         order.append(pair)
                 out.append(action)
             oracle = out
-            goal = {**goal, "order": order}
+            goal = replace(goal, order=order)
         return instruction, goal, oracle, added
 
     def status_rule_text(self) -> str:

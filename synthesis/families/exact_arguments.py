@@ -12,6 +12,7 @@ from tracegym.synthesis.families.chain import (
     human,
     join_and,
 )
+from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import Catalog
 from tracegym.synthesis.world import (
     NotSynthesizable,
@@ -39,7 +40,6 @@ class ExactArgumentsEnv(ChainEnvironment):
 
     @classmethod
     def requirements(cls, roles: Roles, catalog: Catalog, gap: Gap) -> None:
-        cls.require_effects(roles, catalog)
         schema = catalog.tools[roles.action]
         exact = [
             a
@@ -61,11 +61,11 @@ class ExactArgumentsEnv(ChainEnvironment):
         r = self.roles
         loose = int(k.get("loose", 1))
         rng = ctx.rng
-        goal: dict[str, Any] = {
-            "required_calls": [],
-            "answer_includes": [],
-            "max_invalid": int(k.get("max_invalid", 0)),
-        }
+        goal = Goal(
+            required_calls=[],
+            answer_includes=[],
+            max_invalid=int(k.get("max_invalid", 0)),
+        )
         oracle: list[Action] = []
         said: dict[str, str] = {}
         for t in ctx.targets:
@@ -89,8 +89,8 @@ class ExactArgumentsEnv(ChainEnvironment):
                 phrases.append(f"{human(name)}: {shown}")
             ctx.phrases[t] = phrases
             oracle.append(self.action_call(ctx, t))
-            goal["required_calls"].append(self.action_call(ctx, t))
-            goal["answer_includes"].append(t)
+            goal.required_calls.append(self.action_call(ctx, t))
+            goal.answer_includes.append(t)
         oracle.append({"answer": self.answer(ctx, ctx.targets, [])})
         instruction = f"Hi. {self.request(ctx, ctx.targets, ids=said)}"
         # the tools' own schemas carry the formats; writing ids in them is what is trained

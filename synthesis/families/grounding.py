@@ -10,6 +10,7 @@ from tracegym.synthesis.base import Task
 from tracegym.synthesis.families.chain import (
     ChainEnvironment,
 )
+from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import Catalog
 from tracegym.synthesis.world import (
     NotSynthesizable,
@@ -54,18 +55,18 @@ class GroundingEnv(ChainEnvironment):
         r = self.roles
         by_label = bool(r.owner)
         oracle = self.owner_chain(ctx) if (by_label or ctx.needs_owner) else []
-        goal: dict[str, Any] = {
-            "required_calls": [],
-            "grounded": True,
-            "answer_includes": [],
-            "forbidden_calls": [],
-        }
+        goal = Goal(
+            required_calls=[],
+            grounded=True,
+            answer_includes=[],
+            forbidden_calls=[],
+        )
         for t in ctx.targets:
             oracle += [self.lookup_call(t), self.action_call(ctx, t)]
-            goal["required_calls"].append(self.action_call(ctx, t))
-            goal["answer_includes"].append(t)
+            goal.required_calls.append(self.action_call(ctx, t))
+            goal.answer_includes.append(t)
         for other in ctx.entities[len(ctx.targets) :]:
-            goal["forbidden_calls"].append({"name": r.action, "arguments": {r.id_arg: other}})
+            goal.forbidden_calls.append({"name": r.action, "arguments": {r.id_arg: other}})
         oracle.append({"answer": self.answer(ctx, ctx.targets, [])})
         if by_label:
             instruction = f"Hi. {self.identity(ctx)}{self.request(ctx, ctx.targets, 'label')}"

@@ -34,6 +34,7 @@ from tracegym.analysis.gap import Gap, GapRequest, MinedRule
 from tracegym.synthesis.base import Action, Episode, Task, Verdict
 from tracegym.synthesis.conventions import Conventions
 from tracegym.synthesis.families.chain import ChainEnvironment, Ctx, human, join_and
+from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec, ToolSchema
 from tracegym.synthesis.wording import IDENTITY, MIN_REQUESTS, Wording
 from tracegym.synthesis.world import (
@@ -492,7 +493,7 @@ class ListSelectionEnv(ChainEnvironment):
         for t in ctx.targets:
             oracle += [self.lookup_call(t), self.action_call(ctx, t)]
         oracle.append({"answer": self.answer(ctx, list(ctx.targets), [])})
-        goal: dict[str, Any] = {"answer_includes": list(ctx.targets)}
+        goal = Goal(answer_includes=list(ctx.targets))
         task = self.build_task(seed, ctx, instruction, goal, oracle)
         task.meta["list"] = {"expected": expected, "answer": list(ctx.targets)}
         return task

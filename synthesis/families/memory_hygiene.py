@@ -11,6 +11,7 @@ from tracegym.synthesis.families.chain import (
     ChainEnvironment,
     with_article,
 )
+from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import Catalog
 from tracegym.synthesis.world import (
     MEMORY_SEARCH,
@@ -84,13 +85,13 @@ class MemoryHygieneEnv(ChainEnvironment):
         memory = ctx.state["memory"]
         flaky = ctx.state["_flaky"]
         oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []
-        goal: dict[str, Any] = {
-            "required_calls": [],
-            "forbidden_calls": [],
-            "memory_excludes": [],
-            "memory_includes": {},
-            "answer_includes": [],
-        }
+        goal = Goal(
+            required_calls=[],
+            forbidden_calls=[],
+            memory_excludes=[],
+            memory_includes={},
+            answer_includes=[],
+        )
         gen = Gen(ctx.rng)
         done, refused = [], []
         oracle.append({"name": MEMORY_SEARCH, "arguments": {"query": r.entity_noun}})
@@ -113,21 +114,21 @@ class MemoryHygieneEnv(ChainEnvironment):
                 "source": f"{r.lookup} (the call returned an error)",
                 "written": f"{3 + i} days ago",
             }
-            goal["memory_excludes"].append(str(stale))
-            goal["memory_includes"][key] = str(true)
+            goal.memory_excludes.append(str(stale))
+            goal.memory_includes[key] = str(true)
             attempts = int(k.get("flaky", 0)) if i == 0 else min(int(k.get("flaky", 0)), 1)
             if attempts:
                 flaky[t] = attempts
             oracle += [self.lookup_call(t)] * (attempts + 1)
             if self.allowed(ctx, t):
                 oracle.append(self.action_call(ctx, t))
-                goal["required_calls"].append(self.action_call(ctx, t))
+                goal.required_calls.append(self.action_call(ctx, t))
                 done.append(t)
             else:
-                goal["forbidden_calls"].append({"name": r.action, "arguments": {r.id_arg: t}})
+                goal.forbidden_calls.append({"name": r.action, "arguments": {r.id_arg: t}})
                 refused.append(t)
             oracle.append({"name": MEMORY_UPDATE, "arguments": {"key": key, "content": fresh}})
-            goal["answer_includes"].append(t)
+            goal.answer_includes.append(t)
         for j, other in enumerate(ctx.entities[len(ctx.targets) :]):
             memory[f"{r.entity_noun} {other}"] = {
                 "content": f"customer asked about this {r.entity_noun} earlier",
@@ -150,7 +151,7 @@ class MemoryHygieneEnv(ChainEnvironment):
     def extra_checks(self, episode: Any) -> list[dict[str, Any]]:
         memory = episode.state.get("memory", {})
         out = []
-        for key, text in episode.task.goal.get("memory_includes", {}).items():
+        for key, text in episode.task.goal.memory_includes.items():
             note = memory.get(key, {})
             ok = contains_token(str(note.get("content", "")), text)
             out.append(

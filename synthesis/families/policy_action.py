@@ -38,6 +38,7 @@ from tracegym.analysis.gap import Gap, GapRequest, MinedRule
 from tracegym.synthesis.base import Action, Task
 from tracegym.synthesis.conventions import Conventions
 from tracegym.synthesis.families.chain import ChainEnvironment, Ctx, human, join_and
+from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import Catalog, EnvironmentSpec
 from tracegym.synthesis.world import (
     Gen,
@@ -480,29 +481,29 @@ class PolicyActionEnv(ChainEnvironment):
                     why[eid] = (path, self._shown(value), not isinstance(value, bool))
         self._mirror(ctx)
         oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []
-        goal: dict[str, Any] = {
-            "required_calls": [],
-            "forbidden_calls": [],
-            "order": [],
-            "answer_includes": [],
-        }
+        goal = Goal(
+            required_calls=[],
+            forbidden_calls=[],
+            order=[],
+            answer_includes=[],
+        )
         done, left = [], []
         for t in ctx.targets:
             read = self.lookup_call(t)
             oracle.append(read)
-            goal["required_calls"].append(read)
+            goal.required_calls.append(read)
             act = {"name": r.action, "arguments": {r.id_arg: t}}
             if t in refused:
-                goal["forbidden_calls"].append(act)
+                goal.forbidden_calls.append(act)
                 if why[t][2]:  # the state that stopped it (a flag's true/false says nothing)
-                    goal["answer_includes"].append(why[t][1])
+                    goal.answer_includes.append(why[t][1])
                 left.append(t)
             else:
                 oracle.append(self.action_call(ctx, t))
-                goal["required_calls"].append(self.action_call(ctx, t))
-                goal["order"].append([read, act])
+                goal.required_calls.append(self.action_call(ctx, t))
+                goal.order.append((read, act))
                 done.append(t)
-            goal["answer_includes"].append(t)
+            goal.answer_includes.append(t)
         oracle.append({"answer": self._answer(done, left, why)})
         task = self.build_task(seed, ctx, self.instruction(ctx), goal, oracle)
         task.meta["forbidden"] = sorted(refused)

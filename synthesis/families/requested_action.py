@@ -18,6 +18,7 @@ from tracegym.synthesis.families.chain import (
     is_answer,
     join_and,
 )
+from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import Catalog, EnvironmentSpec, is_id_name
 from tracegym.synthesis.wording import Wording, WordingError, learn_wording
 from tracegym.synthesis.world import (
@@ -226,7 +227,7 @@ class RequestedActionEnv(Environment):
             seed=seed,
             instruction=instruction,
             state={"record": record, "writes": [], "_key": key},
-            goal={"required_calls": [action], "opening": [self.opening]},
+            goal=Goal(required_calls=[action], opening=[self.opening]),
             oracle=oracle,
             max_steps=2 + int(self.knobs.get("slack", 4)),
             system_prompt=system,

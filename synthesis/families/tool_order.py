@@ -12,6 +12,7 @@ from tracegym.synthesis.families.chain import (
     ChainEnvironment,
     Ctx,
 )
+from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import Catalog
 from tracegym.synthesis.world import (
     Gen,
@@ -138,12 +139,12 @@ class ToolOrderEnv(ChainEnvironment):
         in_owner_chain = bool({before, after} & {r.owner, r.finder} - {None})
         by_label = in_owner_chain and bool(r.label_path) and bool(ctx.labels)
         oracle: list[Action] = self.owner_chain(ctx) if (ctx.needs_owner or in_owner_chain) else []
-        goal: dict[str, Any] = {
-            "required_calls": [],
-            "forbidden_calls": [],
-            "order": [],
-            "answer_includes": [],
-        }
+        goal = Goal(
+            required_calls=[],
+            forbidden_calls=[],
+            order=[],
+            answer_includes=[],
+        )
         done, refused = [], []
         afters: set[str] = set()
         for t in ctx.targets:
@@ -155,18 +156,18 @@ class ToolOrderEnv(ChainEnvironment):
                     oracle.append(call)
             if self.allowed(ctx, t):
                 oracle.append(self.action_call(ctx, t))
-                goal["required_calls"].append(self.action_call(ctx, t))
+                goal.required_calls.append(self.action_call(ctx, t))
                 done.append(t)
             else:
-                goal["forbidden_calls"].append({"name": r.action, "arguments": {r.id_arg: t}})
-                goal["answer_includes"].append(str(self.status_of(ctx, t)))
+                goal.forbidden_calls.append({"name": r.action, "arguments": {r.id_arg: t}})
+                goal.answer_includes.append(str(self.status_of(ctx, t)))
                 refused.append(t)
             rule = [side.get(tool) or self._pattern(ctx, tool, t) for tool in (before, after)]
             # one rule per distinct `after` call: its first occurrence must follow `before`
             if (after != r.action or t in done) and canonical(rule[1]) not in afters:
                 afters.add(canonical(rule[1]))
-                goal["order"].append(rule)
-            goal["answer_includes"].append(t)
+                goal.order.append((rule[0], rule[1]))
+            goal.answer_includes.append(t)
         oracle.append({"answer": self.answer(ctx, done, refused)})
         who = self.identity(ctx) if (ctx.needs_owner or in_owner_chain) else ""
         instruction = f"Hi. {who}{self.request(ctx, ctx.targets, 'label' if by_label else 'id')}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tracegym.analysis import detector_names as dn
+from tracegym.analysis.gap import Gap
 from tracegym.synthesis.base import Action, Task
 from tracegym.synthesis.families.chain import (
     ChainEnvironment,
@@ -12,12 +13,22 @@ from tracegym.synthesis.families.chain import (
     human,
     write_effects,
 )
+from tracegym.synthesis.goal import Goal
+from tracegym.synthesis.spec import Catalog
+from tracegym.synthesis.world import Roles
 
 
 class VerifyBeforeFinishEnv(ChainEnvironment):
     family = "verify_before_finish"
     capability = "Check that a write took effect (and redo it if not) before finishing."
     detectors = (dn.PREMATURE_FINISH,)
+
+    @classmethod
+    def requirements(cls, roles: Roles, catalog: Catalog, gap: Gap) -> None:
+        """A lookup after the write must show whether it took effect: the traces must show
+        what the write changes."""
+        super().requirements(roles, catalog, gap)
+        cls.require_effects(roles, catalog)
 
     def default_knobs(self) -> dict[str, Any]:
         return {"targets": 1, "distractors": 1, "silent": 1, "slack": 6}
@@ -65,15 +76,15 @@ class VerifyBeforeFinishEnv(ChainEnvironment):
         for t in ctx.rng.sample(ctx.targets, min(int(k.get("silent", 0)), n)):
             silent[t] = 1
         oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []
-        goal: dict[str, Any] = {"required_calls": [], "verify_after": [], "answer_includes": []}
+        goal = Goal(required_calls=[], verify_after=[], answer_includes=[])
         for t in ctx.targets:
             check = self.lookup_call(t)
             oracle += [check, self.action_call(ctx, t), check]
             if silent.get(t):
                 oracle += [self.action_call(ctx, t), check]
-            goal["required_calls"].append(self.action_call(ctx, t))
-            goal["verify_after"].append([check, {"name": r.action, "arguments": {r.id_arg: t}}])
-            goal["answer_includes"] += [t, *self._shown(ctx, t, changes)]
+            goal.required_calls.append(self.action_call(ctx, t))
+            goal.verify_after.append((check, {"name": r.action, "arguments": {r.id_arg: t}}))
+            goal.answer_includes += [t, *self._shown(ctx, t, changes)]
         oracle.append({"answer": self.answer(ctx, ctx.targets, [])})
         confirm = "the new status" if changes else "that the change went through"
         instruction = (
