@@ -412,7 +412,9 @@ def prompt_leaks(
     - a sentence that names one of the oracle's tools (`get_order_details`, or "get order
       details") together with an ordering word (before, after, first, then, once, until, ...)
       states the call order the task checks ("Always call get_order_details before
-      cancel_pending_order", "After each write, check it with get_order_details");
+      cancel_pending_order", "After each write, check it with get_order_details"), when the
+      oracle calls two tools or more (with one, there is no call order to give away: "Press the
+      button, then reply" states the task);
     - a sentence that names one of the oracle's tools and a `decisive` value (the state a write
       depends on or leaves: `pending`, `cancelled`) states the rule the task checks;
     - a sentence holding one of the oracle's `arguments` (an id, an amount) states the answer
@@ -423,7 +425,7 @@ def prompt_leaks(
     for sentence in filter(None, (s.strip() for s in _SENTENCE.split(prompt))):
         named = [t for t in tools if _mentions(sentence, t)]
         rest = _without(sentence, named)  # a tool's own name (`cancel_pending_order`) says nothing
-        if named and ORDER_WORDS.search(rest):
+        if named and len(set(tools)) >= 2 and ORDER_WORDS.search(rest):
             out.append(f"names the order of the oracle's calls ({', '.join(named)}): {sentence!r}")
             continue
         value = next((v for v in decisive if _has(rest, v)), None) if named else None
@@ -613,6 +615,7 @@ class _Checker:
                 None if read or not isinstance(args, Mapping) else self.named_record(state, args)
             )
             before = clone(_resolve(state, named[1])) if named else None
+            logged = len(state.get("writes") or ()) if isinstance(state, Mapping) else 0
             try:
                 result = env.call_tool(state, name, args)
             except ToolError:
@@ -628,6 +631,10 @@ class _Checker:
             if not read and named:
                 after = _resolve(state, named[1])
                 changed = canonical(after) != canonical(before)
+                if not changed and self.effect_unknown(env, name):
+                    # the traces never show what this write changes: logging the call is the
+                    # faithful effect (a changed field would be one the traces never showed)
+                    changed = len(state.get("writes") or ()) > logged
                 key = (name, named[0])
                 touched[key] = touched.get(key, False) or changed
                 if changed and isinstance(after, Mapping) and isinstance(before, Mapping):
@@ -643,6 +650,19 @@ class _Checker:
                     (f"{name} on {where}", "the oracle's write left the record it names unchanged")
                 )
         return decisive
+
+    @staticmethod
+    def effect_unknown(env: Environment, name: str) -> bool:
+        """Whether `name` is a chain world's action whose effect on its record the traces never
+        show (no mined status change after it, no argument naming a field of the record)."""
+        roles = getattr(env, "roles", None)
+        catalog = getattr(getattr(env, "spec", None), "catalog", None)
+        if roles is None or catalog is None or getattr(roles, "action", None) != name:
+            return False
+        from tracegym.synthesis.families.chain import write_effects
+
+        changes, fields = write_effects(roles, catalog)
+        return not changes and not fields
 
     def echo_problems(
         self, name: str, schema: ToolSchema | None, args: Any, result: Any, read: bool

@@ -304,6 +304,9 @@ def test_the_prompt_check_names_leaks_and_only_leaks():
     assert len(leaks) == 1 and "names the order" in leaks[0] and "Before you" in leaks[0]
     assert prompt_leaks("Only cancel order when its status is pending.", tools, ["pending"])
     assert prompt_leaks("The refund is 12.50 dollars.", tools, arguments=["12.50"])
+    # an oracle of one tool has no call order to give away
+    assert prompt_leaks("Press the button the ticket asks for, then reply done.", ["press"]) == []
+    assert prompt_leaks("After each press, check it with get_order.", ["press", "get_order"])
 
 
 def test_the_agents_own_recorded_instructions_are_not_a_leak(catalog):
@@ -505,3 +508,39 @@ def _as_gap(data: dict[str, Any]) -> Any:
     from tracegym.analysis.gap import as_gap
 
     return as_gap(data)
+
+
+def test_a_write_whose_effect_the_traces_never_show_is_logged_not_invented(tmp_path):
+    """The support agent's refund_order changes nothing its lookups show: a world logs the call
+    (the state the verifier compares) instead of inventing a changed field, and passes; the
+    family whose check after the write needs a visible effect says why it builds nothing."""
+    import tracegym as tg
+    from opentelemetry.sdk.trace import TracerProvider
+    from tracegym.analysis.pipeline import analyze
+    from tracegym.benchmarks.planted_causes import ExactSignatures
+    from tracegym.examples.support_agent import run_demo
+    from tracegym.synthesis import registry
+    from tracegym.synthesis.pipeline import synthesize
+    from tracegym.tracer.operations import state
+
+    saved = state.tracer, state.settings
+    tg.init(home=tmp_path, provider=TracerProvider(), capture_messages=True)
+    try:
+        run_demo(n_tasks=40, seed=1)
+    finally:
+        tg.shutdown()
+        state.tracer, state.settings = saved
+    analyze(tmp_path, embedder=ExactSignatures())
+    report = synthesize(tmp_path, n_train=10, n_heldout=10, validity_seeds=20)
+    built = [e for e in report.environments if e["action"] == "refund_order"]
+    assert built and all(e["validity"]["fidelity"].startswith("20/20") for e in built)
+    env = registry.load(tmp_path, built[0]["env_id"])
+    task = env.make_task(0)
+    world = env.fork_state(task.state)
+    for action in task.oracle:
+        if action.get("name"):
+            env.call_tool(world, action["name"], action.get("arguments") or {})
+    assert world["entities"] == task.state["entities"]  # no field the traces never showed
+    assert [w["tool"] for w in world["writes"]].count("refund_order") >= 1
+    refused = [w for w in report.without_environment if w.detector == "premature_finish"]
+    assert refused and "what refund_order does to the order is unknown" in refused[0].reason

@@ -129,11 +129,10 @@ def test_patterns_only_when_the_store_has_no_calls(tmp_path):
     ])  # fmt: skip
     report = synthesize(tmp_path, gaps, n_train=5, n_heldout=5, validity_seeds=20)
     assert report.catalog_source == "the gaps' argument patterns"
-    # patterns hold no result: what refund_order does to an order is unknown, and a world that
-    # pretended it changed something would not be faithful to the traces
+    # patterns hold no result: a world would invent every field of the records it looks up
     assert report.environments == [], report
     (why,) = report.not_synthesizable
-    assert "what refund_order does to the order is unknown" in why["reason"]
+    assert "no recorded result of get_order shows the order's record" in why["reason"]
 
 
 @pytest.mark.parametrize(
