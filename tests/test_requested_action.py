@@ -172,3 +172,24 @@ def _catalog_traces():
     for i, name in enumerate(["ana", "ben", "cleo", "dan", "eva", "finn"] * 3):
         yield {"tool": "find_user", "arguments": {"email": f"{name}{i}@mail.com"},
                "result": {"user_id": f"U{100 + i}", "orders": [f"O{1000 + i}"]}}  # fmt: skip
+
+
+def test_the_users_words_win_over_recorded_calls_that_fit_none_of_them():
+    """An agent that never serves the request records only its mistaken calls (the demo's LM
+    agent: `update_address(address="O9049")`, an order id): their format fits none of the users'
+    words, so the words are kept, said in the spec, and the environment is faithful."""
+    traces = [*([c] for c in _catalog_traces()), *(
+        [{"tool": "update_address", "arguments": {"user_id": f"U{100 + i}", "address": f"O{o}"},
+          "result": {"user_id": f"U{100 + i}", "address": f"O{o}"}}]
+        for i, o in enumerate([9049, 9670, 9850, 6456, 1305, 3478]))]  # fmt: skip
+    conventions = Conventions(runs=10, tools=[FIND, UPDATE], opening=["find_user"])
+    spec = build_spec(_gap(), infer_catalog(traces), conventions)
+    assert "fit none of the users' words" in spec.extra["requested"]["overruled_formats"]["address"]
+    env = from_spec(spec)
+    said = {env.make_task(seed).oracle[1]["arguments"]["address"] for seed in range(60)}
+    assert said == {"53 Hill Ln", "88 Pine Rd", "33 Hill Ln"}
+    fidelity = pytest.importorskip("tracegym.synthesis.fidelity")
+    assert fidelity.check_fidelity(env, n_seeds=100).ok
+    assert check_environment(env, 100).ok
+    # where the recorded calls fit the words, nothing is overruled
+    assert build_spec(_gap(), _catalog(), conventions).extra["requested"]["overruled_formats"] == {}

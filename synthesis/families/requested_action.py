@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from tracegym.analysis import detector_names as dn
@@ -19,7 +20,7 @@ from tracegym.synthesis.families.chain import (
     join_and,
 )
 from tracegym.synthesis.goal import Goal
-from tracegym.synthesis.spec import Catalog, EnvironmentSpec, is_id_name
+from tracegym.synthesis.spec import Catalog, EnvironmentSpec, is_id_name, matches_format
 from tracegym.synthesis.wording import Wording, WordingError, learn_wording
 from tracegym.synthesis.world import (
     Gen,
@@ -155,12 +156,14 @@ class RequestedActionEnv(Environment):
             )
         gap_id = gap.id
         tools = [opening] + [t for t in catalog.tools if t != opening]
+        subset, overruled = _users_words_over_calls(catalog.subset(tools), action, user_args,
+                                                    wording)  # fmt: skip
         spec = EnvironmentSpec(
             env_id=f"{cls.family}-{gap_id.removeprefix('gap-')}",
             family=cls.family,
             entry_point=f"{cls.__module__}:{cls.__name__}",
             gap=gap.summary(),
-            catalog=catalog.subset(tools),
+            catalog=subset,
             roles={"action": action, "lookup": opening},
             description=f"{cls.capability} Action: {action}; the record from {opening}.",
             extra={
@@ -172,6 +175,7 @@ class RequestedActionEnv(Environment):
                     "record_args": record_args,
                     "user_args": user_args,
                     "wording": wording.to_dict(),
+                    "overruled_formats": overruled,
                 },
             },
         )
@@ -298,3 +302,35 @@ class RequestedActionEnv(Environment):
             else:
                 out[key] = None
         return out
+
+
+def _users_words_over_calls(
+    catalog: Catalog, action: str, user_args: list[str], wording: Wording
+) -> tuple[Catalog, dict[str, str]]:
+    """The catalog, with the recorded shape of each user value argument of `action` dropped
+    where it fits none of the values the users' requests give it: an agent that never serves the
+    request records only its mistaken calls (the demo's `update_address(address="O9049")`), and
+    the users' recorded words are the better record of what the argument holds. Returns the
+    catalog and, per argument overruled, why."""
+    schema = catalog.tools.get(action)
+    if schema is None:
+        return catalog, {}
+    arguments, overruled = dict(schema.arguments), {}
+    for name, said in zip(user_args, wording.values, strict=False):
+        arg = arguments.get(name)
+        if arg is None or not said or not (arg.formats or arg.shape or arg.enum):
+            continue
+        if arg.formats and any(matches_format(v, arg.formats) for v in said):
+            continue
+        if not arg.formats and arg.shape and any(fits(v, arg.shape) for v in said):
+            continue
+        arguments[name] = replace(arg, formats=[], shape=None, enum=None, examples=list(said[:12]))
+        overruled[name] = (
+            f"the recorded calls' values of {name} ({', '.join(map(str, arg.examples[:3]))}) fit "
+            f"none of the users' words for it ({', '.join(said[:3])}): the words are kept"
+        )
+    if not overruled:
+        return catalog, {}
+    tools = dict(catalog.tools)
+    tools[action] = replace(schema, arguments=arguments)
+    return replace(catalog, tools=tools), overruled
