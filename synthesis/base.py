@@ -20,11 +20,17 @@ To write your own environment, subclass `Environment` and implement `generate(se
 `call_tool(state, name, arguments)` and `tool_schemas()`. `Task.goal` says what the verifier
 checks (see `Environment.verify`); the expected final state is derived by replaying `Task.oracle`
 on the initial state, so a goal never has to spell a state out by hand.
+
+A task's state is the environment's own: a plain JSON-like dict (keys starting with `_` are
+bookkeeping the state hash leaves out) or, for the chain world every synthesized family shares,
+a typed `WorldState` (synthesis/world/state.py). The verifier hashes its public part either way
+(`public_state`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import random
 import re
@@ -36,6 +42,7 @@ from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import EnvironmentSpec, is_id_value
 from tracegym.synthesis.world import (
     ToolError,
+    WorldState,
     canonical,
     canonical_value,
     clone,
@@ -44,6 +51,7 @@ from tracegym.synthesis.world import (
 )
 
 Action = dict[str, Any]
+State = dict[str, Any] | WorldState  # a plain dict state, or the chain world's typed one
 Policy = Callable[[dict[str, Any], dict[str, Any]], Action]
 
 ACTION_WEIGHT = 0.6
@@ -56,7 +64,7 @@ class Task:
 
     seed: int
     instruction: str
-    state: dict[str, Any]
+    state: State
     goal: Goal
     oracle: list[Action]
     max_steps: int
@@ -96,7 +104,7 @@ class Episode:
     steps: list[dict[str, Any]] = field(default_factory=list)  # {"action", "observation", ...}
     answer: str | None = None
     truncated: bool = False
-    state: dict[str, Any] = field(default_factory=dict)  # the backend state now
+    state: State = field(default_factory=dict)  # the backend state now
 
     @property
     def calls(self) -> list[dict[str, Any]]:
@@ -205,7 +213,7 @@ class Environment:
         """The task for `seed`: the same seed must always give the same task."""
         raise NotImplementedError
 
-    def call_tool(self, state: dict[str, Any], name: str, arguments: Any) -> Any:
+    def call_tool(self, state: State, name: str, arguments: Any) -> Any:
         """Run one tool call against `state` (mutating it); raise ToolError on failure."""
         raise NotImplementedError
 
@@ -227,9 +235,11 @@ class Environment:
         """The task for `seed` (`generate`); its expected final state is derived on first use."""
         return self.generate(seed)
 
-    def fork_state(self, state: dict[str, Any]) -> dict[str, Any]:
+    def fork_state(self, state: State) -> State:
         """A copy of `state` that tool calls can mutate without touching the original
         (default: a deep copy; override with something cheaper when you know what changes)."""
+        if isinstance(state, WorldState):
+            return copy.deepcopy(state)
         return clone(state)
 
     def expected_state_hash(self, task: Task) -> str:
@@ -447,7 +457,9 @@ class Environment:
                 n <= goal.max_invalid,
                 f"{n} invalid invocation(s) (at most {goal.max_invalid})",
             )
-        memory = json.dumps(episode.state.get("memory", {}), ensure_ascii=False)
+        state = episode.state
+        notes = state.memory if isinstance(state, WorldState) else state.get("memory", {})
+        memory = json.dumps(notes, ensure_ascii=False)
         for text in goal.memory_excludes:
             ok = not contains_token(memory, str(text))
             add(
@@ -565,6 +577,7 @@ __all__ = [
     "Environment",
     "Episode",
     "Policy",
+    "State",
     "Task",
     "ToolError",
     "Verdict",

@@ -44,7 +44,14 @@ from tracegym.synthesis.spec import (
     is_id_value,
     parse_date,
 )
-from tracegym.synthesis.world import MEMORY_TOOLS, Roles, ToolError, canonical, clone
+from tracegym.synthesis.world import (
+    MEMORY_TOOLS,
+    Roles,
+    ToolError,
+    WorldState,
+    canonical,
+    clone,
+)
 
 NUMBER_SLACK = 0.05  # share of the recorded span a number may lie outside it (older catalogs)
 MAX_ISSUES = 200  # issues a report keeps (all are counted)
@@ -516,10 +523,11 @@ class _Checker:
         return tool is not None and tool.calls > tool.errors
 
     # records in the state
-    def state_records(self, state: Mapping[str, Any]) -> Iterator[tuple[str, Any, Any]]:
+    def state_records(self, state: Any) -> Iterator[tuple[str, Any, Any]]:
         r = self.roles
         if r is None:
             return
+        state = _plain(state)
         for container, tool in (("entities", r.lookup), ("owners", r.owner)):
             records = state.get(container)
             if tool and self.has_results(tool) and isinstance(records, Mapping):
@@ -533,10 +541,11 @@ class _Checker:
         return sorted(args, key=lambda a: (a != first, not is_id_name(a)))
 
     def named_record(
-        self, state: Mapping[str, Any], args: Mapping[str, Any]
+        self, state: Any, args: Mapping[str, Any]
     ) -> tuple[str, tuple[str, ...]] | None:
         """The stored record a write's arguments name: `entities[#W1234567]` (a record keyed by
         an argument's value) or `record` (a lone record holding an argument's value)."""
+        state = _plain(state)
         containers = [
             k
             for k, v in state.items()
@@ -614,8 +623,8 @@ class _Checker:
             named = (
                 None if read or not isinstance(args, Mapping) else self.named_record(state, args)
             )
-            before = clone(_resolve(state, named[1])) if named else None
-            logged = len(state.get("writes") or ()) if isinstance(state, Mapping) else 0
+            before = clone(_resolve(_plain(state), named[1])) if named else None
+            logged = _logged(state)
             try:
                 result = env.call_tool(state, name, args)
             except ToolError:
@@ -624,17 +633,17 @@ class _Checker:
                 items = []
                 self.shape_check(schema.result)(result, "", items)
                 if named:  # the stored record's own values are held to the lookup's shape
-                    record = _resolve(state, named[1])
+                    record = _resolve(_plain(state), named[1])
                     items = [i for i in items if not _echoes_record(record, i[0], i[2])]
                 add(f"{name} result", items, accepted if read else None)
             found.extend(self.echo_problems(name, schema, args, result, read))
             if not read and named:
-                after = _resolve(state, named[1])
+                after = _resolve(_plain(state), named[1])
                 changed = canonical(after) != canonical(before)
                 if not changed and self.effect_unknown(env, name):
                     # the traces never show what this write changes: logging the call is the
                     # faithful effect (a changed field would be one the traces never showed)
-                    changed = len(state.get("writes") or ()) > logged
+                    changed = _logged(state) > logged
                 key = (name, named[0])
                 touched[key] = touched.get(key, False) or changed
                 if changed and isinstance(after, Mapping) and isinstance(before, Mapping):
@@ -744,6 +753,17 @@ def _raised(exc: Exception) -> str:
     where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
     at = f" ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})" if where else ""
     return f"raised {type(exc).__name__}: {exc}{at}"
+
+
+def _plain(state: Any) -> Any:
+    """A state as plain data: a chain world's public fields (its live records), else itself."""
+    return state.to_dict() if isinstance(state, WorldState) else state
+
+
+def _logged(state: Any) -> int:
+    """How many writes the state has logged."""
+    state = _plain(state)
+    return len(state.get("writes") or ()) if isinstance(state, Mapping) else 0
 
 
 def _resolve(state: Mapping[str, Any], path: tuple[str, ...]) -> Any:

@@ -195,7 +195,7 @@ def test_every_form_gives_a_valid_environment(relation):
     for seed in range(10):
         task = env.make_task(seed)
         for t, amount in task.goal.amounts.items():
-            assert amount == pytest.approx(relation.value(task.state["entities"][t]), abs=0.005)
+            assert amount == pytest.approx(relation.value(task.state.entities[t]), abs=0.005)
 
 
 def test_a_one_field_relation_asks_for_several_records():
@@ -234,7 +234,7 @@ def test_the_verifier_checks_the_amount_and_nothing_less(planted):
             assert not verdict.passed
             assert any(c["name"] == "amount" and not c["ok"] for c in verdict.checks)
         task = env.make_task(seed)
-        gross = {t: task.state["entities"][t][p.domain.amount_field] for t in task.meta["targets"]}
+        gross = {t: task.state.entities[t][p.domain.amount_field] for t in task.meta["targets"]}
         wrong = []
         for a in oracle:
             if a.get("name") == action:
@@ -291,7 +291,7 @@ def test_a_sum_over_the_items_is_drawn_item_by_item():
     for seed in range(10):
         task = env.make_task(seed)
         for t, amount in task.goal.amounts.items():
-            items = task.state["entities"][t]["items"]
+            items = task.state.entities[t]["items"]
             assert len(items) == env.knobs["items"]
             assert all(low <= x["price"] <= high for x in items)
             assert amount == pytest.approx(sum(x["price"] for x in items))

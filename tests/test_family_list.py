@@ -241,7 +241,7 @@ def test_the_verifier_wants_exactly_the_elements_asked_for(built: Built):
         task = env.make_task(seed)
         assert run_actions(env, seed, task.oracle)[1].passed
         expected = _list_call(task.oracle, d.write)["arguments"][d.list_arg]
-        record = task.state["entities"][_target(task)]
+        record = task.state.entities[_target(task)]
         every = [e[d.element_id] for e in record[d.list_key]]
         # any order, and as loosely written as the detector compares them
         shuffled = list(reversed([v.upper() for v in expected]))
@@ -253,7 +253,7 @@ def test_the_verifier_wants_exactly_the_elements_asked_for(built: Built):
             wrong = wrong[1:]
         else:
             assert len(every) > len(expected)  # passing all elements is not what was asked
-        others = [e for eid, r in task.state["entities"].items() if eid != _target(task)
+        others = [e for eid, r in task.state.entities.items() if eid != _target(task)
                   for e in r[d.list_key]]  # fmt: skip
         wrong.append([*expected[:-1], others[0][d.element_id]])  # one from another record
         for value in wrong:
@@ -271,15 +271,15 @@ def test_the_other_record_holds_elements_of_the_same_names(built: Built):
         target = _target(task)
         asked = [
             e[d.label]
-            for e in task.state["entities"][target][d.list_key]
+            for e in task.state.entities[target][d.list_key]
             if e[d.element_id] in task.meta["list"]["expected"][_target(task)]
         ]
         assert all(name in task.instruction for name in asked)
-        others = {e[d.label] for eid, r in task.state["entities"].items() if eid != target
+        others = {e[d.label] for eid, r in task.state.entities.items() if eid != target
                   for e in r[d.list_key]}  # fmt: skip
         similar += bool(others & set(asked))
         # the other record is there to be found: the field the agent read its id from links it
-        assert task.state["entities"][target]["previous"] in task.state["entities"]
+        assert task.state.entities[target]["previous"] in task.state.entities
     assert similar == 20
 
 
@@ -301,7 +301,7 @@ def test_the_prompt_is_the_agents_own_and_names_no_element(built: Built):
     for seed in range(20):
         task = env.make_task(seed)
         assert task.system_prompt.startswith(d.prompt)
-        record = task.state["entities"][_target(task)]
+        record = task.state.entities[_target(task)]
         for element in record[d.list_key]:
             assert element[d.element_id] not in task.system_prompt
             assert element[d.label] not in task.system_prompt
@@ -343,7 +343,7 @@ def test_a_broken_list_world_fails_fidelity(built: Built):
     class Misshapen(ListSelectionEnv):  # an element id the traces never showed the like of
         def generate(self, seed: int) -> Any:
             task = super().generate(seed)
-            task.state["entities"][_target(task)][d.list_key][0][d.element_id] = "x-1"
+            task.state.entities[_target(task)][d.list_key][0][d.element_id] = "x-1"
             return task
 
     assert fidelity.check_fidelity(env, n_seeds=10).ok

@@ -105,7 +105,7 @@ def test_the_enforced_rule_is_the_gaps_mined_rule(world: World):
     for seed in range(30):
         task = env.make_task(seed)
         for eid in task.meta["targets"]:
-            values = _state(env, task.state["entities"][eid], rule.path or "")
+            values = _state(env, task.state.entities[eid], rule.path or "")
             shown = {str(v).casefold() for v in values}
             assert values and all(json.dumps(v) in observed for v in values)
             if eid in task.meta["forbidden"]:
@@ -207,7 +207,7 @@ def test_a_threshold_rule_forbids_the_records_beyond_it(planted: World):
     for seed in range(20):
         task = env.make_task(seed)
         for eid in task.meta["targets"]:
-            (value,) = _state(env, task.state["entities"][eid], rule.path or "")
+            (value,) = _state(env, task.state.entities[eid], rule.path or "")
             number = date_value(value) if isinstance(value, str) else float(value)
             assert number is not None
             beyond = (rule.above is not None and number > rule.above) or (
@@ -232,7 +232,7 @@ def test_a_trigger_rule_requires_the_action_in_its_state(planted: World):
         task = env.make_task(seed)
         assert not task.meta["forbidden"]
         for eid in task.meta["targets"]:
-            assert _state(env, task.state["entities"][eid], rule.path or "") == [allowed]
+            assert _state(env, task.state.entities[eid], rule.path or "") == [allowed]
         reads = [a for a in task.oracle if a.get("name") != env.roles.action]
         assert not run_actions(env, seed, reads)[1].passed
     assert check_environment(env, 30).ok
@@ -272,7 +272,7 @@ def test_the_request_follows_the_users_recorded_wording(planted: World):
         assert task.instruction.startswith("Hi, this is ")
         assert task.instruction.endswith("Please sort out my record " + " and ".join(
             task.meta["targets"]) + " today.")  # fmt: skip
-        assert any(f"this is {o}." in task.instruction for o in task.state["owners"])
+        assert any(f"this is {o}." in task.instruction for o in task.state.owners)
     assert check_environment(env, 30).ok
     # one recorded request is no wording: the chain phrasing stays
     alone = replace(planted.gap, requests=(GapRequest(said[0]),))

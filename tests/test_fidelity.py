@@ -343,7 +343,7 @@ def test_records_the_oracle_never_reads_are_checked_too():
         def generate(self, seed: int) -> Task:
             task = super().generate(seed)
             targets = set(task.meta.get("targets") or [])
-            for eid, record in task.state["entities"].items():
+            for eid, record in task.state.entities.items():
                 if eid not in targets:
                     record["status"] = "9872-24-24"
             return task
@@ -540,7 +540,7 @@ def test_a_write_whose_effect_the_traces_never_show_is_logged_not_invented(tmp_p
     for action in task.oracle:
         if action.get("name"):
             env.call_tool(world, action["name"], action.get("arguments") or {})
-    assert world["entities"] == task.state["entities"]  # no field the traces never showed
-    assert [w["tool"] for w in world["writes"]].count("refund_order") >= 1
+    assert world.entities == task.state.entities  # no field the traces never showed
+    assert [w["tool"] for w in world.writes].count("refund_order") >= 1
     refused = [w for w in report.without_environment if w.detector == "premature_finish"]
     assert refused and "what refund_order does to the order is unknown" in refused[0].reason

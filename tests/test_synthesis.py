@@ -31,7 +31,7 @@ from tracegym.synthesis.spec import (
     infer_catalog,
 )
 from tracegym.synthesis.validity import check_environment
-from tracegym.synthesis.world import NotSynthesizable, infer_roles
+from tracegym.synthesis.world import NotSynthesizable, WorldState, infer_roles, public_state
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -144,7 +144,7 @@ def _mistake(env: ChainEnvironment, seed: int) -> list[dict]:
                 for a in oracle]  # fmt: skip
     if detector == "budget_waste":  # the side requests first
         side = [{"name": r.lookup, "arguments": {r.lookup_arg: e}}
-                for e in task.state["entities"] if e not in task.meta["targets"]]  # fmt: skip
+                for e in task.state.entities if e not in task.meta["targets"]]  # fmt: skip
         return side * 3 + oracle
     if detector == "premature_finish":  # finish right after the write
         last = max(i for i, a in enumerate(oracle) if a.get("name") == r.action)
@@ -186,7 +186,7 @@ def test_refused_targets_must_be_left_alone(catalog):
     task = env.make_task(4)
     assert len(task.goal.forbidden_calls) == 1
     refused = task.goal.forbidden_calls[0]["arguments"]["order_id"]
-    status = task.state["entities"][refused]["status"]
+    status = task.state.entities[refused]["status"]
     assert status != "pending" and status in task.goal.answer_includes
     acting = [a for a in task.oracle if "answer" not in a] + [
         {"name": ACTION, "arguments": {"order_id": refused, "reason": "no longer needed"}},
@@ -241,6 +241,28 @@ def test_gym_api(catalog):
     assert info["passed"]  # the invalid calls were recovered from: this family allows it
     with pytest.raises(RuntimeError, match="reset"):
         env.step({"answer": "again"})
+
+
+def test_the_chain_world_state_is_typed(catalog):
+    """The chain world keeps a `WorldState`; the hash covers its public part as plain data (the
+    writes in a canonical order), and a fork leaves the task's own state untouched."""
+    env = make_env(catalog, "premature_finish", [RETURN], silent=1)
+    task = env.make_task(3)
+    state = task.state
+    assert isinstance(state, WorldState) and state.silent and state.seed == 3
+    public = public_state(state, memory=True)
+    assert set(public) == {"owners", "entities", "memory", "writes"}
+    assert json.loads(json.dumps(public)) == public
+    assert "memory" not in public_state(state)
+    before = json.dumps(public_state(state, memory=True), sort_keys=True)
+    world = env.fork_state(state)
+    for action in task.oracle:
+        if action.get("name"):
+            env.call_tool(world, action["name"], action.get("arguments") or {})
+    assert world.writes and not state.writes
+    assert not any(world.silent.values()) and all(state.silent.values())  # spent on the fork
+    assert json.dumps(public_state(state, memory=True), sort_keys=True) == before
+    assert Environment.fork_state(env, state) == state  # the base class deep-copies it too
 
 
 def test_step_budget_truncates(catalog):

@@ -168,7 +168,7 @@ def test_airline_records_hold_what_the_traces_showed(airline):
         for seed in range(40):
             task = env.make_task(seed)
             assert "Always call" not in task.system_prompt
-            for rid, record in task.state["entities"].items():
+            for rid, record in task.state.entities.items():
                 for id_format in formats:  # the action's, the lookup's, the record's
                     assert any(re.match(f["regex"], rid) for f in id_format), rid
                 assert record["reservation_id"] == rid
@@ -203,19 +203,19 @@ def test_the_seat_agents_reads_and_writes_do_what_they_say(seat_catalog, detecto
         task = env.make_task(seed)
         assert "record" not in task.instruction.replace("recorded", "")  # no "the one on the ..."
         state = env.fork_state(task.state)
-        for booking in list(state["entities"]):
+        for booking in list(state.entities):
             read = env.call_tool(state, "get_booking", {"booking_id": booking})
             assert read["booking_id"] == booking  # the record asked for
         for action in task.oracle:
             if action.get("name") != "change_seat":
                 continue
             args = action["arguments"]
-            before = state["entities"][args["booking_id"]]["seat"]
-            silent = state["_silent"].get(args["booking_id"], 0) > 0  # reports, saves nothing
+            before = state.entities[args["booking_id"]]["seat"]
+            silent = state.silent.get(args["booking_id"], 0) > 0  # reports, saves nothing
             result = env.call_tool(state, "change_seat", args)
             assert set(result) == set(recorded)  # the recorded shape, no invented status
             assert result["seat"] == args["seat"] != before
-            assert (state["entities"][args["booking_id"]]["seat"] == args["seat"]) != silent
+            assert (state.entities[args["booking_id"]]["seat"] == args["seat"]) != silent
 
 
 # Real and demo runs: every family, checked on 200 seeds -----------------------------------------
@@ -325,7 +325,7 @@ def test_records_ids_names_and_reads_are_the_recorded_ones(world):
         for seed in range(30):
             task = env.make_task(seed)
             state = env.fork_state(task.state)
-            for eid, record in task.state["entities"].items():
+            for eid, record in task.state.entities.items():
                 assert any(re.match(f["regex"], eid) for f in formats), (source, env.family, eid)
                 assert _read(env, state, r.lookup, {r.lookup_arg: eid})[r.lookup_arg] == eid
                 if statuses and "status" in record:
@@ -336,7 +336,7 @@ def test_records_ids_names_and_reads_are_the_recorded_ones(world):
                     assert not found & (set(FALLBACK_LABELS) - names)
             assert "the one on the" not in task.instruction
             if r.owner:
-                for owner in task.state["owners"].values():
+                for owner in task.state.owners.values():
                     _kinds_agree(catalog.tools[r.owner].result, owner)
 
 
@@ -374,7 +374,7 @@ def test_a_read_returns_the_record_asked_for_whatever_its_id_is_called(echoes):
     for seed in range(20):
         task = env.make_task(seed)
         state = env.fork_state(task.state)
-        for booking in task.state["entities"]:
+        for booking in task.state.entities:
             assert re.fullmatch(r"BK-\d{4}", booking)
             assert env.call_tool(state, "get_booking", {"booking_id": booking})["id"] == booking
         for action in task.oracle:
@@ -395,14 +395,14 @@ def test_the_check_above_fails_a_world_that_returns_another_record(world):
         def call_tool(self, state, name, arguments):
             result = super().call_tool(state, name, arguments)
             if name == self.roles.lookup:
-                others = [k for k in state["entities"] if k != arguments[self.roles.lookup_arg]]
-                return dict(state["entities"][others[0]]) if others else result
+                others = [k for k in state.entities if k != arguments[self.roles.lookup_arg]]
+                return dict(state.entities[others[0]]) if others else result
             return result
 
     class BadIds(type(env)):
         def generate(self, seed):
             task = super().generate(seed)
-            for record in task.state["entities"].values():
+            for record in task.state.entities.values():
                 record[self.roles.lookup_arg] = "not-an-id"
             return task
 

@@ -41,6 +41,7 @@ from tracegym.synthesis.world import (
     NotSynthesizable,
     Roles,
     WorldBuilder,
+    WorldState,
     path_tokens,
     set_at,
     shape_at,
@@ -267,7 +268,7 @@ class AmountEnv(ChainEnvironment):
         return int(value) if self.arg_type == "integer" else value
 
     # Environment hooks ---------------------------------------------------------------------
-    def call_tool(self, state: dict[str, Any], name: str, arguments: Any) -> Any:
+    def call_tool(self, state: WorldState, name: str, arguments: Any) -> Any:
         """The action's amount is read as a number whatever its formatting ("$45.10", "45.1")."""
         if name == self.roles.action and isinstance(arguments, Mapping):
             number = parse_number(arguments.get(self.argument))
@@ -283,9 +284,7 @@ class AmountEnv(ChainEnvironment):
         ctx = self.world_ctx(seed, n_targets=n, n_entities=n + int(k.get("distractors", 1)))
         rng = ctx.rng
         builder = WorldBuilder(self.catalog, self.roles, random.Random(f"amount:{seed}"), None)
-        amounts = {
-            eid: self._plant(builder, ctx.state["entities"][eid], rng) for eid in ctx.entities
-        }
+        amounts = {eid: self._plant(builder, ctx.state.entities[eid], rng) for eid in ctx.entities}
         expected = {t: self.written(amounts[t]) for t in ctx.targets}
         oracle: list[Action] = []
         goal = Goal(required_calls=[], answer_includes=list(ctx.targets))

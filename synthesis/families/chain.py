@@ -22,6 +22,7 @@ from tracegym.synthesis.world import (
     Roles,
     ToolWorld,
     WorldBuilder,
+    WorldState,
     echo_field,
     fits,
     get_all,
@@ -80,7 +81,7 @@ class Ctx:
     """One generated world and what the user wants done in it."""
 
     rng: random.Random
-    state: dict[str, Any]
+    state: WorldState
     owner_id: str | None
     attrs: dict[str, Any]
     entities: list[str]
@@ -161,18 +162,11 @@ class ChainEnvironment(Environment):
         return sorted(out, key=lambda s: order.get(s["function"]["name"], len(order)))
 
     # Environment hooks ---------------------------------------------------------------------
-    def fork_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        """The backend only replaces top-level fields of records, notes and counters, and
-        appends writes: copying those levels is enough (and much cheaper than a deep copy)."""
-        out = dict(state)
-        for key in ("entities", "owners"):
-            out[key] = {k: dict(v) for k, v in state[key].items()}
-        for key in ("memory", "_flaky", "_silent"):
-            out[key] = dict(state[key])
-        out["writes"] = list(state["writes"])
-        return out
+    def fork_state(self, state: WorldState) -> WorldState:
+        """The levels the backend changes, copied (`WorldState.fork`)."""
+        return state.fork()
 
-    def call_tool(self, state: dict[str, Any], name: str, arguments: Any) -> Any:
+    def call_tool(self, state: WorldState, name: str, arguments: Any) -> Any:
         return self.world.call(state, name, arguments)
 
     def tool_schemas(self) -> list[dict[str, Any]]:
@@ -208,7 +202,7 @@ class ChainEnvironment(Environment):
     def require_effects(cls, roles: Roles, catalog: Catalog) -> None:
         """Raise NotSynthesizable when nothing a lookup shows is known to change by the action (for
         a family whose lookup after the write must tell whether it took effect). Elsewhere such
-        a write is logged (`state["writes"]`), never shown as a change the traces never showed."""
+        a write is logged (`WorldState.writes`), never shown as a change the traces never showed."""
         changes, fields = write_effects(roles, catalog)
         if not changes and not fields:
             raise NotSynthesizable(
@@ -383,18 +377,14 @@ class ChainEnvironment(Environment):
                 found = get_all(records[eid], path_tokens(r.label_path))
                 if found:
                     labels[eid] = found[0]
-        state = {
-            "owners": owners,
-            "entities": records,
-            "memory": {},
-            "writes": [],
-            "_finder": {owner_id: attrs} if owner_id is not None else {},
-            "_flaky": {},
-            "_silent": {},
-            "_seed": seed,
-            "_status": status,
-            "_guard": bool(self.knobs.get("guard", False)),
-        }
+        state = WorldState(
+            owners=owners,
+            entities=records,
+            seed=seed,
+            finder={owner_id: attrs} if owner_id is not None else {},
+            status=status,
+            guard=bool(self.knobs.get("guard", False)),
+        )
         return Ctx(
             rng, state, owner_id, attrs, entities, targets, labels, calls, phrases, needs_owner
         )
@@ -563,16 +553,16 @@ class ChainEnvironment(Environment):
         return chain
 
     def status_of(self, ctx: Ctx, eid: str) -> Any:
-        status = ctx.state["_status"]
-        return ctx.state["entities"][eid].get(status["field"]) if status else None
+        status = ctx.state.status
+        return ctx.state.entities[eid].get(status["field"]) if status else None
 
     def allowed(self, ctx: Ctx, eid: str) -> bool:
-        status = ctx.state["_status"]
+        status = ctx.state.status
         return status is None or self.status_of(ctx, eid) in status["allowed"]
 
     def answer(self, ctx: Ctx, done: list[str], refused: list[str]) -> str:
         noun = self.roles.entity_noun
-        status = ctx.state["_status"]
+        status = ctx.state.status
         parts = []
         for t in done:
             after = f" (status now {status['after']})" if status and status.get("after") else ""

@@ -441,7 +441,7 @@ class ListSelectionEnv(ChainEnvironment):
         ctx = self.world_ctx(seed, n_targets=n_targets, n_entities=n_targets + others)
         rng = random.Random(f"{self.family}:{seed}:list")
         builder = WorldBuilder(self.catalog, r, rng, None)
-        builder.taken |= {str(v) for v in _strings(ctx.state)}
+        builder.taken |= {str(v) for v in _strings(vars(ctx.state))}  # every field's strings
         arg = self._value_schema()
         pool = self._labels()
         rng.shuffle(pool)
@@ -466,12 +466,12 @@ class ListSelectionEnv(ChainEnvironment):
         wanted = [names_by[t][i] for t in ctx.targets if names_by[t] for i in chosen_by[t]]
         self._similar(ctx.targets, wanted, names_by)
         for eid in ctx.entities:
-            record = ctx.state["entities"][eid]
+            record = ctx.state.entities[eid]
             record = self._fill(builder, record, plan.list_path, plan.field, values_by[eid],
                                 plan.label, names_by[eid])  # fmt: skip
             if plan.mirror:
                 record = self._mirror(builder, record, values_by[eid], names_by[eid])
-            ctx.state["entities"][eid] = record
+            ctx.state.entities[eid] = record
         self._link(ctx)
         expected: dict[str, list[str]] = {}
         said: dict[str, str] = {}
@@ -505,8 +505,8 @@ class ListSelectionEnv(ChainEnvironment):
             return
         for i, eid in enumerate(entities):
             for path in links:
-                ctx.state["entities"][eid] = set_at(
-                    ctx.state["entities"][eid], path_tokens(path), entities[(i + 1) % len(entities)]
+                ctx.state.entities[eid] = set_at(
+                    ctx.state.entities[eid], path_tokens(path), entities[(i + 1) % len(entities)]
                 )
 
     def _similar(

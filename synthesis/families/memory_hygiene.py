@@ -75,15 +75,15 @@ class MemoryHygieneEnv(ChainEnvironment):
         field_name = self._stale_field()
         ctx = self.world_ctx(seed, n_targets=n, n_entities=n + int(k["distractors"]))
         r = self.roles
-        status = ctx.state["_status"]
+        status = ctx.state.status
         if field_name is None and status is None:  # the observed status values, no rule
-            status = ctx.state["_status"] = synthetic_status(r, self.catalog)
+            status = ctx.state.status = synthetic_status(r, self.catalog)
             if status is None:
                 raise NotSynthesizable(f"{r.lookup}'s records have no status to take notes of")
             for eid in ctx.entities:
-                ctx.state["entities"][eid][status["field"]] = ctx.rng.choice(status["allowed"])
-        memory = ctx.state["memory"]
-        flaky = ctx.state["_flaky"]
+                ctx.state.entities[eid][status["field"]] = ctx.rng.choice(status["allowed"])
+        memory = ctx.state.memory
+        flaky = ctx.state.flaky
         oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []
         goal = Goal(
             required_calls=[],
@@ -149,7 +149,7 @@ class MemoryHygieneEnv(ChainEnvironment):
         return self.build_task(seed, ctx, instruction, goal, oracle, prompt=prompt.strip())
 
     def extra_checks(self, episode: Any) -> list[dict[str, Any]]:
-        memory = episode.state.get("memory", {})
+        memory = episode.state.memory
         out = []
         for key, text in episode.task.goal.memory_includes.items():
             note = memory.get(key, {})

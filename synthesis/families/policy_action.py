@@ -444,8 +444,8 @@ class PolicyActionEnv(ChainEnvironment):
         fan = next((i for i, t in enumerate(tokens) if t == "[*]"), None)
         if fan is None or not tokens[fan + 1 :]:
             return
-        records = ctx.state["entities"]
-        for item in get_all(ctx.state["owners"][ctx.owner_id], tokens[: fan + 1]):
+        records = ctx.state.entities
+        for item in get_all(ctx.state.owners[ctx.owner_id], tokens[: fan + 1]):
             found = get_all(item, tokens[fan + 1 :])
             record = records.get(found[0]) if found and isinstance(found[0], str) else None
             if isinstance(item, dict) and record is not None:
@@ -465,13 +465,13 @@ class PolicyActionEnv(ChainEnvironment):
         ctx = self.world_ctx(seed, n_targets=n, n_entities=n + int(k.get("distractors", 0)))
         rng, r, policy = ctx.rng, self.roles, self.policy
         if policy.after:  # the backend's write then leaves the record in the recorded state
-            ctx.state["_status"] = {"field": policy.after["field"], "allowed": [],
-                                    "refused": [], "after": policy.after["value"]}  # fmt: skip
+            ctx.state.status = {"field": policy.after["field"], "allowed": [],
+                                "refused": [], "after": policy.after["value"]}  # fmt: skip
         n_forbidden = round(n * float(k.get("forbidden_share", 0.5))) if policy.checked else 0
         refused = set(rng.sample(ctx.targets, min(n_forbidden, n)))
         why: dict[str, tuple[str, str, bool]] = {}  # refused -> (field, value shown, telling)
         for eid in ctx.entities:
-            record = ctx.state["entities"][eid]
+            record = ctx.state.entities[eid]
             broken = rng.choice(policy.checked) if eid in refused else None
             for path, f in policy.fields.items():
                 rule = broken if broken is not None and broken.path == path else None

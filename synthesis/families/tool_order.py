@@ -105,16 +105,16 @@ class ToolOrderEnv(ChainEnvironment):
         nobody can be expected to reproduce a generated `thought`)."""
         r = self.roles
         schema = self.catalog.tools[tool]
-        gen = Gen(random.Random(f"side:{ctx.state['_seed']}:{eid}"))
+        gen = Gen(random.Random(f"side:{ctx.state.seed}:{eid}"))
         args: dict[str, Any] = {}
         pinned: dict[str, Any] = {}
         for name in schema.required:
             found: list[Any] = []
             for flow in self.catalog.flows_into(tool, name):
                 if flow.source == r.lookup:
-                    found = get_all(ctx.state["entities"][eid], path_tokens(flow.path))
+                    found = get_all(ctx.state.entities[eid], path_tokens(flow.path))
                 elif flow.source == r.owner and ctx.owner_id is not None:
-                    found = get_all(ctx.state["owners"][ctx.owner_id], path_tokens(flow.path))
+                    found = get_all(ctx.state.owners[ctx.owner_id], path_tokens(flow.path))
                 if found:
                     break
             if found:

@@ -50,7 +50,7 @@ class VerifyBeforeFinishEnv(ChainEnvironment):
 
     def _shown(self, ctx: Ctx, t: str, changes: bool) -> list[str]:
         """The values a lookup shows once the write took effect, which the answer must report."""
-        status = ctx.state["_status"]
+        status = ctx.state.status
         if changes and status:
             return [str(status["after"])]
         call = ctx.calls[t]
@@ -72,7 +72,7 @@ class VerifyBeforeFinishEnv(ChainEnvironment):
         ctx = self.world_ctx(seed, n_targets=n, n_entities=n + int(k["distractors"]))
         r = self.roles
         changes, _ = write_effects(r, self.catalog)
-        silent = ctx.state["_silent"]
+        silent = ctx.state.silent
         for t in ctx.rng.sample(ctx.targets, min(int(k.get("silent", 0)), n)):
             silent[t] = 1
         oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []

@@ -72,6 +72,9 @@ from tracegym.synthesis.world.roles import (
     infer_roles,
     synthetic_status,
 )
+from tracegym.synthesis.world.state import (
+    WorldState,
+)
 from tracegym.synthesis.world.values import (
     Gen,
     Maker,
@@ -94,6 +97,7 @@ __all__ = [
     "ToolError",
     "ToolWorld",
     "WorldBuilder",
+    "WorldState",
     "agree",
     "calculate",
     "canonical",

@@ -35,6 +35,9 @@ from tracegym.synthesis.world.json_paths import (
 from tracegym.synthesis.world.roles import (
     Roles,
 )
+from tracegym.synthesis.world.state import (
+    WorldState,
+)
 from tracegym.synthesis.world.values import (
     Gen,
 )
@@ -60,11 +63,11 @@ MEMORY_TOOLS = {
 
 
 class ToolWorld:
-    """Executes tool calls against a task's state (a JSON-like dict).
+    """Executes tool calls against a task's state (a `WorldState`).
 
-    Public state (what the verifier hashes): `owners`, `entities`, `memory`, `writes`. Keys that
-    start with `_` are the backend's own bookkeeping (finder attributes, flaky reads, silent
-    failures) and never reach the hash. A read returns the record asked for; the action stores
+    Public state (what the verifier hashes): `owners`, `entities`, `memory`, `writes`. The other
+    fields are the backend's own bookkeeping (finder attributes, flaky reads, silent failures)
+    and never reach the hash. A read returns the record asked for; the action stores
     what its arguments name and answers in its recorded result shape.
     """
 
@@ -153,32 +156,32 @@ class ToolWorld:
         return dict(arguments)
 
     # execution
-    def call(self, state: dict[str, Any], name: str, arguments: Any) -> Any:
+    def call(self, state: WorldState, name: str, arguments: Any) -> Any:
         args = self.check_arguments(name, arguments)
         r = self.roles
         if name == MEMORY_SEARCH:
             query = str(args.get("query", "")).casefold()
-            notes = [{"key": k, **v} for k, v in sorted(state["memory"].items())]
+            notes = [{"key": k, **v} for k, v in sorted(state.memory.items())]
             return [n for n in notes if query in canonical(n).casefold()] if query else notes
         if name == MEMORY_UPDATE:
-            state["memory"][str(args["key"])] = {"content": str(args["content"])}
+            state.memory[str(args["key"])] = {"content": str(args["content"])}
             return "saved"
         if name == r.finder:
             return self._find(state, args)
         if name == r.owner:
             oid = args.get(r.owner_arg)
-            if oid not in state["owners"]:
+            if oid not in state.owners:
                 raise ToolError(f"{r.owner_arg} {oid!r} not found")
-            return state["owners"][oid]
+            return state.owners[oid]
         if name == r.lookup:
             eid = args.get(r.lookup_arg)
-            if eid not in state["entities"]:
+            if eid not in state.entities:
                 raise ToolError(f"{r.lookup_arg} {eid!r} not found")
-            flaky = state["_flaky"]
+            flaky = state.flaky
             if flaky.get(eid, 0) > 0:
                 flaky[eid] -= 1
                 raise ToolError(f"{name}: upstream timeout, try again")
-            return state["entities"][eid]
+            return state.entities[eid]
         if name == r.action:
             return self._act(state, args)
         schema = self.schemas[name]
@@ -188,19 +191,19 @@ class ToolWorld:
             return calculate(expression)
         if lowered.startswith("think"):
             return ""
-        rng = random.Random(f"{state['_seed']}:{name}:{canonical(args)}")
+        rng = random.Random(f"{state.seed}:{name}:{canonical(args)}")
         result = Gen(rng).value(schema.result)
         if isinstance(result, dict):  # the record asked for: its id is the one requested
             for arg, field_name in self.echoes.get(name, ()):
                 if arg in args:
                     result[field_name] = args[arg]
         if not schema.read:
-            state["writes"].append({"tool": name, "arguments": canonical_value(args)})
+            state.writes.append({"tool": name, "arguments": canonical_value(args)})
         return result
 
-    def _find(self, state: dict[str, Any], args: Mapping[str, Any]) -> Any:
+    def _find(self, state: WorldState, args: Mapping[str, Any]) -> Any:
         wanted = {k: str(v).strip().casefold() for k, v in args.items()}
-        for oid, attrs in state["_finder"].items():
+        for oid, attrs in state.finder.items():
             if all(str(attrs.get(k, "")).strip().casefold() == v for k, v in wanted.items()):
                 tokens = path_tokens(self.roles.finder_path)
                 if not tokens:
@@ -208,24 +211,24 @@ class ToolWorld:
                 return set_at({}, tokens, oid)
         raise ToolError("no matching record found")
 
-    def _act(self, state: dict[str, Any], args: Mapping[str, Any]) -> Any:
+    def _act(self, state: WorldState, args: Mapping[str, Any]) -> Any:
         r = self.roles
         eid = args.get(r.id_arg)
-        record = state["entities"].get(eid)
+        record = state.entities.get(eid)
         if record is None:
             raise ToolError(f"{r.id_arg} {eid!r} not found")
-        status = state.get("_status")
-        silent = state["_silent"]
+        status = state.status
+        silent = state.silent
         if status:
             current = record.get(status["field"])
-            if state.get("_guard") and current not in status["allowed"]:
+            if state.guard and current not in status["allowed"]:
                 raise ToolError(f"{r.action}: not allowed while {status['field']} is {current!r}")
         changed = dict(record)
         for name, tokens in self.sets.items():
             if name in args:
                 changed = replace_at(changed, tokens, canonical_value(args[name]))
         if self.fills:  # what the recorded results held where lookups showed nothing
-            made = Gen(random.Random(f"{state['_seed']}:{r.action}:{canonical(args)}:fill"))
+            made = Gen(random.Random(f"{state.seed}:{r.action}:{canonical(args)}:fill"))
             for key, shape in self.fills.items():
                 changed[key] = made.value(shape)
         if status and status.get("after"):
@@ -233,12 +236,12 @@ class ToolWorld:
         if silent.get(eid, 0) > 0:  # reports success, saves nothing
             silent[eid] -= 1
             return self._action_result(state, changed, args)
-        state["entities"][eid] = changed
-        state["writes"].append({"tool": r.action, "arguments": canonical_value(args)})
+        state.entities[eid] = changed
+        state.writes.append({"tool": r.action, "arguments": canonical_value(args)})
         return self._action_result(state, changed, args)
 
     def _action_result(
-        self, state: Mapping[str, Any], record: dict[str, Any], args: Mapping[str, Any]
+        self, state: WorldState, record: dict[str, Any], args: Mapping[str, Any]
     ) -> Any:
         """What the real tool returned, in its recorded shape: the record's fields (after the
         write) and the call's arguments where the shape has them, the rest generated."""
@@ -261,7 +264,7 @@ class ToolWorld:
                 else:
                     missing.append(key)
             if missing:  # generated only when needed: a large result shape costs a step
-                rng = random.Random(f"{state['_seed']}:{self.roles.action}:{canonical(args)}")
+                rng = random.Random(f"{state.seed}:{self.roles.action}:{canonical(args)}")
                 made = Gen(rng).value(shape)
                 for key in missing:
                     out[key] = made.get(key) if isinstance(made, dict) else None
@@ -269,7 +272,7 @@ class ToolWorld:
         if kind == "string":
             examples = shape.get("examples") or ()
             return examples[0] if examples else "ok"  # "ok" only where nothing was recorded
-        rng = random.Random(f"{state['_seed']}:{self.roles.action}:{canonical(args)}")
+        rng = random.Random(f"{state.seed}:{self.roles.action}:{canonical(args)}")
         return Gen(rng).value(shape)
 
 
@@ -335,10 +338,16 @@ def replace_at(record: dict[str, Any], tokens: list[str], value: Any) -> dict[st
     return out
 
 
-def public_state(state: Mapping[str, Any], memory: bool = False) -> dict[str, Any]:
+def public_state(state: WorldState | Mapping[str, Any], memory: bool = False) -> dict[str, Any]:
     """What the verifier's state hash covers: records and writes, without the backend's own
-    bookkeeping (`_` keys) and, unless asked, without memory (free text: checked separately)."""
-    out = {k: v for k, v in state.items() if not k.startswith("_") and (memory or k != "memory")}
+    bookkeeping (a `WorldState`'s private fields; a plain dict state's `_` keys) and, unless
+    asked, without memory (free text: checked separately). Writes in a canonical order."""
+    if isinstance(state, WorldState):
+        out = state.to_dict(memory=memory)
+    else:
+        out = {
+            k: v for k, v in state.items() if not k.startswith("_") and (memory or k != "memory")
+        }
     if "writes" in out:
         out["writes"] = sorted(out["writes"], key=canonical)
     return out
