@@ -291,7 +291,7 @@ class AmountEnv(ChainEnvironment):
         for t in ctx.targets:
             goal.required_calls.append(self.action_call(ctx, t))  # the record, any amount
             ctx.calls[t][self.argument] = expected[t]
-            oracle += [self.lookup_call(t), self.action_call(ctx, t)]
+            oracle += [self.lookup_call(t, ctx), self.action_call(ctx, t)]
         goal.amounts = {t: float(parse_number(v) or 0.0) for t, v in expected.items()}
         oracle.append({"answer": self.amount_answer(ctx, expected)})
         return self.build_task(seed, ctx, self.instruction(ctx), goal, oracle)

@@ -61,7 +61,7 @@ class BudgetEnv(ChainEnvironment):
         goal = Goal(required_calls=[], answer_includes=[], forbidden_calls=[])
         done, refused = [], []
         for t in ctx.targets:
-            oracle.append(self.lookup_call(t))
+            oracle.append(self.lookup_call(t, ctx))
             if self.allowed(ctx, t):
                 oracle.append(self.action_call(ctx, t))
                 goal.required_calls.append(self.action_call(ctx, t))

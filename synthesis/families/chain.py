@@ -371,6 +371,13 @@ class ChainEnvironment(Environment):
                 chosen = self._choose(rng, arg, get_all(record, path_tokens(src["path"])))
                 calls[t][name] = chosen
                 phrases[t].append(self._phrase(name, record, src["path"], chosen, where))
+        # a value the user gives that the lookup also takes (and its result echoes) is the
+        # record's own: tau2 telecom's line_id names the line whose usage get_data_usage shows
+        lookup = self.catalog.tools.get(r.lookup or "")
+        for t in targets:
+            for name in lookup.required if lookup else ():
+                if name != r.lookup_arg and name in calls[t] and name in records[t]:
+                    records[t][name] = calls[t][name]
         labels = {}
         if r.label_path:
             for eid in entities:
@@ -537,8 +544,23 @@ class ChainEnvironment(Environment):
             return f"Please {words[0] if words else verb} {join_and(out)}."
         return f"Please {verb} for {join_and(out)}."
 
-    def lookup_call(self, eid: str) -> Action:
-        return {"name": self.roles.lookup, "arguments": {self.roles.lookup_arg: eid}}
+    def lookup_call(self, eid: str, ctx: Ctx | None = None) -> Action:
+        """The lookup of record `eid`; the lookup's other required arguments take the record's
+        own field of that name, else what the action's call on it passes under that name (tau2
+        telecom's `get_data_usage(customer_id, line_id)` before `refuel_data(customer_id,
+        line_id, ...)`)."""
+        args: dict[str, Any] = {self.roles.lookup_arg: eid}
+        schema = self.catalog.tools.get(self.roles.lookup or "")
+        call = ctx.calls.get(eid, {}) if ctx is not None else {}
+        record = ctx.state.entities.get(eid, {}) if ctx is not None else {}
+        for name in schema.required if schema else ():
+            if name in args:
+                continue
+            if isinstance(record, dict) and isinstance(record.get(name), (str, int, float)):
+                args[name] = record[name]
+            elif name in call:
+                args[name] = call[name]
+        return {"name": self.roles.lookup, "arguments": args}
 
     def action_call(self, ctx: Ctx, eid: str) -> Action:
         return {"name": self.roles.action, "arguments": dict(ctx.calls[eid])}
@@ -634,7 +656,7 @@ class ChainEnvironment(Environment):
             for action in oracle:
                 eid = (action.get("arguments") or {}).get(r.id_arg)
                 if action.get("name") == r.action and isinstance(eid, str):
-                    read = self.lookup_call(eid)
+                    read = self.lookup_call(eid, ctx)
                     if not any(a.get("name") == lookup and a == read for a in out):
                         out.append(read)
                         added += 1

@@ -62,7 +62,7 @@ class GroundingEnv(ChainEnvironment):
             forbidden_calls=[],
         )
         for t in ctx.targets:
-            oracle += [self.lookup_call(t), self.action_call(ctx, t)]
+            oracle += [self.lookup_call(t, ctx), self.action_call(ctx, t)]
             goal.required_calls.append(self.action_call(ctx, t))
             goal.answer_includes.append(t)
         for other in ctx.entities[len(ctx.targets) :]:

@@ -491,7 +491,7 @@ class ListSelectionEnv(ChainEnvironment):
         instruction = self._instruction(ctx, said, names_by, chosen_by)
         oracle: list[Action] = []
         for t in ctx.targets:
-            oracle += [self.lookup_call(t), self.action_call(ctx, t)]
+            oracle += [self.lookup_call(t, ctx), self.action_call(ctx, t)]
         oracle.append({"answer": self.answer(ctx, list(ctx.targets), [])})
         goal = Goal(answer_includes=list(ctx.targets))
         task = self.build_task(seed, ctx, instruction, goal, oracle)

@@ -119,7 +119,7 @@ class MemoryHygieneEnv(ChainEnvironment):
             attempts = int(k.get("flaky", 0)) if i == 0 else min(int(k.get("flaky", 0)), 1)
             if attempts:
                 flaky[t] = attempts
-            oracle += [self.lookup_call(t)] * (attempts + 1)
+            oracle += [self.lookup_call(t, ctx)] * (attempts + 1)
             if self.allowed(ctx, t):
                 oracle.append(self.action_call(ctx, t))
                 goal.required_calls.append(self.action_call(ctx, t))

@@ -489,7 +489,7 @@ class PolicyActionEnv(ChainEnvironment):
         )
         done, left = [], []
         for t in ctx.targets:
-            read = self.lookup_call(t)
+            read = self.lookup_call(t, ctx)
             oracle.append(read)
             goal.required_calls.append(read)
             act = {"name": r.action, "arguments": {r.id_arg: t}}

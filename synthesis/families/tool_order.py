@@ -148,7 +148,7 @@ class ToolOrderEnv(ChainEnvironment):
         done, refused = [], []
         afters: set[str] = set()
         for t in ctx.targets:
-            oracle.append(self.lookup_call(t))
+            oracle.append(self.lookup_call(t, ctx))
             side: dict[str, Action] = {}
             for tool in (before, after):
                 if tool not in chain:

@@ -78,7 +78,7 @@ class VerifyBeforeFinishEnv(ChainEnvironment):
         oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []
         goal = Goal(required_calls=[], verify_after=[], answer_includes=[])
         for t in ctx.targets:
-            check = self.lookup_call(t)
+            check = self.lookup_call(t, ctx)
             oracle += [check, self.action_call(ctx, t), check]
             if silent.get(t):
                 oracle += [self.action_call(ctx, t), check]
