@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -131,3 +132,36 @@ def learn_wording(requests: Sequence[tuple[str, str | None]]) -> Wording:
 
 
 __all__ = ["IDENTITY", "Wording", "WordingError", "learn_wording"]
+
+
+# Requests about records -----------------------------------------------------------------------
+RECORD, CUSTOMER = "\x00record\x00", "\x00customer\x00"  # slots of a learnt request template
+
+
+def learn_record_template(
+    requests: Sequence[Any], id_regex: str, owner_regex: str | None, left_over: str = r"\d"
+) -> str:
+    """The users' most common wording of a request about one record (`Gap.requests`), with the
+    record's id (and the customer's) as slots: recorded texts naming exactly one record, with
+    nothing matching `left_over` left in them (another value a task could not fill); "" when
+    fewer than `MIN_REQUESTS` requests share one."""
+    ids = re.compile(id_regex.strip("^$"))
+    owners = re.compile(owner_regex.strip("^$")) if owner_regex else None
+    counts: Counter[str] = Counter()
+    for request in requests:
+        text = " ".join(request.text.split())
+        if len(ids.findall(text)) != 1:
+            continue
+        text = ids.sub(RECORD, text)
+        text = owners.sub(CUSTOMER, text) if owners is not None else text
+        if re.search(left_over, text.replace(RECORD, "").replace(CUSTOMER, "")):
+            continue
+        counts[text] += 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))
+    return ranked[0][0] if ranked and ranked[0][1] >= MIN_REQUESTS else ""
+
+
+def fill_record_template(template: str, records: str, customer: str, said: Sequence[str]) -> str:
+    """A learnt template with its slots filled, and what else the user states after it."""
+    text = template.replace(RECORD, records).replace(CUSTOMER, customer)
+    return text + (f" ({'; '.join(said)})" if said else "")

@@ -17,9 +17,7 @@ pass), `distractors` (other records of the customer), `items` (list elements sum
 from __future__ import annotations
 
 import random
-import re
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from tracegym.analysis import detector_names as dn
@@ -31,12 +29,12 @@ from tracegym.analysis.arithmetic import (
     record_numbers,
 )
 from tracegym.analysis.detectors.amounts import AmountRule
-from tracegym.analysis.gap import Gap, GapRequest, MinedRule
+from tracegym.analysis.gap import Gap, MinedRule
 from tracegym.synthesis.base import Action, Episode, Task
 from tracegym.synthesis.families.chain import ChainEnvironment, Ctx, human, join_and
 from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import Catalog, EnvironmentSpec
-from tracegym.synthesis.wording import MIN_REQUESTS
+from tracegym.synthesis.wording import fill_record_template, learn_record_template
 from tracegym.synthesis.world import (
     NotSynthesizable,
     Roles,
@@ -48,7 +46,6 @@ from tracegym.synthesis.world import (
 )
 
 SUPPORTED = ("field", "share", "sum", "difference", "sum_over")
-RECORD, CUSTOMER = "\x00record\x00", "\x00customer\x00"
 DRAWS = 100  # tries at numbers whose amount is in the argument's recorded range, and no other
 # number of the record
 
@@ -81,27 +78,6 @@ def _number_shape(shape: Mapping[str, Any]) -> tuple[float, float, int, bool] | 
                        for v in shape["examples"])  # fmt: skip
         return min(numbers), max(numbers), min(decimals, 2), True
     return None
-
-
-def learn_template(requests: Sequence[GapRequest], id_regex: str, owner_regex: str | None) -> str:
-    """The users' most common wording of the request, with the record (and customer) as slots:
-    recorded texts naming exactly one record id, other id-like words left out; "" if fewer than
-    `MIN_REQUESTS` share one."""
-    ids = re.compile(id_regex.strip("^$"))
-    owners = re.compile(owner_regex.strip("^$")) if owner_regex else None
-    counts: Counter[str] = Counter()
-    for request in requests:
-        text = " ".join(request.text.split())
-        if len(ids.findall(text)) != 1:
-            continue
-        text = ids.sub(RECORD, text)
-        if owners is not None:
-            text = owners.sub(CUSTOMER, text)
-        if re.search(r"\d{3,}", text.replace(RECORD, "").replace(CUSTOMER, "")):
-            continue  # another number the task would not know how to fill
-        counts[text] += 1
-    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))
-    return ranked[0][0] if ranked and ranked[0][1] >= MIN_REQUESTS else ""
 
 
 class AmountEnv(ChainEnvironment):
@@ -194,10 +170,11 @@ class AmountEnv(ChainEnvironment):
             else []
         )
         template = (
-            learn_template(
+            learn_record_template(
                 gap.requests,
                 id_formats[0]["regex"],
                 owner_formats[0]["regex"] if owner_formats else None,
+                left_over=r"\d{3,}",
             )
             if id_formats
             else ""
@@ -299,10 +276,9 @@ class AmountEnv(ChainEnvironment):
     def instruction(self, ctx: Ctx) -> str:
         if not self.template:
             return f"Hi. {self.request(ctx, ctx.targets)}"
-        text = self.template.replace(RECORD, join_and(ctx.targets))
-        text = text.replace(CUSTOMER, str(ctx.owner_id or ""))
         said = [p for t in ctx.targets for p in ctx.phrases[t]]
-        return text + (f" ({'; '.join(said)})" if said else "")
+        return fill_record_template(self.template, join_and(ctx.targets), str(ctx.owner_id or ""),
+                                    said)  # fmt: skip
 
     def amount_answer(self, ctx: Ctx, expected: Mapping[str, Any]) -> str:
         noun, what = self.roles.entity_noun, human(self.argument)

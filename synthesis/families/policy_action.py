@@ -24,8 +24,6 @@ traces recorded after it (the catalog's status rule), where they did.
 from __future__ import annotations
 
 import random
-import re
-from collections import Counter
 from collections.abc import Sequence
 from copy import deepcopy
 from dataclasses import asdict, dataclass, field
@@ -34,12 +32,13 @@ from typing import Any
 
 from tracegym.analysis import detector_names as dn
 from tracegym.analysis.detectors.state import DAY_OFFSET, date_value, enum_value, show_number
-from tracegym.analysis.gap import Gap, GapRequest, MinedRule
+from tracegym.analysis.gap import Gap, MinedRule
 from tracegym.synthesis.base import Action, Task
 from tracegym.synthesis.conventions import Conventions
 from tracegym.synthesis.families.chain import ChainEnvironment, Ctx, human, join_and
 from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import Catalog, EnvironmentSpec
+from tracegym.synthesis.wording import CUSTOMER, fill_record_template, learn_record_template
 from tracegym.synthesis.world import (
     Gen,
     NotSynthesizable,
@@ -51,28 +50,6 @@ from tracegym.synthesis.world import (
 )
 
 PRECONDITION, TRIGGER = "precondition", "trigger"
-RECORD, CUSTOMER = "\x00record\x00", "\x00customer\x00"  # slots of a learnt request
-MIN_REQUESTS = 2  # recorded requests that must share a wording
-
-
-def learn_template(requests: Sequence[GapRequest], id_regex: str, owner_regex: str | None) -> str:
-    """The users' most common wording of the request (`Gap.requests`), the record's id (and the
-    customer's) as slots: recorded texts naming exactly one record, no other number left in;
-    "" when fewer than `MIN_REQUESTS` requests share one."""
-    ids = re.compile(id_regex.strip("^$"))
-    owners = re.compile(owner_regex.strip("^$")) if owner_regex else None
-    counts: Counter[str] = Counter()
-    for request in requests:
-        text = " ".join(request.text.split())
-        if len(ids.findall(text)) != 1:
-            continue
-        text = ids.sub(RECORD, text)
-        text = owners.sub(CUSTOMER, text) if owners is not None else text
-        if re.search(r"\d", text):
-            continue  # another value this task could not fill
-        counts[text] += 1
-    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))
-    return ranked[0][0] if ranked and ranked[0][1] >= MIN_REQUESTS else ""
 
 
 @dataclass
@@ -369,7 +346,7 @@ class PolicyActionEnv(ChainEnvironment):
             catalog.tools[roles.owner].arguments.get(roles.owner_arg or "") if roles.owner else None
         )
         template = (
-            learn_template(
+            learn_record_template(
                 gap.requests,
                 id_formats[0]["regex"],
                 owner.formats[0]["regex"] if owner and owner.formats else None,
@@ -516,10 +493,9 @@ class PolicyActionEnv(ChainEnvironment):
         if not self.template or (CUSTOMER in self.template and ctx.owner_id is None):
             who = self.identity(ctx) if ctx.needs_owner else ""
             return f"Hi. {who}{self.request(ctx, ctx.targets)}"
-        text = self.template.replace(RECORD, join_and(ctx.targets))
-        text = text.replace(CUSTOMER, str(ctx.owner_id or ""))
         said = [p for t in ctx.targets for p in ctx.phrases[t]]
-        return text + (f" ({'; '.join(said)})" if said else "")
+        return fill_record_template(self.template, join_and(ctx.targets), str(ctx.owner_id or ""),
+                                    said)  # fmt: skip
 
     def _answer(
         self, done: list[str], left: list[str], why: dict[str, tuple[str, str, bool]]
