@@ -677,3 +677,34 @@ def test_otlp_json_importer_errors_name_file_and_line(tmp_path: Path):
     with pytest.raises(ImportFormatError):
         import_path("otlp-json", path, home)
     assert not (home / "spool").exists() or not list((home / "spool").iterdir())
+
+
+def test_another_instrumentations_spans_in_process_fill_the_same_columns(tmp_path):
+    """An OpenInference instrumentor in the same process as `tg.init()` writes its spans to the
+    spool: they land in `llm_calls` and `tool_calls` as they do through `tracegym collect`, and
+    tracegym's own spans are written as they are."""
+    import tracegym as tg
+    from opentelemetry.sdk.trace import TracerProvider
+    from tracegym.store.store import Store
+    from tracegym.tracer.operations import state
+
+    saved = state.tracer, state.settings
+    provider = TracerProvider()
+    tg.init(home=tmp_path, provider=provider)
+    try:
+        other = provider.get_tracer("openinference.instrumentation.openai")
+        with other.start_as_current_span("ChatCompletion") as span:
+            span.set_attributes({"openinference.span.kind": "LLM", "llm.model_name": "gpt-4o",
+                                 "llm.token_count.prompt": 12,
+                                 "llm.token_count.completion": 3})  # fmt: skip
+        with other.start_as_current_span("search_orders") as span:
+            span.set_attributes({"openinference.span.kind": "TOOL", "tool.name": "search_orders",
+                                 "input.value": '{"customer": "c1"}'})  # fmt: skip
+    finally:
+        tg.shutdown()
+        state.tracer, state.settings = saved
+    with Store(tmp_path) as store:
+        llm = store.sql("SELECT model, input_tokens, output_tokens FROM llm_calls").fetchall()
+        tools = store.sql("SELECT tool, arguments FROM tool_calls").fetchall()
+    assert llm == [("gpt-4o", 12, 3)]
+    assert tools == [("search_orders", '{"customer": "c1"}')]

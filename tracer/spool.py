@@ -28,6 +28,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from tracegym.tracer import internal
+from tracegym.tracer import semconv as sc
 
 SPOOL_VERSION = 1
 SPOOL_DIR = "spool"
@@ -38,12 +39,29 @@ def _hex_id(value: int, width: int) -> str:
     return format(value, f"0{width}x")
 
 
+def _attributes(span: ReadableSpan, scope: str | None) -> dict[str, Any]:
+    """The span's attributes; another instrumentation's (OpenInference, OpenLLMetry) get the
+    GenAI keys the store's views read added, as the OTLP receiver adds them, so a span lands in
+    the same columns whichever way it arrives. tracegym's own spans are written as they are."""
+    attributes = dict(span.attributes or {})
+    if scope == sc.INSTRUMENTATION_SCOPE:
+        return attributes
+    from tracegym.store.otlp import normalize_attributes  # only for other instrumentations
+
+    try:
+        return normalize_attributes(attributes, span.name)
+    except Exception as exc:  # the span is kept as it came, and the error counted
+        internal.report_error("spool.normalize", exc)
+        return attributes
+
+
 def span_record(span: ReadableSpan) -> dict[str, Any]:
     """A span as one spool line (before JSON encoding)."""
     ctx = span.context
     parent = span.parent
     status = span.status
     scope = span.instrumentation_scope
+    scope_name = scope.name if scope is not None else None
     return {
         "v": SPOOL_VERSION,
         "trace_id": _hex_id(ctx.trace_id, 32),
@@ -55,7 +73,7 @@ def span_record(span: ReadableSpan) -> dict[str, Any]:
         "end_ns": span.end_time,
         "status": status.status_code.name,
         "status_message": status.description,
-        "attributes": dict(span.attributes or {}),
+        "attributes": _attributes(span, scope_name),
         "events": [
             {"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})}
             for e in span.events
@@ -69,7 +87,7 @@ def span_record(span: ReadableSpan) -> dict[str, Any]:
             for link in span.links
         ],
         "resource": dict(span.resource.attributes) if span.resource is not None else {},
-        "scope": scope.name if scope is not None else None,
+        "scope": scope_name,
     }
 
 
