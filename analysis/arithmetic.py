@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tracegym.analysis.runs import flatten
+
 _NUMBER_TEXT = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _NUMBER_IN_TEXT = re.compile(r"(?<![\w.])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d])")
 _STRIP = re.compile(r"^[\s$€£¥%]+|[\s$€£¥%]+$")
@@ -126,25 +128,12 @@ def amount_of(value: Any) -> float | None:
     return parse_number(value)
 
 
-def _walk(value: Any, path: str, depth: int = 0) -> Iterable[tuple[str, Any]]:
-    if depth > 8:
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _walk(item, f"{path}.{key}" if path else str(key), depth + 1)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _walk(item, f"{path}[]", depth + 1)
-    else:
-        yield path, value
-
-
 def record_numbers(record: Any) -> tuple[dict[str, float], dict[str, list[float]]]:
     """A record's numbers: scalar paths ("total", "refund.fee") with their one number, and
     paths inside lists ("items[].price") with theirs, in record order."""
     scalars: dict[str, list[float]] = {}
     lists: dict[str, list[float]] = {}
-    for path, value in _walk(record, ""):
+    for path, value in flatten(record, root=""):
         number = amount_of(value)
         if number is not None:
             (lists if "[]" in path else scalars).setdefault(path, []).append(number)
@@ -169,7 +158,7 @@ def path_parts(path: str) -> list[str]:
 
 
 def _texts(value: Any) -> set[str]:
-    return {str(v).strip().casefold() for _, v in _walk(value, "") if isinstance(v, str)}
+    return {str(v).strip().casefold() for _, v in flatten(value) if isinstance(v, str)}
 
 
 @dataclass(frozen=True)

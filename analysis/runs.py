@@ -8,7 +8,7 @@ and fast enough. `runs_frame` gives the same data as a Polars DataFrame for feat
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,26 @@ def parse_json(text: Any) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+FLATTEN_DEPTH = 8  # deeper nesting than this is not walked
+
+
+def flatten(
+    value: Any, path: str = "", depth: int = 0, root: str = "value"
+) -> Iterator[tuple[str, Any]]:
+    """(path, scalar) for every scalar in a parsed JSON value ("status", "refund.fee"); list
+    items share "path[]"; a scalar value itself is at `root`."""
+    if depth > FLATTEN_DEPTH:
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from flatten(item, f"{path}.{key}" if path else str(key), depth + 1, root)
+    elif isinstance(value, list):
+        for item in value:
+            yield from flatten(item, f"{path}[]", depth + 1, root)
+    else:
+        yield path or root, value
 
 
 def json_type(value: Any) -> str:

@@ -468,6 +468,7 @@ class _Checker:
         self.facts = catalog.facts >= FACTS_VERSION
         roles = getattr(env, "roles", None)
         self.roles: Roles | None = roles if isinstance(roles, Roles) else None
+        self._effect_unknown: bool | None = None
         self.tools: dict[str, ToolSchema] = dict(catalog.tools)
         self.skipped: set[str] = set()
         if not self.facts:
@@ -660,18 +661,20 @@ class _Checker:
                 )
         return decisive
 
-    @staticmethod
-    def effect_unknown(env: Environment, name: str) -> bool:
+    def effect_unknown(self, env: Environment, name: str) -> bool:
         """Whether `name` is a chain world's action whose effect on its record the traces never
-        show (no mined status change after it, no argument naming a field of the record)."""
-        roles = getattr(env, "roles", None)
-        catalog = getattr(getattr(env, "spec", None), "catalog", None)
-        if roles is None or catalog is None or getattr(roles, "action", None) != name:
-            return False
-        from tracegym.synthesis.families.chain import write_effects
+        show (no mined status change after it, no argument naming a field of the record);
+        worked out once per checker."""
+        if self._effect_unknown is None:
+            catalog = getattr(getattr(env, "spec", None), "catalog", None)
+            unknown = False
+            if self.roles is not None and catalog is not None:
+                from tracegym.synthesis.families.chain import write_effects
 
-        changes, fields = write_effects(roles, catalog)
-        return not changes and not fields
+                changes, fields = write_effects(self.roles, catalog)
+                unknown = not changes and not fields
+            self._effect_unknown = unknown
+        return self._effect_unknown and self.roles is not None and self.roles.action == name
 
     def echo_problems(
         self, name: str, schema: ToolSchema | None, args: Any, result: Any, read: bool

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
@@ -29,7 +28,7 @@ from typing import Any
 from tracegym.analysis.arithmetic import parse_number
 from tracegym.analysis.detectors.ungrounded import argument_values, token_set_of
 from tracegym.analysis.features import is_tool
-from tracegym.analysis.runs import Run, Step, parse_json
+from tracegym.analysis.runs import Run, Step, flatten, parse_json
 from tracegym.analysis.tool_kinds import is_answer_tool, is_read_tool
 
 MAX_DEPTH = 8
@@ -46,20 +45,6 @@ def is_write(step: Step) -> bool:
     if step.attributes.get(REQUESTED_BY) not in (None, "assistant"):
         return False
     return is_tool(step) and not is_read_tool(name) and not is_answer_tool(name)
-
-
-def flatten(value: Any, path: str = "", depth: int = 0) -> Iterator[tuple[str, Any]]:
-    """(path, scalar) for every scalar in a parsed JSON value; list items share "path[]"."""
-    if depth > MAX_DEPTH:
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from flatten(item, f"{path}.{key}" if path else str(key), depth + 1)
-    elif isinstance(value, list):
-        for item in value:
-            yield from flatten(item, f"{path}[]", depth + 1)
-    else:
-        yield path or "value", value
 
 
 _ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?\S*)?")
