@@ -68,6 +68,25 @@ def print_rows(columns: list[str], rows: list[tuple], fmt: OutputFormat, console
         console.print(f"{len(rows)} row{'s' if len(rows) != 1 else ''}", style="dim")
 
 
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def text_json(relation: Any) -> Any:
+    """`relation` with its JSON columns as VARCHAR, so a Parquet file written from it holds
+    plain strings (Polars and Spark read DuckDB's JSON logical type as binary)."""
+    columns = list(relation.columns)
+    kinds = [str(kind) for kind in relation.types]
+    if "JSON" not in kinds:
+        return relation
+    return relation.project(
+        ", ".join(
+            f"CAST({_quoted(c)} AS VARCHAR) AS {_quoted(c)}" if k == "JSON" else _quoted(c)
+            for c, k in zip(columns, kinds, strict=True)
+        )
+    )
+
+
 def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
     """Add the store commands to `app`. `home_of(ctx, home)` resolves --home; `fail(msg)`
     prints a one-line error and exits with code 2."""
@@ -95,7 +114,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         if fmt is OutputFormat.parquet:
             if output is None:
                 fail("--format parquet writes a file: give --output FILE")
-            relation.write_parquet(str(output))
+            text_json(relation).write_parquet(str(output))
             typer.echo(f"wrote {output}")
             return
         try:

@@ -100,3 +100,25 @@ def empty_source() -> str:
     """A typed table expression with the spool's columns and no rows (an empty store)."""
     columns = ", ".join(f"NULL::{kind} AS {name}" for name, kind in SPOOL_COLUMNS.items())
     return f"(SELECT {columns} LIMIT 0)"
+
+
+# Columns holding JSON documents. The lake stores them as plain strings (Parquet UTF8), so that
+# Polars, pyarrow, Spark and DuckDB's own read_parquet see text rather than Binary (DuckDB's
+# JSON type is written with the JSON logical type, which most readers do not know); the views
+# cast them back to JSON, and parts written before this change (JSON logical type) read the same.
+JSON_COLUMNS = ("attributes", "events", "links", "resource")
+
+
+def _recast(kind: str) -> str:
+    return ", ".join(f"CAST({c} AS {kind}) AS {c}" for c in JSON_COLUMNS)
+
+
+def lake_write_select(select: str) -> str:
+    """`select` (lake rows) with the JSON columns as VARCHAR: what compaction writes."""
+    return f"SELECT * REPLACE ({_recast('VARCHAR')}) FROM ({select})"
+
+
+def lake_read_select(source: str) -> str:
+    """Rows of lake parts (`source`, a table expression) with the JSON columns as JSON again,
+    whichever way a part stored them (VARCHAR now, the JSON logical type before)."""
+    return f"SELECT * REPLACE ({_recast('JSON')}) FROM {source}"

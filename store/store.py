@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,43 @@ _ANALYZE = {"ANALYZE", "ANALYSE"}
 
 class ReadOnlyError(ValueError):
     """A statement that would write, drop, attach, copy or configure was refused."""
+
+
+MISSING_FRAMES = "{package} is needed for {what}: pip install 'tracegym[analysis]'"
+
+
+def require(package: str, what: str) -> None:
+    """Import `package` or raise ImportError naming the extra that brings it (the bare
+    install has no data frame library; `[analysis]` has pandas and Polars)."""
+    try:
+        __import__(package)
+    except ImportError:
+        raise ImportError(MISSING_FRAMES.format(package=package, what=what), name=package) from None
+
+
+class Relation(duckdb.DuckDBPyRelation):
+    """DuckDB's relation, whose data frame methods say which extra to install when pandas or
+    Polars is missing (DuckDB's own error names the package only)."""
+
+    __slots__ = ()
+
+    def df(self, *args: Any, **kwargs: Any) -> Any:
+        require("pandas", "Store.sql(...).df()")
+        return super().df(*args, **kwargs)
+
+    fetchdf = to_df = df
+
+    def pl(self, *args: Any, **kwargs: Any) -> Any:
+        require("polars", "Store.sql(...).pl()")
+        return super().pl(*args, **kwargs)
+
+
+def _as_relation(relation: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:
+    """`relation` as a `Relation` where DuckDB's class allows it (a Python class with slots,
+    as in DuckDB 2); left as it is otherwise, its data frame methods then work the same."""
+    with contextlib.suppress(TypeError):
+        relation.__class__ = Relation
+    return relation
 
 
 def _refused(kind: str) -> ReadOnlyError:
@@ -114,6 +152,7 @@ class Store:
     store = Store()                                  # $TRACEGYM_HOME or ./.tracegym
     store.sql("SELECT tool, count(*) FROM tool_calls GROUP BY tool").show()
     df = store.pl("SELECT * FROM traces")              # a Polars DataFrame
+    df = store.df("SELECT * FROM traces")              # a pandas DataFrame
     """
 
     def __init__(self, home: str | Path | None = None, *, compact_on_open: bool = True) -> None:
@@ -137,11 +176,17 @@ class Store:
     def sql(self, query: str, params: Any = None) -> duckdb.DuckDBPyRelation:
         """A DuckDB relation for a read-only query (`.fetchall()`, `.pl()`, `.df()` ...)."""
         check_read_only(query)
-        return self._views.run(lambda: self.con.sql(query, params=params))
+        return _as_relation(self._views.run(lambda: self.con.sql(query, params=params)))
 
     def pl(self, query: str, params: Any = None) -> Any:
-        """The query's result as a Polars DataFrame."""
+        """The query's result as a Polars DataFrame (JSON columns as text)."""
+        require("polars", "Store.pl()")
         return self.sql(query, params).pl()
+
+    def df(self, query: str, params: Any = None) -> Any:
+        """The query's result as a pandas DataFrame (JSON columns as text)."""
+        require("pandas", "Store.df()")
+        return self.sql(query, params).df()
 
     def records(self) -> Iterator[dict[str, Any]]:
         """Every span and outcome record, shaped like spool lines (attributes as dicts)."""

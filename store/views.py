@@ -21,7 +21,7 @@ from typing import TypeVar
 
 import duckdb
 from tracegym.store.lake import complete_spool_files, lake_dir
-from tracegym.store.schema import empty_source, read_json_source, row_select
+from tracegym.store.schema import empty_source, lake_read_select, read_json_source, row_select
 from tracegym.tracer import semconv as sc
 
 T = TypeVar("T")
@@ -45,12 +45,12 @@ def _lake_part(directory: Path, listed: list[str]) -> str | None:
         return None
     glob = _literal(str(directory / "**" / "*.parquet"))
     if not listed:
-        return f"SELECT * FROM read_parquet({glob}, hive_partitioning=true)"
+        return lake_read_select(f"read_parquet({glob}, hive_partitioning=true)")
     stems = ", ".join(_literal(stem) for stem in listed)
-    return (
-        f"SELECT * EXCLUDE (filename) FROM read_parquet({glob}, hive_partitioning=true, "
+    return lake_read_select(
+        f"(SELECT * EXCLUDE (filename) FROM read_parquet({glob}, hive_partitioning=true, "
         f"filename=true) WHERE regexp_extract(filename, {_literal(PART_STEM)}, 1) "
-        f"NOT IN ({stems})"
+        f"NOT IN ({stems}))"
     )
 
 
