@@ -18,7 +18,9 @@ one (`learn_profile` / `learn_profiles`).
    the question's content words (boilerplate lines left out), the run went off task right there.
 2. `failed_execution`: the first code execution that failed (non-zero exit code, traceback) or
    the first failed call of a state-changing tool -> the turn that wrote the code or made the
-   call. (A failed lookup is a guess the agent can correct, so it does not count.)
+   call. (A failed lookup is a guess the agent can correct, so it does not count.) When the run
+   carries on past the failure and a later turn states a number nothing grounds (rule 5), that
+   claim decides instead: what the run made up in place of the result is where it went wrong.
 3. `finding`: the earliest detector finding (`tracegym.analysis.detectors`) with confidence
    >= `min_finding_confidence`, when findings are given (a finding on a tool result points at
    the turn that made the call). After the run's own hard evidence (1, 2), before the weaker
@@ -35,7 +37,9 @@ one (`learn_profile` / `learn_profiles`).
    where a later test visibly broke; nothing in the text tells which of the worker's steps it
    was, and its first is the most frequent (27 of 65 on AgenTracer's tuning half).
 7. `first_action`: the first substantive turn after the task statement (not an execution
-   result, not the requesting user, not a system prompt, not a prompt template).
+   result, not the requesting user, not a system prompt, not a prompt template) that does or
+   states something: a turn without code whose sentences mostly announce what will be done
+   ("I will retrieve the article", "let's proceed step by step") is a plan, passed over.
 8. `last_turn`: the run's last agent turn (nothing else to go on).
 
 Where the system logs the prompt an agent was given as a turn of its own just before the agent's
@@ -53,8 +57,11 @@ on Who&When's tuning half: its good cases are the ungrounded claims), "the first
 asserts a result with words like assume/sample/simulated" (42% where it fired, below the rules
 kept), "the turn before the first code written into a file" for MetaGPT (26 of 65, below
 `handover`'s 27), "the first turn that interprets an execution's output" as Who&When's
-fallback (4 hits against `first_action`'s 5 on the even files), and the run's end at a turn
-ending in TERMINATE (Who&When's group chats go on after such turns; 10 gold steps lie there).
+fallback (4 hits against `first_action`'s 5 on the even files), the run's end at a turn
+ending in TERMINATE (Who&When's group chats go on after such turns; 10 gold steps lie there),
+"skip failed executions the run later recovers from" (55.6 -> 44.4 step on the even files), and
+"a failed execution that still printed its results (8+ lines besides the traceback) is not a
+failure" (+1 run on the even files, -1 on the odd: 34.9 -> 33.3).
 
 The gold labels importers attach (`Run.labels`, the `tracegym.label.*` span attributes) are never
 read, nor are run ids or file names: `Turn`s are built from the steps' content, names, roles,
@@ -85,14 +92,15 @@ SOURCE_PREFIX = "tracegym.source."
 # decisions carry the detector's own confidence.
 CONFIDENCE = {
     "off_task_plan": 0.88,  # 6 of 6 (Who&When)
-    "failed_execution": 0.53,  # 18 of 34 (Who&When 16 of 30, AgentRx 2 of 4)
+    "failed_execution": 0.55,  # 17 of 31 (Who&When 15 of 27, AgentRx 2 of 4)
     "first_write": 0.27,  # 2 of 9 (AgentRx)
-    "ungrounded_claim": 0.75,  # 8 of 10 (Who&When 8 of 9, AgenTracer 0 of 1)
+    "ungrounded_claim": 0.73,  # 10 of 13 (Who&When 10 of 12, AgenTracer 0 of 1)
     "handover": 0.43,  # 27 of 63 (AgenTracer)
-    "first_action": 0.32,  # 6 of 20 (Who&When 5 of 18, AgenTracer 1 of 1, AgentRx 0 of 1)
+    "first_action": 0.41,  # 8 of 20 (Who&When 7 of 18, AgenTracer 1 of 1, AgentRx 0 of 1)
     "last_turn": 0.1,  # never fired: a floor, not a measurement
 }
 OFF_TASK_COVERAGE = 0.3  # below this share of the question's content words: off task
+PLAN_SHARE = 0.5  # a turn without code whose sentences at least this often announce: a plan
 MIN_FINDING_CONFIDENCE = 0.7
 # System profiles (learnt from the runs of one system, see SystemProfile):
 MIN_PROFILE_RUNS = 4  # fewer runs than this: no boilerplate, no orchestrator
@@ -132,6 +140,14 @@ _STOPWORD_TEXT = """
     who whom why will with would you your yours give provide return answer question task
     solve problem carefully find given using use one two first"""
 _STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+# A sentence that announces what will be done rather than stating or doing it.
+_INTENT = re.compile(
+    r"\b(?:i will|i['’]ll|we will|we['’]ll|let['’]s|let us|we need to|we should|we must|"
+    r"i need to|i am going to|we are going to|next,? we|first,? we|please)\b",
+    re.IGNORECASE,
+)
+_SENTENCE = re.compile(r"(?<=[.!?:])\s+|\n+")
+_HEADING = re.compile(r"^\s*(?:#+|\*\*|\d+[.)]|[-*])")
 
 
 @dataclass(frozen=True)
@@ -653,11 +669,17 @@ def _rule_failed_execution(ctx: _Context) -> _Decision | None:
         if author is None or ctx.requester(author):
             continue
         what = f"{_tool(turn)} call" if turn.tool_result else "code"
-        reason = (
+        failure = (
             f"the first failed execution is at step {turn.step} "
-            f"({_excerpt(_error_quote(turn, ctx.profile), 100)!r}); the {what} came from "
-            f"{author.agent} at step {author.step}"
+            f"({_excerpt(_error_quote(turn, ctx.profile), 100)!r})"
         )
+        claim = _rule_ungrounded_claim(ctx)
+        if claim is not None and claim.turn.index > author.index:
+            # the run carried on past the failure with a number nothing grounds: what it made
+            # up in place of the result is where it went wrong, not the code that failed
+            claim.reason = f"after {failure}, {claim.reason}"
+            return claim
+        reason = f"{failure}; the {what} came from {author.agent} at step {author.step}"
         return _Decision(author, "failed_execution", reason, CONFIDENCE["failed_execution"])
     return None
 
@@ -739,11 +761,26 @@ def _rule_handover(ctx: _Context) -> _Decision | None:
     return _Decision(start, "handover", reason, CONFIDENCE["handover"])
 
 
+def _announces_only(turn: Turn) -> bool:
+    """A turn that runs nothing and mostly says what will be done ("I will retrieve the
+    article", "let's proceed step by step"): a plan, not yet an action that can be wrong.
+    Headings and list items are not counted as sentences (a plan's steps are its content)."""
+    if turn.writes_code:
+        return False
+    sentences = [
+        s for s in _SENTENCE.split(turn.evidence) if len(s.split()) >= 3 and not _HEADING.match(s)
+    ]
+    announcing = sum(1 for s in sentences if _INTENT.search(s))
+    return bool(sentences) and announcing >= PLAN_SHARE * len(sentences)
+
+
 def _rule_first_action(ctx: _Context) -> _Decision | None:
+    """The first substantive turn that does or states something: turns that only announce a
+    plan are passed over (the first of them is kept when nothing else follows)."""
     turns = ctx.substantive()
     if not turns:
         return None
-    turn = turns[0]
+    turn = next((t for t in turns if not _announces_only(t)), turns[0])
     start = ctx.action_start(turn)
     opening = "the task statement" if ctx.task_turn is not None else "the start"
     reason = (

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from tracegym.analysis.attribution import (
     Attribution,
+    _context,
     _line_key,
     attribute,
     attribute_runs,
@@ -335,6 +336,52 @@ def test_a_sum_of_three_seen_numbers_is_grounded_a_count_times_one_is_not() -> N
     run = team_run([*seen, ("Math_Expert", "So Norway won 65 medals in all.")])
     result = attribute(run)
     assert result.rule == "ungrounded_claim" and "65" in result.reason
+
+
+def test_a_turn_that_only_announces_a_plan_is_not_the_first_action() -> None:
+    plan = (
+        "I will start by retrieving the official medal table. Let's begin with the Olympic "
+        "committee's archive. We need to compare it with a second source afterwards."
+    )
+    claim = "The archive's table lists Norway among the leaders, ahead of Germany and Russia."
+    run = team_run(
+        [
+            ("Sports_Expert", TASK),
+            ("Data_Expert", plan),
+            ("History_Expert", claim),
+            ("Verification_Expert", "Agreed."),
+        ]
+    )
+    # the first substantive turn (what first_action picked before) is the plan at step 1
+    assert _context(run).substantive()[0].step == 1
+    result = attribute(run)
+    assert (result.agent, result.step, result.rule) == ("History_Expert", 2, "first_action")
+    # a turn that runs code is an action however it is worded; a plan alone is still the start
+    coded = team_run([("Sports_Expert", TASK), ("Data_Expert", plan + "\n```python\nx()\n```"),
+                      ("History_Expert", claim)])  # fmt: skip
+    assert attribute(coded).step == 1
+    assert attribute(team_run([("Sports_Expert", TASK), ("Data_Expert", plan)])).step == 1
+
+
+def test_a_number_made_up_after_a_failed_execution_decides() -> None:
+    made_up = [
+        ("Sports_Expert", TASK),
+        ("Data_Expert", "Let me load the medal table.\n```python\nimport medals\n```"),
+        ("Computer_terminal", "exitcode: 1 (execution failed)\nCode output: Traceback "
+         "(most recent call last):\nModuleNotFoundError: No module named 'medals'"),
+        ("History_Expert", "The code failed, but Norway won 10 gold medals in Lillehammer."),
+        ("Verification_Expert", "Agreed."),
+    ]  # fmt: skip
+    result = attribute(team_run(made_up))
+    assert (result.agent, result.step, result.rule) == ("History_Expert", 3, "ungrounded_claim")
+    assert "10" in result.reason and "failed execution is at step 2" in result.reason
+    # a claim before the failing code does not move the blame past the failure's author: the
+    # rule order is unchanged there (failed_execution first)
+    early = [made_up[0], ("History_Expert", "From memory it is 10."), *made_up[1:3]]
+    result = attribute(team_run(early))
+    assert (result.agent, result.step, result.rule) == ("Data_Expert", 2, "failed_execution")
+    # without a later claim the failing code's author is blamed as before
+    assert attribute(failed_code_run()).rule == "failed_execution"
 
 
 def test_single_agent_tool_run() -> None:
