@@ -48,8 +48,12 @@ existing `gen_ai.*` values win and the originals stay queryable.
 - gen_ai.agent.name: agent.name, else (agent spans) traceloop.entity.name or the span name, else
   traceloop.workflow.name (which OpenLLMetry puts on every span of a workflow).
 - tracegym.step.name (step spans): traceloop.entity.name or the span name.
-- gen_ai.request.model: llm.model_name, llm.request.model, embedding.model_name,
-  reranker.model_name. gen_ai.response.model: llm.response.model.
+- gen_ai.request.model: llm.request.model_name, llm.model_name, llm.request.model,
+  embedding.model_name, reranker.model_name. gen_ai.response.model: llm.response.model_name,
+  llm.response.model.
+- gen_ai.usage.cache_read.input_tokens / cache_creation.input_tokens:
+  llm.token_count.prompt_details.cache_read / cache_write (and OpenLLMetry's
+  gen_ai.usage.cache_read_input_tokens / cache_creation_input_tokens).
 - gen_ai.provider.name: llm.provider, llm.system, gen_ai.system.
 - gen_ai.usage.input_tokens: llm.token_count.prompt, gen_ai.usage.prompt_tokens,
   llm.usage.prompt_tokens; output_tokens likewise from the completion counts.
@@ -78,6 +82,7 @@ __all__ = [
     "count_spans_json",
     "count_spans_protobuf",
     "normalize_attributes",
+    "operation_of",
     "parse_json",
     "parse_protobuf",
     "records_from_json",
@@ -85,6 +90,7 @@ __all__ = [
     "records_from_protobuf",
     "records_from_request",
     "redact_records",
+    "token_counts",
 ]
 
 
@@ -745,6 +751,8 @@ TL_KIND = "traceloop.span.kind"
 TL_ENTITY = "traceloop.entity.name"
 TL_WORKFLOW = "traceloop.workflow.name"
 TOOL_DESCRIPTION = "gen_ai.tool.description"
+CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+CACHE_WRITE_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
 
 OPENINFERENCE_OPERATIONS = {
     "LLM": sc.OP_CHAT,
@@ -773,20 +781,34 @@ LLM_REQUEST_TYPES = {
 
 # Plain renames: the first source key present fills the target (when the target is absent).
 _RENAMES: list[tuple[str, tuple[str, ...]]] = [
-    (sc.REQUEST_MODEL, ("llm.model_name", "llm.request.model", "embedding.model_name",
-                        "reranker.model_name")),
-    (sc.RESPONSE_MODEL, ("llm.response.model",)),
+    (sc.REQUEST_MODEL, ("llm.request.model_name", "llm.model_name", "llm.request.model",
+                        "embedding.model_name", "reranker.model_name")),
+    (sc.RESPONSE_MODEL, ("llm.response.model_name", "llm.response.model")),
     (sc.PROVIDER, ("llm.provider", "llm.system", "gen_ai.system")),
     (sc.INPUT_TOKENS, ("llm.token_count.prompt", "gen_ai.usage.prompt_tokens",
                        "llm.usage.prompt_tokens")),
     (sc.OUTPUT_TOKENS, ("llm.token_count.completion", "gen_ai.usage.completion_tokens",
                         "llm.usage.completion_tokens")),
+    (CACHE_READ_TOKENS, ("llm.token_count.prompt_details.cache_read",
+                         "gen_ai.usage.cache_read_input_tokens")),
+    (CACHE_WRITE_TOKENS, ("llm.token_count.prompt_details.cache_write",
+                          "gen_ai.usage.cache_creation_input_tokens")),
     (sc.CONVERSATION_ID, ("session.id", "traceloop.association.properties.session_id",
                           "traceloop.association.properties.conversation_id")),
     (sc.TOOL_CALL_ID, ("tool_call.id",)),
     (TOOL_DESCRIPTION, ("tool.description",)),
 ]  # fmt: skip
 
+
+def token_counts(attrs: Mapping[str, Any]) -> tuple[Any, Any]:
+    """(input, output) token counts of an LLM span in any of the conventions mapped here."""
+    return (
+        _first(attrs, (sc.INPUT_TOKENS, *_TOKEN_SOURCES[sc.INPUT_TOKENS])),
+        _first(attrs, (sc.OUTPUT_TOKENS, *_TOKEN_SOURCES[sc.OUTPUT_TOKENS])),
+    )
+
+
+_TOKEN_SOURCES = {target: keys for target, keys in _RENAMES}
 _INPUT_KEYS = ("input.value", "traceloop.entity.input")
 _OUTPUT_KEYS = ("output.value", "traceloop.entity.output")
 _IO_KEYS = {
@@ -840,17 +862,8 @@ def _first(attrs: Mapping[str, Any], keys: Iterable[str]) -> Any:
     return None
 
 
-def normalize_attributes(attrs: Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
-    """Add tracegym / GenAI keys for OpenInference and OpenLLMetry attributes.
-
-    Returns `attrs` itself when there is nothing to map, else a new dict with the originals
-    plus the added keys. Existing keys are never overwritten. `name` (the span name) fills a
-    tool, agent or step name the attributes do not give.
-    """
-    if _TRIGGERS.isdisjoint(attrs):
-        return attrs if isinstance(attrs, dict) else dict(attrs)
-    out = dict(attrs)
-
+def mapped_operation(attrs: Mapping[str, Any]) -> str | None:
+    """The gen_ai.operation.name another convention's attributes stand for (None: unknown)."""
     operation = None
     oi_kind = attrs.get(OI_KIND)
     tl_kind = attrs.get(TL_KIND)
@@ -862,7 +875,27 @@ def normalize_attributes(attrs: Mapping[str, Any], name: str | None = None) -> d
         request_type = attrs.get("llm.request.type")
         if isinstance(request_type, str):
             operation = LLM_REQUEST_TYPES.get(request_type.lower())
-    _put(out, sc.OPERATION, operation)
+    return operation
+
+
+def operation_of(attrs: Mapping[str, Any]) -> str | None:
+    """The span's operation: its own gen_ai.operation.name, else the one its convention maps to."""
+    operation = attrs.get(sc.OPERATION)
+    return operation if isinstance(operation, str) else mapped_operation(attrs)
+
+
+def normalize_attributes(attrs: Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
+    """Add tracegym / GenAI keys for OpenInference and OpenLLMetry attributes.
+
+    Returns `attrs` itself when there is nothing to map, else a new dict with the originals
+    plus the added keys. Existing keys are never overwritten. `name` (the span name) fills a
+    tool, agent or step name the attributes do not give.
+    """
+    if _TRIGGERS.isdisjoint(attrs):
+        return attrs if isinstance(attrs, dict) else dict(attrs)
+    out = dict(attrs)
+
+    _put(out, sc.OPERATION, mapped_operation(attrs))
     operation = out.get(sc.OPERATION)  # an existing operation wins
 
     for target, sources in _RENAMES:

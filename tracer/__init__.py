@@ -19,6 +19,7 @@ from tracegym.tracer.api import (
     subtask,
     tool,
 )
+from tracegym.tracer.integrations import IntegrationError, instrument, uninstrument
 from tracegym.tracer.redact import RedactingSpanExporter, RedactingSpanProcessor, Redactor
 from tracegym.tracer.setup import TracerStats, flush, init, shutdown, stats
 from tracegym.tracer.threads import (
@@ -30,6 +31,7 @@ from tracegym.tracer.threads import (
 
 __all__ = [
     "ContextThreadPoolExecutor",
+    "IntegrationError",
     "RedactingSpanExporter",
     "RedactingSpanProcessor",
     "Redactor",
@@ -40,6 +42,7 @@ __all__ = [
     "current_trace_id",
     "flush",
     "init",
+    "instrument",
     "instrument_threads",
     "llm",
     "memory_delete",
@@ -52,6 +55,7 @@ __all__ = [
     "step",
     "subtask",
     "tool",
+    "uninstrument",
     "uninstrument_threads",
     "wrap",
 ]

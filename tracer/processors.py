@@ -18,6 +18,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from tracegym.tracer import internal
+from tracegym.tracer.foreign import ForeignSpans, is_foreign
 
 
 class Background:
@@ -256,7 +257,9 @@ def shutdown_all(processors: Sequence[SpanProcessor], timeout_s: float) -> int:
 
 class FanOutSpanProcessor(SpanProcessor):
     """tracegym's one processor on a provider: hands spans to its pipelines, which a second
-    `tracegym.init` swaps in place instead of stacking new processors on the provider."""
+    `tracegym.init` swaps in place instead of stacking new processors on the provider. Spans of
+    other instrumentations get tracegym's run bookkeeping and content policy on the way
+    (`tracer/foreign.py`)."""
 
     def __init__(
         self, processors: Sequence[SpanProcessor] = (), *, shutdown_timeout_s: float = 3.0
@@ -264,6 +267,8 @@ class FanOutSpanProcessor(SpanProcessor):
         self._processors = tuple(processors)
         self._closed = False
         self.shutdown_timeout_s = shutdown_timeout_s
+        # Other instrumentations' spans get the run bookkeeping and content policy here.
+        self._foreign = ForeignSpans()
 
     def replace(self, processors: Sequence[SpanProcessor]) -> None:
         self._processors = tuple(processors)
@@ -275,6 +280,11 @@ class FanOutSpanProcessor(SpanProcessor):
         self._closed = True
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        if is_foreign(span):
+            try:
+                self._foreign.on_start(span)
+            except Exception as exc:  # the span goes on without the bookkeeping
+                internal.report_error("foreign.start", exc)
         for processor in self._processors:
             processor.on_start(span, parent_context=parent_context)
 
@@ -282,6 +292,13 @@ class FanOutSpanProcessor(SpanProcessor):
         if self._closed:
             internal.add("spans_dropped.after_shutdown")
             return
+        if is_foreign(span):
+            try:
+                span = self._foreign.on_end(span)
+            except Exception as exc:  # never pass on a span the content policy did not check
+                internal.report_error("foreign.end", exc)
+                internal.add("spans_dropped.content_policy")
+                return
         for processor in self._processors:
             processor.on_end(span)
 

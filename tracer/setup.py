@@ -277,6 +277,14 @@ def stats() -> TracerStats:
     )
 
 
+def installed_provider() -> Any:
+    """The TracerProvider tracegym's processor is on; None before `init` or with tracing
+    disabled (OTEL_SDK_DISABLED). `tracegym.instrument`'s tracers start their spans on it."""
+    if isinstance(state.tracer, trace.NoOpTracer):
+        return None
+    return _installed.provider
+
+
 def processors() -> list[SpanProcessor]:
     """tracegym's batch processors currently installed (for inspection and tests)."""
     return list(_installed.batches)

@@ -1,0 +1,230 @@
+"""Spans of other instrumentations (OpenInference, OpenLLMetry, any OpenTelemetry library) in
+tracegym's pipelines: the run/step bookkeeping and the content policy tracegym's own spans get.
+
+`tracegym.instrument` installs such instrumentors on tracegym's provider, and an application may
+add its own; either way their spans pass through tracegym's one processor
+(`processors.FanOutSpanProcessor`), which hands each one here:
+
+- at its start (on the agent's thread, inside the caller's context), a span nested in a
+  tracegym run claims the run's next step index and is given the agent it runs in
+  (`tracegym.step.index`, `gen_ai.agent.name`), as a child span of tracegym's own would; an agent
+  span of the other instrumentation (an OpenAI Agents SDK agent) names the agent its children
+  run in;
+- at its end, an LLM span's token usage is charged to the run's and subtasks' budgets and an LLM
+  or tool span counts as a step of them (framework plumbing, chains and graph nodes, does not);
+  then the content policy: with content capture off (`capture_content=False`) inputs, outputs,
+  tool arguments, retrieved text and messages are dropped; with message capture off (the
+  default, `capture_messages`) the messages of LLM spans (and messages other spans carry) are;
+  strings longer than `max_value_length` are cut as tracegym cuts its own.
+
+Secret redaction needs nothing here: it runs on every span of tracegym's pipelines on the export
+thread. Spans outside any run stay traces of their own, without a run id.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry.sdk.trace import Event, ReadableSpan, Span
+from tracegym.tracer import context as scope_context
+from tracegym.tracer import internal
+from tracegym.tracer import semconv as sc
+from tracegym.tracer.context import Scope
+from tracegym.tracer.operations import state
+from tracegym.tracer.serialize import truncate
+
+OWN_SCOPE = sc.INSTRUMENTATION_SCOPE
+_OPEN_LIMIT = 100_000  # spans started and not ended yet that we remember (a leak's bound)
+
+# Which keys hold content, by policy. Input/output values are messages on LLM spans and plain
+# content elsewhere.
+_IO_KEYS = frozenset(
+    {"input.value", "output.value", "traceloop.entity.input", "traceloop.entity.output"}
+)
+_MESSAGE_KEYS = frozenset(
+    {sc.INPUT_MESSAGES, sc.OUTPUT_MESSAGES, sc.SYSTEM_INSTRUCTIONS, "llm.prompts"}
+)
+_MESSAGE_PREFIXES = (
+    "llm.input_messages.",
+    "llm.output_messages.",
+    "llm.prompts.",
+    "llm.prompt_template.variables",
+    "gen_ai.prompt.",
+    "gen_ai.completion.",
+)
+_CONTENT_KEYS = frozenset(
+    {*sc.CONTENT_ATTRIBUTES, "tool_call.function.arguments", "reranker.query", "session.input"}
+)
+# Under these, the text of each document or embedding (their ids and scores stay).
+_CONTENT_PREFIXES = (
+    "retrieval.documents.",
+    "reranker.input_documents.",
+    "reranker.output_documents.",
+    "embedding.embeddings.",
+)
+_CONTENT_SUFFIXES = (".content", ".text")
+_MESSAGE_EVENTS = frozenset(
+    {"gen_ai.content.prompt", "gen_ai.content.completion", "gen_ai.choice",
+     "gen_ai.client.inference.operation.details"}
+)  # fmt: skip
+# Operations that count as a step of the run's budgets (what tracegym's own llm/tool/memory do).
+_ACTIONS = frozenset(
+    {sc.OP_CHAT, sc.OP_TOOL, sc.OP_MEMORY_SEARCH, sc.OP_MEMORY_UPDATE, sc.OP_MEMORY_DELETE}
+)
+
+
+def is_foreign(span: ReadableSpan) -> bool:
+    """True for spans that another instrumentation (not tracegym's tracer) made."""
+    scope = span.instrumentation_scope
+    return scope is None or scope.name != OWN_SCOPE
+
+
+def _otlp() -> Any:
+    from tracegym.store import otlp  # the mapping shared with the OTLP receiver
+
+    return otlp
+
+
+class _Open:
+    """What a started span of another instrumentation needs at its end."""
+
+    __slots__ = ("agent", "counted", "in_llm", "scope")
+
+    def __init__(self, scope: Scope, agent: str, in_llm: bool, counted: bool) -> None:
+        self.scope = scope
+        self.agent = agent  # the agent this span's children run in
+        self.in_llm = in_llm  # an LLM span or inside one
+        # False inside another LLM span (the OpenAI Agents SDK's generation around the OpenAI
+        # client's call): both report the same tokens, the outermost one counts.
+        self.counted = counted
+
+
+class ForeignSpans:
+    """The bookkeeping and policy for one tracegym processor (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, _Open] = {}
+        self._lock = threading.Lock()
+
+    def on_start(self, span: Span) -> None:
+        scope = scope_context.current.get()
+        parent = span.parent
+        if scope is None or parent is None:
+            return
+        attributes = span.attributes or {}
+        operation = _otlp().operation_of(attributes)
+        with self._lock:
+            outer = self._open.get(parent.span_id)
+        agent = outer.agent if outer is not None else scope.agent
+        added: dict[str, Any] = {sc.STEP_INDEX: next(scope.run.counter)}
+        own_agent = None
+        if operation == sc.OP_AGENT:
+            own_agent = attributes.get("agent.name") or attributes.get(sc.AGENT_NAME) or span.name
+        else:
+            added[sc.AGENT_NAME] = agent
+        span.set_attributes(added)
+        inside = outer is not None and outer.in_llm
+        children_agent = str(own_agent) if own_agent else agent
+        entry = _Open(scope, children_agent, operation == sc.OP_CHAT or inside, not inside)
+        with self._lock:
+            if len(self._open) >= _OPEN_LIMIT:  # spans that never ended: forget the oldest
+                self._open.pop(next(iter(self._open)))
+                internal.add("foreign_spans_forgotten")
+            self._open[span.context.span_id] = entry
+
+    def on_end(self, span: ReadableSpan) -> ReadableSpan:
+        """`span`, or a copy with the content policy applied."""
+        with self._lock:
+            entry = self._open.pop(span.context.span_id, None)
+        attributes = span.attributes or {}
+        operation = _otlp().operation_of(attributes)
+        if entry is not None and operation in _ACTIONS:
+            self._charge(entry, operation, attributes)
+        return apply_policy(span, operation)
+
+    @staticmethod
+    def _charge(entry: _Open, operation: str, attributes: Mapping[str, Any]) -> None:
+        budgets = entry.scope.budgets
+        for budget in budgets:
+            budget.steps += 1
+        if operation != sc.OP_CHAT:
+            return
+        if not entry.counted:
+            return
+        tokens = 0
+        for count in _otlp().token_counts(attributes):
+            if type(count) is int and count > 0:
+                tokens += count
+        for budget in budgets:
+            budget.tokens += tokens
+
+
+def _drops(key: str, operation: str | None, content: bool, messages: bool) -> bool:
+    """Whether the policy drops attribute `key` of a span with `operation`."""
+    if key in _IO_KEYS:
+        return not (messages if operation == sc.OP_CHAT else content)
+    if key in _MESSAGE_KEYS or key.startswith(_MESSAGE_PREFIXES):
+        return not messages
+    if not content:
+        if key in _CONTENT_KEYS:
+            return True
+        if key.startswith(_CONTENT_PREFIXES) and key.endswith(_CONTENT_SUFFIXES):
+            return True
+    return False
+
+
+def _drops_event(name: str) -> bool:
+    return name in _MESSAGE_EVENTS or (name.startswith("gen_ai.") and name.endswith(".message"))
+
+
+def apply_policy(span: ReadableSpan, operation: str | None) -> ReadableSpan:
+    """`span` itself when the policy changes nothing, else a copy without what it drops."""
+    settings = state.settings
+    content = settings.capture_content
+    messages = content and settings.capture_messages
+    limit = settings.max_value_length
+    attributes = span.attributes or {}
+    changed: dict[str, Any] | None = None
+    for key, value in attributes.items():
+        if (not messages) and _drops(key, operation, content, messages):
+            if changed is None:
+                changed = dict(attributes)
+            del changed[key]
+        elif type(value) is str and len(value) > limit:
+            if changed is None:
+                changed = dict(attributes)
+            changed[key] = truncate(value, limit)
+    events = None
+    if not messages and span.events:
+        kept = [e for e in span.events if not _drops_event(e.name)]
+        if len(kept) != len(span.events):
+            events = kept
+    if changed is None and events is None:
+        return span
+    internal.add("foreign_spans_filtered")
+    return replace_span(span, attributes=changed, events=events)
+
+
+def replace_span(
+    span: ReadableSpan,
+    *,
+    attributes: Mapping[str, Any] | None = None,
+    events: list[Event] | None = None,
+) -> ReadableSpan:
+    """A copy of the ended `span` with other attributes or events (spans are immutable)."""
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=attributes if attributes is not None else span.attributes,
+        events=events if events is not None else span.events,
+        links=span.links,
+        kind=span.kind,
+        status=span.status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
