@@ -84,6 +84,7 @@ from typing import Any
 from tracegym.analysis.arithmetic import decimals_of, derived, parse_number
 from tracegym.analysis.runs import Run, Step, parse_json
 from tracegym.tracer import semconv as sc
+from tracegym.tracer.messages import chat_messages
 
 SOURCE_PREFIX = "tracegym.source."
 
@@ -209,9 +210,10 @@ class Turn:
 
 def _chat_text(step: Step) -> tuple[str, tuple[str, ...]]:
     """Text and tool-call ids of a chat span's output messages."""
-    messages = parse_json(step.attributes.get(sc.OUTPUT_MESSAGES) or step.output)
-    if not isinstance(messages, list):
+    raw = step.attributes.get(sc.OUTPUT_MESSAGES) or step.output
+    if not isinstance(parse_json(raw), (list, dict)):
         return (step.output or "", ())
+    messages = chat_messages(raw, "assistant")  # either shape, GenAI or the older one
     parts: list[str] = []
     ids: list[str] = []
     for message in messages:

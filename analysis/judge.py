@@ -34,6 +34,7 @@ from tracegym.analysis.detectors.unserved import request_text
 from tracegym.analysis.gaps import Candidate
 from tracegym.analysis.runs import Run
 from tracegym.tracer import semconv as sc
+from tracegym.tracer.messages import chat_messages, message_text
 
 # `gaps.select` and `gap.KINDS` know the kinds "finding", "detector" and "cluster"; a judge's
 # capability names a behaviour, as a precise finding key does, so its candidates are of that kind.
@@ -100,7 +101,10 @@ def _final_answer(run: Run) -> str:
     if root is not None and root.output:
         return root.output
     chats = [s for s in run.steps if s.operation == sc.OP_CHAT and s.output]
-    return (chats[-1].output or "") if chats else ""
+    if not chats:
+        return ""
+    said = message_text(chat_messages(chats[-1].output, "assistant"))  # either shape
+    return said or chats[-1].output or ""
 
 
 def summarize(run: Run) -> RunSummary:

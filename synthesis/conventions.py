@@ -30,6 +30,7 @@ from typing import Any
 
 from tracegym.analysis.tool_kinds import is_answer_tool, is_read_tool
 from tracegym.synthesis.spec import is_id_name, parse_json
+from tracegym.tracer.messages import chat_messages
 
 SHARE = 0.9  # a convention is what at least this share of successful runs do
 MIN_RUNS = 3  # and at least this many successful runs show it
@@ -97,9 +98,9 @@ def system_message(messages: Any) -> str:
     data = parse_json(messages) if isinstance(messages, str) else messages
     if not isinstance(data, list):
         return ""
-    for message in data[:2]:
-        if isinstance(message, Mapping) and message.get("role") in ("system", "developer"):
-            return instructions_text(message.get("content"))
+    for message in chat_messages(data[:2]):  # GenAI or older shape; developer -> system
+        if message.get("role") == "system":
+            return instructions_text(message.get("content") or "")
     return ""
 
 

@@ -11,6 +11,7 @@ import pytest
 from tracegym.analysis.runs import load_runs
 from tracegym.store.store import Store
 from tracegym.tests.fixtures import planted as pl
+from tracegym.tracer.messages import chat_messages
 
 
 def _signature(p: pl.PlantedSet) -> list[tuple]:
@@ -79,7 +80,7 @@ def _acted(run, truth: pl.PlantedRun):
     steps = run.by_span()
     chat, acted = steps[truth.decisive_span_id], steps[truth.acted_span_id]
     assert chat.operation == "chat" and chat.position < acted.position
-    calls = json.loads(chat.output)[0]["tool_calls"]
+    calls = chat_messages(chat.output, "assistant")[0]["tool_calls"]
     assert calls[0]["function"]["name"] == acted.tool
     return acted
 
@@ -145,7 +146,7 @@ def test_planted_runs_do_what_their_cause_says(sets):
                 assert len(same) >= 3 and all(s.failed for s in same)
             else:
                 assert 1 <= len(same) <= 2  # a transient time-out adds one
-            last = json.loads([s for s in run.steps if s.operation == "chat"][-1].output)
+            last = chat_messages([s for s in run.steps if s.operation == "chat"][-1].output)
             assert ("sorry" in last[0]["content"].lower()) == (d.after_error != "claim_done")
         for r in _truth(p, pl.NEVER_CALLED):
             assert d.notify_tool not in runs[r.trace_id].tool_sequence()

@@ -585,16 +585,23 @@ def test_llm_messages_are_opt_in(cap):
     with_messages(msgs)
     assert sc.INPUT_MESSAGES not in a(cap.one("chat m1"))
     assert sc.OUTPUT_MESSAGES not in a(cap.one("chat m1"))
-    chat = a(cap.one("chat m2"))
-    assert json.loads(chat[sc.INPUT_MESSAGES]) == msgs
-    assert json.loads(chat[sc.OUTPUT_MESSAGES]) == {"content": "answer"}
+    chat = a(cap.one("chat m2"))  # the GenAI convention's message/parts shape
+    assert json.loads(chat[sc.INPUT_MESSAGES]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "hi"}]}
+    ]
+    assert json.loads(chat[sc.OUTPUT_MESSAGES]) == [
+        {"role": "assistant", "parts": [{"type": "text", "content": "answer"}],
+         "finish_reason": "stop"}
+    ]  # fmt: skip
 
 
 def test_llm_messages_global_switch():
     with tg.testing.capture(capture_messages=True) as cap:
         call_model([{"role": "user", "content": "hello"}])
     chat = a(cap.one("chat gpt-4o"))
-    assert json.loads(chat[sc.INPUT_MESSAGES]) == [{"role": "user", "content": "hello"}]
+    assert json.loads(chat[sc.INPUT_MESSAGES]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "hello"}]}
+    ]
     assert sc.OUTPUT_MESSAGES in chat
 
 

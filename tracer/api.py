@@ -24,6 +24,7 @@ from tracegym.tracer.kinds import (
     Subtask,
     Tool,
 )
+from tracegym.tracer.openinference import SPAN_KINDS
 from tracegym.tracer.operations import Operation, _caught, _record_usage, state
 from tracegym.tracer.serialize import to_json
 
@@ -151,6 +152,8 @@ def record_outcome(
         if reward is not None:
             attrs[sc.OUTCOME_REWARD] = float(reward)
         attrs[sc.OUTCOME_SOURCE] = str(source)
+        if state.settings.openinference:
+            attrs[sc.OI_SPAN_KIND] = SPAN_KINDS[sc.OP_OUTCOME]
         if labels is not None:
             attrs[sc.OUTCOME_LABELS] = to_json(
                 labels if isinstance(labels, Mapping) else list(labels),

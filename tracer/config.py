@@ -41,6 +41,9 @@ class Settings:
 
     capture_content: bool = True
     capture_messages: bool = False
+    # OpenInference attributes (span kind, input/output values, model, tokens) alongside the
+    # GenAI ones, for Phoenix; what an OTLP export carries, not what the spool keeps.
+    openinference: bool = True
     max_value_length: int = 8192
     home: Path = field(default_factory=resolve_home)
     flush_interval_s: float = 1.0
@@ -56,6 +59,7 @@ class Settings:
                 "TRACEGYM_CAPTURE_MESSAGES",
                 _env_bool("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", False),
             ),
+            openinference=_env_bool("TRACEGYM_OPENINFERENCE", True),
             max_value_length=max(64, _env_int("TRACEGYM_MAX_VALUE_LENGTH", 8192)),
             home=resolve_home(),
             flush_interval_s=max(0.01, _env_float("TRACEGYM_FLUSH_INTERVAL_S", 1.0)),

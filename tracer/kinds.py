@@ -14,8 +14,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link
 from tracegym.tracer import internal
+from tracegym.tracer import messages as genai
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.context import Budget, Run, Scope, current
+from tracegym.tracer.openinference import TEXT, attributes_for
 from tracegym.tracer.operations import Handle, Operation, _caught, _record_usage, state
 from tracegym.tracer.serialize import content_hash, to_json
 
@@ -50,6 +52,18 @@ def _text(value: Any) -> str | None:
     except BaseException as exc:
         internal.swallow("inspect", exc)
         return None
+
+
+def _openinference(handle: Handle) -> None:
+    """The span's OpenInference attributes (openinference.py), derived as it ends."""
+    if not state.settings.openinference:
+        return
+    span = handle.span
+    attrs = getattr(span, "attributes", None)
+    if attrs:
+        derived = attributes_for(attrs)
+        if derived:
+            span.set_attributes(derived)
 
 
 def _input_of(op: Operation, arguments: dict[str, Any]) -> Any:
@@ -150,6 +164,7 @@ class Agent(Operation):
 
     def on_end(self, handle: Handle) -> None:
         _budget_used(handle, {})
+        _openinference(handle)
 
 
 class Tool(Operation):
@@ -174,6 +189,8 @@ class Tool(Operation):
     def on_result(self, handle: Handle, result: Any, capture: bool) -> None:
         if capture:
             handle.span.set_attribute(sc.TOOL_RESULT, _json(result))
+
+    on_end = staticmethod(_openinference)
 
 
 def _usage_of(result: Any) -> tuple[Any, Any] | None:
@@ -260,7 +277,18 @@ class LLM(Operation):
             if model is not None:
                 attrs[sc.REQUEST_MODEL] = model
         if self._messages_on(capture):
-            attrs[sc.INPUT_MESSAGES] = _json(arguments.get("messages", arguments))
+            limit = state.settings.max_value_length
+            messages = genai.input_messages(_messages_given(arguments), limit)
+            attrs[sc.INPUT_MESSAGES] = genai.encode(messages, limit)
+            system = _system_given(arguments)
+            if system is not None and sc.SYSTEM_INSTRUCTIONS not in attrs:
+                parts = genai.system_instructions(system, limit)
+                attrs[sc.SYSTEM_INSTRUCTIONS] = genai.encode(parts, limit)
+            if state.settings.openinference and messages:
+                text = _parts_text(messages[-1])
+                if text:
+                    attrs[sc.OI_INPUT_VALUE] = text
+                    attrs[sc.OI_INPUT_MIME] = TEXT
 
     def on_result(self, handle: Handle, result: Any, capture: bool) -> None:
         span = handle.span
@@ -292,7 +320,43 @@ class LLM(Operation):
         if model is not None:
             span.set_attribute(sc.RESPONSE_MODEL, model)
         if self._messages_on(capture):
-            span.set_attribute(sc.OUTPUT_MESSAGES, _json(result))
+            limit = state.settings.max_value_length
+            messages = genai.output_messages(result, limit)
+            span.set_attribute(sc.OUTPUT_MESSAGES, genai.encode(messages, limit))
+            text = "\n".join(t for t in map(_parts_text, messages) if t)
+            if text and state.settings.openinference:
+                span.set_attribute(sc.OI_OUTPUT_VALUE, text)
+                span.set_attribute(sc.OI_OUTPUT_MIME, TEXT)
+
+    on_end = staticmethod(_openinference)
+
+
+_MESSAGE_KEYS = ("messages", "input", "contents", "prompt")
+
+
+def _messages_given(arguments: dict[str, Any]) -> Any:
+    """What an LLM call was given to say: `messages` (OpenAI, Anthropic), `input` (the
+    Responses API), `contents` (Gemini) or `prompt`; else the only text argument; else all."""
+    for key in _MESSAGE_KEYS:
+        value = arguments.get(key)
+        if value is not None:
+            return value
+    texts = [v for v in arguments.values() if isinstance(v, str)]
+    return texts[0] if len(texts) == 1 and len(arguments) == 1 else arguments
+
+
+def _system_given(arguments: dict[str, Any]) -> Any:
+    """Instructions given apart from the messages: Anthropic's `system`, the Responses API's
+    `instructions`."""
+    value = arguments.get("system")
+    return value if value is not None else arguments.get("instructions")
+
+
+def _parts_text(message: dict[str, Any]) -> str:
+    """The text parts of a GenAI message, one per line."""
+    return "\n".join(
+        p["content"] for p in message.get("parts", ()) if p.get("type") == "text" and p["content"]
+    )
 
 
 def _text_if_str(value: Any) -> str | None:
@@ -311,6 +375,7 @@ class _Memory(Operation):
 
     operation = ""
     verb = ""
+    on_end = staticmethod(_openinference)
 
     def __init__(
         self,
@@ -511,6 +576,7 @@ class Step(Operation):
     """`step {name}`: one step of the agent's own loop (plan, reflect, act ...)."""
 
     operation = sc.OP_STEP
+    on_end = staticmethod(_openinference)
 
     def static_attributes(self) -> dict[str, Any]:
         return {sc.OPERATION: self.operation, sc.STEP_NAME: self.name}
@@ -566,3 +632,4 @@ class Subtask(Operation):
 
     def on_end(self, handle: Handle) -> None:
         _budget_used(handle, self.limits)
+        _openinference(handle)

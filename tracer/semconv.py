@@ -73,6 +73,18 @@ NIGHTLY_SPAN_NAME = "tracegym.nightly"  # one record per night of the batch job
 NIGHTLY_PREFIX = "tracegym.nightly."
 INSTRUMENTATION_SCOPE = "tracegym"
 
+# OpenInference attributes written alongside the GenAI ones (tracer/openinference.py), so that
+# Phoenix and other OpenInference readers render tracegym's spans; never stored by tracegym.
+OI_SPAN_KIND = "openinference.span.kind"
+OI_INPUT_VALUE = "input.value"
+OI_INPUT_MIME = "input.mime_type"
+OI_OUTPUT_VALUE = "output.value"
+OI_OUTPUT_MIME = "output.mime_type"
+OI_MODEL_NAME = "llm.model_name"
+OI_PROMPT_TOKENS = "llm.token_count.prompt"
+OI_COMPLETION_TOKENS = "llm.token_count.completion"
+OI_TOTAL_TOKENS = "llm.token_count.total"
+
 # Attributes that hold user content: dropped when content capture is off.
 CONTENT_ATTRIBUTES = frozenset(
     {
@@ -84,5 +96,7 @@ CONTENT_ATTRIBUTES = frozenset(
         OUTPUT,
         MEMORY_CONTENT,
         MEMORY_QUERY,
+        OI_INPUT_VALUE,
+        OI_OUTPUT_VALUE,
     }
 )

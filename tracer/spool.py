@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
+from tracegym.tracer.openinference import stored
 
 SPOOL_VERSION = 1
 SPOOL_DIR = "spool"
@@ -44,8 +45,8 @@ def _attributes(span: ReadableSpan, scope: str | None) -> dict[str, Any]:
     GenAI keys the store's views read added, as the OTLP receiver adds them, so a span lands in
     the same columns whichever way it arrives. tracegym's own spans are written as they are."""
     attributes = dict(span.attributes or {})
-    if scope == sc.INSTRUMENTATION_SCOPE:
-        return attributes
+    if scope == sc.INSTRUMENTATION_SCOPE:  # less the OpenInference copies, for other backends
+        return stored(attributes)
     from tracegym.store.otlp import normalize_attributes  # only for other instrumentations
 
     try:

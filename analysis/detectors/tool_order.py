@@ -48,6 +48,7 @@ from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.features import final_action_step, is_tool, step_ref
 from tracegym.analysis.runs import Run, Step, parse_json
 from tracegym.tracer import semconv as sc
+from tracegym.tracer.messages import chat_messages
 
 
 @dataclass(frozen=True)
@@ -91,12 +92,9 @@ def _answer_seen(call: Step, run: Run) -> str:
     for step in run.steps[call.position + 1 :]:
         if step.operation != sc.OP_CHAT or not step.input:
             continue
-        messages = parse_json(step.input)
-        if isinstance(messages, dict):
-            messages = messages.get("messages")
-        if not isinstance(messages, list):
+        if not isinstance(parse_json(step.input), (list, dict)):
             continue
-        for message in reversed(messages):
+        for message in reversed(chat_messages(step.input)):  # GenAI or older shape
             if not isinstance(message, dict) or message.get("role") not in ("tool", "function"):
                 continue
             same_id = call.call_id and message.get("tool_call_id") == call.call_id

@@ -57,6 +57,7 @@ from tracegym.analysis.features import is_tool, step_ref
 from tracegym.analysis.runs import Run, Step, parse_json
 from tracegym.analysis.tool_kinds import is_answer_tool, is_read_tool
 from tracegym.tracer import semconv as sc
+from tracegym.tracer.messages import chat_messages
 
 _TOKEN = re.compile(r"[\w#@][\w#@.\-/]*")
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
@@ -294,14 +295,9 @@ class Source:
 
 def _message_sources(step: Step) -> Iterator[tuple[str, Any]]:
     """(kind, content) for the non-assistant messages of a chat span's input."""
-    messages = parse_json(step.input)
-    if isinstance(messages, dict):
-        messages = messages.get("messages", [messages])
-    if not isinstance(messages, list):
+    if not isinstance(parse_json(step.input), (list, dict)):
         return
-    for message in messages:
-        if not isinstance(message, dict):
-            continue
+    for message in chat_messages(step.input):  # GenAI or older shape
         kind = _EVIDENCE_ROLES.get(str(message.get("role", "")).lower())
         if kind is not None and message.get("content"):
             yield kind, message.get("content")
