@@ -6,13 +6,16 @@ inside each command, so the bare (tracer-only) install keeps a working CLI.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
+import os
 import sys
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,6 +23,12 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 from tracegym.cli_options import HomeOption, existing_home, table_console, writable_home
+
+
+class FtSource(str, Enum):
+    runs = "runs"
+    demos = "demos"
+    all = "all"
 
 
 class OutputFormat(str, Enum):
@@ -236,6 +245,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         for skipped, reason in report.skipped:
             typer.echo(f"skipped {skipped}: {reason}")
 
+    register_export(app, home_of, fail)
+
     @app.command()
     def collect(
         ctx: typer.Context,
@@ -271,6 +282,174 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             pass
         finally:
             receiver.stop()
+
+
+def parse_params(pairs: list[str] | None, fail: Any) -> dict[str, Any]:
+    """`--param NAME=VALUE` pairs; a value that parses as JSON (a number, true, a list ...)
+    is bound as that, anything else as text."""
+    params: dict[str, Any] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            fail(f"--param {pair!r}: expected NAME=VALUE")
+        try:
+            params[name.strip()] = json.loads(value)
+        except ValueError:
+            params[name.strip()] = value
+    return params
+
+
+@contextlib.contextmanager
+def output_stream(output: Path | None) -> Iterator[IO[str]]:
+    """stdout, or a file written whole or not at all (a temporary name, renamed at the end)."""
+    if output is None or str(output) == "-":
+        yield sys.stdout
+        sys.stdout.flush()
+        return
+    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            yield handle
+        os.replace(tmp, output)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# The export commands' selection and output options (module level: the annotations are
+# evaluated in this module's namespace).
+RunIds = Annotated[
+    list[str] | None,
+    typer.Argument(help="Run ids, trace ids or unique trace-id prefixes (default: every run)."),
+]
+Where = Annotated[
+    str | None,
+    typer.Option(
+        "--where",
+        help='SQL condition over the traces view, e.g. "agent = $agent AND errors = 0"; '
+        "values come from --param.",
+    ),
+]
+Params = Annotated[
+    list[str] | None,
+    typer.Option("--param", "-p", help="NAME=VALUE bound to $NAME in --where (repeatable)."),
+]
+Output = Annotated[
+    Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")
+]
+
+
+def register_export(app: typer.Typer, home_of: Any, fail: Any) -> None:
+    """`tracegym export otlp-json` and `tracegym export openai-ft`."""
+    export = typer.Typer(
+        help="Runs out of the store: OTLP/JSON, OpenAI fine-tuning JSONL.", no_args_is_help=True
+    )
+    app.add_typer(export, name="export")
+
+    def chosen(store: Any, ids: list[str] | None, where: str | None, params: dict, extra=None):
+        from tracegym.store.exporters import SelectionError, select_runs
+
+        if params and not where:
+            fail("--param values are bound in --where: give --where too")
+        try:
+            return select_runs(store, ids or [], where=where, params=params, extra=extra)
+        except SelectionError as exc:
+            fail(str(exc))
+
+    @export.command("otlp-json")
+    def export_otlp_json(
+        ctx: typer.Context,
+        ids: RunIds = None,
+        where: Where = None,
+        param: Params = None,
+        output: Output = None,
+        no_outcomes: Annotated[
+            bool, typer.Option("--no-outcomes", help="Leave the runs' recorded outcomes out.")
+        ] = False,
+        home: HomeOption = None,
+    ) -> None:
+        """Write runs as OTLP/JSON lines, one request per run (with its outcomes).
+
+        For any OpenTelemetry backend or the Collector; `tracegym import otlp-json` reads
+        them back as the same spans."""
+        from tracegym.store.exporters.otlp_json import write_otlp_json
+
+        store = _open_store(existing_home(home_of(ctx, home), fail), fail)
+        runs = chosen(store, ids, where, parse_params(param, fail))
+        with output_stream(output) as out:
+            report = write_otlp_json(store, runs, out, outcomes=not no_outcomes)
+        typer.echo(
+            f"exported {report.runs} runs ({report.spans} spans, {report.outcomes} outcomes)"
+            f" as OTLP/JSON to {output if output else 'stdout'}",
+            err=True,
+        )
+
+    @export.command("openai-ft")
+    def export_openai_ft(
+        ctx: typer.Context,
+        ids: RunIds = None,
+        where: Where = None,
+        param: Params = None,
+        output: Output = None,
+        source: Annotated[
+            FtSource,
+            typer.Option(
+                "--from",
+                help="runs: verifier-passing runs in the store; demos: registered "
+                "environments' oracle demonstrations (train seeds); all: both.",
+            ),
+        ] = FtSource.all,
+        env: Annotated[
+            list[str] | None,
+            typer.Option("--env", help="Only these environments' demonstrations (repeatable)."),
+        ] = None,
+        per_env: Annotated[
+            int | None,
+            typer.Option("--per-env", min=1, help="At most this many demonstrations each."),
+        ] = None,
+        home: HomeOption = None,
+    ) -> None:
+        """Write OpenAI chat fine-tuning JSONL from passing runs and oracle demonstrations.
+
+        One {"messages", "tools"} object per line; lines that fail the format check are
+        skipped and counted with their reason."""
+        import itertools
+
+        from tracegym.store.exporters.openai_ft import (
+            PASSED,
+            demo_examples,
+            run_examples,
+            write_examples,
+        )
+
+        target = existing_home(home_of(ctx, home), fail)
+        params = parse_params(param, fail)
+        if source is FtSource.demos and (ids or where):
+            fail("run ids and --where select runs: use them with --from runs or all")
+        if source is FtSource.runs and (env or per_env):
+            fail("--env and --per-env select demonstrations: use them with --from demos or all")
+        sources: list[Any] = []
+        if source is not FtSource.demos:
+            store = _open_store(target, fail)
+            sources.append(run_examples(store, chosen(store, ids, where, params, PASSED)))
+        if source is not FtSource.runs:
+            from tracegym.synthesis.registry import RegistryError
+
+            try:
+                demos = demo_examples(target, env or [], per_env=per_env)
+                first = list(itertools.islice(demos, 1))  # an unknown --env fails here
+            except RegistryError as exc:
+                fail(str(exc))
+            sources.append(itertools.chain(first, demos))
+        with output_stream(output) as out:
+            report = write_examples(itertools.chain(*sources), out)
+        typer.echo(
+            f"wrote {report.written} examples ({report.runs} from runs, {report.demos} from "
+            f"demonstrations) to {output if output else 'stdout'}; "
+            f"skipped {sum(report.skipped.values())}",
+            err=True,
+        )
+        for reason, count in report.skipped.most_common():
+            typer.echo(f"  skipped {count}: {reason}", err=True)
 
 
 def render_trace(store: Any, trace_id: str) -> Tree:

@@ -188,6 +188,19 @@ class Store:
         require("pandas", "Store.df()")
         return self.sql(query, params).df()
 
+    def rows(
+        self, query: str, params: Any = None, *, batch: int = 4096
+    ) -> Iterator[dict[str, Any]]:
+        """The rows of a read-only query as dicts, fetched `batch` at a time (a large result
+        is never held whole). Run no other query on this store until it is exhausted."""
+        check_read_only(query)
+        # The temp views live on this connection only.
+        cursor = self._views.run(lambda: self.con.execute(query, params))
+        names = [d[0] for d in cursor.description]
+        while chunk := cursor.fetchmany(batch):
+            for row in chunk:
+                yield dict(zip(names, row, strict=True))
+
     def records(self) -> Iterator[dict[str, Any]]:
         """Every span and outcome record, shaped like spool lines (attributes as dicts)."""
         columns = (
@@ -195,15 +208,10 @@ class Store:
             "status_message, attributes, resource"
         )
         query = f"SELECT {columns} FROM spans UNION ALL SELECT {columns} FROM _outcome_spans"
-        # The temp views live on this connection only.
-        cursor = self._views.run(lambda: self.con.execute(query))
-        names = [d[0] for d in cursor.description]
-        while batch := cursor.fetchmany(4096):
-            for row in batch:
-                record = dict(zip(names, row, strict=True))
-                record["attributes"] = json.loads(record["attributes"] or "{}")
-                record["resource"] = json.loads(record["resource"] or "{}")
-                yield record
+        for record in self.rows(query):
+            record["attributes"] = json.loads(record["attributes"] or "{}")
+            record["resource"] = json.loads(record["resource"] or "{}")
+            yield record
 
     def close(self) -> None:
         self.con.close()

@@ -6,6 +6,15 @@ object, or a JSON array of such objects, is accepted too, and gzip-compressed fi
 unpacked. Lines of other signals the same exporter may share the file with (`resourceLogs`,
 `resourceMetrics`, `resourceProfiles`) are skipped; a file with no trace data at all is an error.
 
+Phoenix's span export is read too: `GET /v1/projects/{project}/spans/otlpv1` answers
+`{"data": [<span>, ...], "next_cursor": ...}`, OTLP spans without the resourceSpans wrapper,
+with the proto field names in snake_case (`trace_id`, `start_time_unix_nano`,
+`attributes: [{"key", "value": {"string_value": ...}}]`, unset fields as null). A file of such
+pages (one per line, or a JSON array of them), or of bare span objects, is accepted; the
+protobuf JSON mapping lets a reader take the original (snake_case) field names, so an OTLP
+request written that way (`resource_spans`) is read as well. Phoenix keeps no resource or scope
+for a span, so these are empty.
+
 Spans keep their own trace and span ids (so re-importing yields the same spans, and the import
 registry skips a file seen before); attributes go through the same OpenInference / OpenLLMetry
 mapping as the OTLP receiver (`tracegym.store.otlp`). No outcomes are attached: OTLP carries none.
@@ -24,6 +33,41 @@ from tracegym.store.importers import ImportFormatError, iter_json_lines, load_js
 from tracegym.store.otlp import OTLPFormatError, records_from_json_object
 
 _OTHER_SIGNALS = ("resourceLogs", "resourceMetrics", "resourceProfiles")
+_SPAN_KEYS = ("traceId", "trace_id")
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def camel_case(value: Any) -> Any:
+    """OTLP JSON with the proto field names (snake_case) as lowerCamelCase, nulls dropped
+    (Phoenix writes every unset field as null). Attribute keys are values, not keys, in
+    OTLP JSON (`{"key": ..., "value": ...}`), so they are left as they are."""
+    if isinstance(value, dict):
+        return {_camel(k): camel_case(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [camel_case(v) for v in value]
+    return value
+
+
+def _is_span(obj: Any) -> bool:
+    return isinstance(obj, dict) and any(key in obj for key in _SPAN_KEYS)
+
+
+def _as_request(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """A Phoenix span page, a bare span, or a snake_case request as an OTLP/JSON request;
+    None when `obj` is none of these."""
+    if "resource_spans" in obj and "resourceSpans" not in obj:
+        return camel_case(obj)
+    if _is_span(obj):
+        spans = [obj]
+    elif isinstance(obj.get("data"), list) and all(_is_span(s) for s in obj["data"]):
+        spans = obj["data"]  # Phoenix's /v1/projects/{p}/spans/otlpv1 response
+    else:
+        return None
+    return {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": camel_case(spans)}]}]}
 
 
 def _objects(path: Path, data: bytes) -> list[tuple[str | None, Any]]:
@@ -64,12 +108,16 @@ def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict
         if "resourceSpans" not in obj:
             if any(key in obj for key in _OTHER_SIGNALS):
                 continue  # logs or metrics sharing the file: not ours
-            raise ImportFormatError(
-                path,
-                "not OTLP/JSON trace data (no resourceSpans); expected the Collector file "
-                "exporter's JSON lines",
-                record=record,
-            )
+            converted = _as_request(obj)
+            if converted is None:
+                raise ImportFormatError(
+                    path,
+                    "not OTLP/JSON trace data (no resourceSpans, and not Phoenix's span "
+                    'export {"data": [spans]}); expected the Collector file exporter\'s JSON '
+                    "lines",
+                    record=record,
+                )
+            obj = converted
         traces_seen = True
         try:
             records.extend(records_from_json_object(obj))

@@ -1,0 +1,287 @@
+"""OpenAI chat fine-tuning JSONL from passing runs and from oracle demonstrations.
+
+Two sources, one line format (`{"messages": [...], "tools": [...]}`, see `ft_format`):
+- runs in the store whose latest outcome is a success (the verifier passed them). The
+  conversation is rebuilt from the run's LLM calls in order (the root agent's, when it made
+  any): each call's input messages extend the conversation (a call that resends the whole
+  history replaces it; one that sends only what is new is appended), then its output. The
+  tools are the recorded `gen_ai.tool.definitions`, else schemas inferred from the calls made.
+  A run whose LLM calls kept no messages (message capture off), or whose messages do not make a
+  valid line (say, tool calls written as text in the reply), is rebuilt from its tool calls in
+  order: the agent's input as the user message, each call and its result, the agent's output
+  as the answer.
+- the registered environments' oracle demonstrations on their train seeds (never the held-out
+  ones), built as training does (`synthesis.registry.demonstration`, the environment's tool
+  schemas), kept only when the verifier passes them.
+
+Every line is validated before it is written; one that fails is skipped and counted with the
+first reason (`ExportReport.skipped`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from tracegym.store.exporters import Run
+from tracegym.store.exporters.chat_messages import (
+    inferred_tools,
+    system_messages,
+    to_openai,
+    tool_schemas,
+)
+from tracegym.store.exporters.ft_format import reason_kind, validate_example
+from tracegym.tracer import semconv as sc
+
+PASSED = "success = true"  # the `traces` view's latest outcome
+
+
+@dataclass
+class Example:
+    """One candidate line and where it came from (a trace id, or `env_id:seed`)."""
+
+    source: str
+    origin: str  # "run" or "demo"
+    line: dict[str, Any] | None
+    problem: str | None = None  # why there is no line
+
+
+@dataclass
+class ExportReport:
+    written: int = 0
+    runs: int = 0
+    demos: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    examples: list[tuple[str, str]] = field(default_factory=list)  # (source, first problem)
+
+    def skip(self, source: str, problem: str) -> None:
+        self.skipped[reason_kind(problem)] += 1
+        self.examples.append((source, problem))
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _starts_with(longer: list[dict[str, Any]], prefix: list[dict[str, Any]]) -> bool:
+    return len(longer) >= len(prefix) and all(
+        _same(x, y) for x, y in zip(longer, prefix, strict=False)
+    )
+
+
+def merge_calls(calls: Iterable[tuple[Any, Any]]) -> list[dict[str, Any]]:
+    """The conversation of a run from its LLM calls' (input, output) messages, in order."""
+    conversation: list[dict[str, Any]] = []
+    for raw_input, raw_output in calls:
+        sent = to_openai(raw_input, "user")
+        if _starts_with(sent, conversation):
+            conversation = sent  # the whole history again, and what is new
+        elif not _starts_with(conversation, sent):
+            conversation = conversation + sent  # only what is new since the last call
+        conversation = conversation + to_openai(raw_output, "assistant")
+    return conversation
+
+
+def number_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Give tool calls recorded without an id one (`call_<n>`), and their results the same,
+    in order; ids that were recorded are kept."""
+    waiting: list[str] = []
+    n = 0
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            if not call["id"]:
+                call["id"] = f"call_{n}"
+                waiting.append(call["id"])
+            n += 1
+        if message["role"] == "tool" and not message.get("tool_call_id") and waiting:
+            message["tool_call_id"] = waiting.pop(0)
+    return messages
+
+
+def line_of(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    line: dict[str, Any] = {"messages": messages}
+    if tools:
+        line["tools"] = tools
+    if any(len(m.get("tool_calls") or []) > 1 for m in messages):
+        line["parallel_tool_calls"] = True
+    return line
+
+
+def _text(value: Any) -> str | None:
+    """An agent's recorded input or output as message text: a string as it is, the single
+    string among a call's arguments, else the JSON."""
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return value
+    if isinstance(parsed, str):
+        return parsed
+    if isinstance(parsed, dict):
+        texts = [v for v in parsed.values() if isinstance(v, str)]
+        if len(parsed) == 1 and texts:
+            return texts[0]
+    return json.dumps(parsed, ensure_ascii=False)
+
+
+def _arguments(value: Any) -> str:
+    """Recorded tool arguments as a JSON object string (a bare value as `{"input": v}`)."""
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        parsed = value
+    if parsed is None:
+        parsed = {}
+    if not isinstance(parsed, dict):
+        parsed = {"input": parsed}
+    return json.dumps(parsed, ensure_ascii=False)
+
+
+def from_tool_calls(
+    store: Any, run: Run, head: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """A run rebuilt from its tool calls: `head` (the recorded system and first user
+    message) or else the agent's input as the user message, each call and its result in
+    order, the agent's output as the answer."""
+    root = store.sql(
+        "SELECT input, output FROM spans WHERE trace_id = $t AND parent_span_id IS NULL "
+        "ORDER BY start_ns LIMIT 1",
+        {"t": run.trace_id},
+    ).fetchall()
+    calls = store.sql(
+        "SELECT call_id, tool, arguments, result FROM tool_calls WHERE trace_id = $t "
+        "ORDER BY start_time, span_id",
+        {"t": run.trace_id},
+    ).fetchall()
+    question, answer = (_text(root[0][0]), _text(root[0][1])) if root else (None, None)
+    messages: list[dict[str, Any]] = list(head or [])
+    if question and not any(m["role"] == "user" for m in messages):
+        messages.append({"role": "user", "content": question})
+    for i, (call_id, tool, arguments, result) in enumerate(calls):
+        call_id = call_id or f"call_{i}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": tool or "", "arguments": _arguments(arguments)},
+                    }
+                ],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": _text(result) or ""})
+    if answer is not None:
+        messages.append({"role": "assistant", "content": answer})
+    return messages
+
+
+def run_example(store: Any, run: Run) -> Example:
+    """One passing run as a candidate line."""
+    rows = store.sql(
+        f"""
+        SELECT s.agent = t.agent AS own, s.input, s.output,
+               json_extract_string(s.attributes, '$."{sc.TOOL_DEFINITIONS}"') AS tools,
+               json_extract_string(s.attributes, '$."{sc.SYSTEM_INSTRUCTIONS}"') AS system
+        FROM spans s JOIN traces t USING (trace_id)
+        WHERE s.trace_id = $t AND s.operation = '{sc.OP_CHAT}'
+        ORDER BY s.start_ns, s.span_id
+        """,
+        {"t": run.trace_id},
+    ).fetchall()
+    if any(own for own, *_ in rows):
+        rows = [r for r in rows if r[0]]  # the root agent's own calls, not its subagents'
+    definitions = next((r[3] for r in rows if r[3]), None)
+    tools = tool_schemas(definitions) if definitions else []
+
+    def line(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        messages = number_calls(messages)
+        return line_of(messages, tools or inferred_tools(messages))
+
+    recorded = [r for r in rows if r[1] is not None or r[2] is not None]
+    if not recorded:
+        return Example(run.trace_id, "run", line(from_tool_calls(store, run)))
+    messages = merge_calls((r[1], r[2]) for r in recorded)
+    if not any(m["role"] == "system" for m in messages):
+        messages = system_messages(next((r[4] for r in rows if r[4]), None)) + messages
+    chosen = line(messages)
+    problems = validate_example(chosen)
+    if problems:  # e.g. tool calls written as text: the recorded tool calls still tell it
+        system = [m for m in messages[:1] if m["role"] == "system"]
+        user = [m for m in messages if m["role"] == "user"][:1]
+        fallback = line(from_tool_calls(store, run, system + user))
+        if not validate_example(fallback) and fallback.get("tools"):
+            return Example(run.trace_id, "run", fallback)
+    return Example(run.trace_id, "run", chosen, problems[0] if problems else None)
+
+
+def run_examples(store: Any, runs: Sequence[Run]) -> Iterator[Example]:
+    for run in runs:
+        yield run_example(store, run)
+
+
+def demo_examples(
+    home: str | Path, env_ids: Sequence[str] = (), *, per_env: int | None = None
+) -> Iterator[Example]:
+    """Oracle demonstrations of the registered environments (all, or `env_ids`) on their
+    train seeds (the registered number, or at most `per_env`)."""
+    from tracegym.synthesis import registry
+    from tracegym.synthesis.registry import RegistryError, demonstration
+
+    entries = registry.list_envs(home)
+    known = {e["env_id"] for e in entries}
+    missing = [e for e in env_ids if e not in known]
+    if missing:
+        raise RegistryError(
+            f"no environment {missing[0]!r} under {registry.envs_dir(home)} "
+            f"(registered: {', '.join(sorted(known)) or 'none'})"
+        )
+    for item in entries:
+        env_id = item["env_id"]
+        if env_ids and env_id not in env_ids:
+            continue
+        try:
+            env = registry.load(home, env_id)
+        except (RegistryError, ValueError, TypeError) as exc:
+            yield Example(env_id, "demo", None, f"cannot load the environment: {exc}")
+            continue
+        start, stop = env.spec.train_seeds if env.spec else (0, 0)
+        count = (item.get("tasks") or {}).get("train", stop - start)
+        if per_env is not None:
+            count = min(count, per_env)
+        tools = tool_schemas(env.tool_schemas())
+        for seed in range(start, min(stop, start + count)):
+            source = f"{env_id}:{seed}"
+            demo = demonstration(env, seed)
+            if not demo["passed"]:
+                yield Example(source, "demo", None, "the oracle's demonstration does not pass")
+                continue
+            messages = number_calls(to_openai(demo["messages"]))
+            yield Example(source, "demo", line_of(messages, tools))
+
+
+def write_examples(examples: Iterable[Example], out: IO[str]) -> ExportReport:
+    """Validate each candidate line and write the valid ones to `out` as JSON lines."""
+    report = ExportReport()
+    for example in examples:
+        problem = example.problem
+        if example.line is not None and problem is None:
+            problems = validate_example(example.line)
+            problem = problems[0] if problems else None
+        if problem is not None or example.line is None:
+            report.skip(example.source, problem or "no line")
+            continue
+        out.write(json.dumps(example.line, ensure_ascii=False) + "\n")
+        report.written += 1
+        if example.origin == "run":
+            report.runs += 1
+        else:
+            report.demos += 1
+    return report
