@@ -10,7 +10,21 @@ Measured in one run, alternating rounds of:
 Prints the per-call overhead of each over `plain`, and tracegym's as a ratio to raw_sdk's.
 Goal: ratio <= 1.2. Then 50,000 decorated calls in a tight loop: nothing may be dropped.
 
+Then auto-instrumentation (needs `openai` and `openinference-instrumentation-openai`): one
+OpenAI chat completion against a loopback fake server (tests/fixtures/fake_llm_server.py), in
+alternating rounds of:
+  openai_plain   the client call, uninstrumented;
+  openai_oi      the same call instrumented by the bare OpenInference instrumentor on a plain
+                 OTel SDK provider (BatchSpanProcessor into the spool), under a hand-written
+                 agent span;
+  openai_tg      the same call auto-instrumented by `tg.instrument("openai")` under @tg.agent,
+                 through tracegym's pipeline (run bookkeeping, content policy, redaction).
+Prints each one's overhead over openai_plain and tracegym's as a ratio to the bare
+instrumentor's. The instrumentor is a singleton, so each round installs its own and removes it
+outside the timed region.
+
     .venv/bin/python benchmarks/tracer_overhead.py [--calls 5000] [--rounds 9]
+        [--llm-calls 300] [--llm-rounds 7]
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import tracegym as tg
@@ -88,11 +103,121 @@ def traced_round(calls: int) -> float:
     return time.perf_counter() - start
 
 
+def _timed(run: Callable[[], float], calls: int) -> float:
+    gc.collect()
+    gc.disable()  # as timeit does: no collector pauses inside a timed round
+    try:
+        return run() / calls * 1e6
+    finally:
+        gc.enable()
+
+
+def llm_section(tmp: Path, tg_provider: TracerProvider, calls: int, rounds: int) -> None:
+    """Auto-instrumented OpenAI calls: tracegym against the bare OpenInference instrumentor."""
+    try:
+        import openai
+        from openinference.instrumentation.openai import OpenAIInstrumentor
+    except ImportError as exc:
+        print(f"auto-instrumented OpenAI call: skipped ({exc.name} is not installed)")
+        return
+    from tracegym.tests.fixtures.fake_llm_server import FakeLLMServer
+    from tracegym.tracer import integrations
+
+    oi_provider = TracerProvider()
+    oi_provider.add_span_processor(
+        BatchSpanProcessor(
+            SpoolSpanExporter(tmp / "oi"), max_queue_size=65536, schedule_delay_millis=1000
+        )
+    )
+    oi_tracer = oi_provider.get_tracer("bench")
+    tg.init(service="bench", home=tmp / "llm", provider=tg_provider)
+    messages = [{"role": "user", "content": "Where is order W000017? It was due on Monday."}]
+
+    with FakeLLMServer() as server:
+        client = openai.OpenAI(base_url=server.openai_url, api_key="bench-key", max_retries=0)
+
+        def call() -> None:
+            client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+
+        def plain(n: int) -> float:
+            start = time.perf_counter()
+            for _ in range(n):
+                call()
+            return time.perf_counter() - start
+
+        def bare(n: int) -> float:
+            start = time.perf_counter()
+            with oi_tracer.start_as_current_span("invoke_agent bench"):
+                for _ in range(n):
+                    call()
+            return time.perf_counter() - start
+
+        @tg.agent(name="bench-llm")
+        def agent(n: int) -> None:
+            for _ in range(n):
+                call()
+
+        def traced(n: int) -> float:
+            start = time.perf_counter()
+            agent(n)
+            return time.perf_counter() - start
+
+        def with_bare(run: Callable[[], float]) -> float:
+            instrumentor = OpenAIInstrumentor()
+            instrumentor.instrument(tracer_provider=oi_provider)
+            try:
+                return run()
+            finally:
+                instrumentor.uninstrument()
+
+        def with_tracegym(run: Callable[[], float]) -> float:
+            with integrations.instrumenting("openai"):
+                return run()
+
+        variants: list[tuple[str, Callable[[int], float], Callable[..., float]]] = [
+            ("openai_plain", plain, lambda run: run()),
+            ("openai_oi", bare, with_bare),
+            ("openai_tg", traced, with_tracegym),
+        ]
+        for _, run, wrap in variants:  # warm-up: connections, imports, caches
+            wrap(lambda run=run: run(20))
+        samples: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+        for _ in range(rounds):
+            for name, run, wrap in variants:
+                samples[name].append(wrap(lambda run=run: _timed(lambda: run(calls), calls)))
+                oi_provider.force_flush()  # export outside the timed region, for both
+                tg.flush()
+        spans_tg = sum(1 for r in iter_spool(tmp / "llm") if r["name"] == "ChatCompletion")
+        spans_oi = sum(1 for r in iter_spool(tmp / "oi") if r["name"] == "ChatCompletion")
+    oi_provider.shutdown()
+
+    per_call = {name: statistics.median(v) for name, v in samples.items()}
+    spread = {name: (min(v), max(v)) for name, v in samples.items()}
+    print(f"auto-instrumented OpenAI call (median of {rounds} rounds x {calls} calls, loopback):")
+    for name, value in per_call.items():
+        low, high = spread[name]
+        print(f"  {name:13s} {value:8.1f} us   (rounds {low:.1f} .. {high:.1f})")
+    oi_overhead = per_call["openai_oi"] - per_call["openai_plain"]
+    tg_overhead = per_call["openai_tg"] - per_call["openai_plain"]
+    print(f"overhead bare OpenInference  {oi_overhead:8.1f} us/call")
+    print(f"overhead tg.instrument       {tg_overhead:8.1f} us/call")
+    if oi_overhead > 0:
+        print(f"ratio tg.instrument/bare OpenInference overhead: {tg_overhead / oi_overhead:.3f}")
+    # Loopback HTTP is noisy on a shared machine: the fastest rounds, compared the same way.
+    best = {name: min(v) for name, v in samples.items()}
+    oi_best = best["openai_oi"] - best["openai_plain"]
+    tg_best = best["openai_tg"] - best["openai_plain"]
+    print(f"fastest rounds: overhead bare {oi_best:.1f} us, tg.instrument {tg_best:.1f} us/call")
+    print(f"ChatCompletion spans spooled: tracegym {spans_tg}, bare {spans_oi}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=5000, help="tool calls per round")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--tight-loop", type=int, default=50_000)
+    parser.add_argument("--llm-calls", type=int, default=300, help="OpenAI calls per round")
+    parser.add_argument("--llm-rounds", type=int, default=7, help="0: skip the OpenAI section")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,6 +276,8 @@ def main() -> None:
             f"{spans} tool spans in the spool, dropped {stats.spans_dropped}, "
             f"failed {stats.spans_failed}, internal errors {stats.internal_errors}"
         )
+        if args.llm_rounds > 0:
+            llm_section(Path(tmp), tg_provider, args.llm_calls, args.llm_rounds)
         tg.shutdown()
         raw_provider.shutdown()
 

@@ -41,8 +41,10 @@ existing `gen_ai.*` values win and the originals stay queryable.
   chat -> gen_ai.input.messages, search_memory -> gen_ai.memory.query.text, else tracegym.input.
 - output.value / traceloop.entity.output: execute_tool -> gen_ai.tool.call.result,
   chat -> gen_ai.output.messages, else tracegym.output.
-- chat spans without an input/output value: the flattened messages (llm.input_messages.N.message.*
-  or gen_ai.prompt.N.*; llm.output_messages.N.message.* or gen_ai.completion.N.*) as a JSON list.
+- chat spans: the flattened messages first (llm.input_messages.N.message.* or gen_ai.prompt.N.*;
+  llm.output_messages.N.message.* or gen_ai.completion.N.*) as a JSON list, OpenInference's in
+  the chat shape of OpenAI's API (role, content, tool_calls, tool_call_id, name); the
+  input/output value (a whole request or response body) only when there are none.
 - gen_ai.tool.name: tool.name, tool_call.function.name, else (tool spans) traceloop.entity.name
   or the span name. gen_ai.tool.call.id: tool_call.id. gen_ai.tool.description: tool.description.
 - gen_ai.agent.name: agent.name, else (agent spans) traceloop.entity.name or the span name, else
@@ -849,6 +851,43 @@ def _flattened_list(attrs: Mapping[str, Any], prefix: str, infix: str) -> list[d
     return [items[i] for i in sorted(items)]
 
 
+def _indexed(fields: Mapping[str, Any], head: str, strip: str) -> list[dict[str, Any]]:
+    """`head.N.<strip>rest = v` fields gathered into [{rest: v}, ...] in N order."""
+    items: dict[int, dict[str, Any]] = {}
+    for field, value in fields.items():
+        index, _, rest = field[len(head) :].partition(".")
+        if index.isdigit() and rest:
+            items.setdefault(int(index), {})[rest.removeprefix(strip)] = value
+    return [items[i] for i in sorted(items)]
+
+
+def _openinference_message(fields: dict[str, Any]) -> dict[str, Any]:
+    """One OpenInference message (its flattened fields) in the chat shape of OpenAI's API:
+    role, content (text, or a list of text/image parts), tool_calls, tool_call_id, name."""
+    message = {k: v for k, v in fields.items() if not k.startswith(("tool_calls.", "contents."))}
+    calls = _indexed({k: v for k, v in fields.items() if k.startswith("tool_calls.")},
+                     "tool_calls.", "tool_call.")  # fmt: skip
+    if calls:
+        message["tool_calls"] = [
+            {"id": c.get("id"), "type": "function",
+             "function": {"name": c.get("function.name"),
+                          "arguments": c.get("function.arguments")}}
+            for c in calls
+        ]  # fmt: skip
+    contents = _indexed({k: v for k, v in fields.items() if k.startswith("contents.")},
+                        "contents.", "message_content.")  # fmt: skip
+    if contents and "content" not in message:
+        parts = []
+        for c in contents:  # tool_use blocks repeat the tool calls above
+            if c.get("type") == "text" or ("text" in c and "type" not in c):
+                parts.append({"type": "text", "text": c.get("text")})
+            elif c.get("type") == "image":
+                parts.append({"type": "image_url", "image_url": {"url": c.get("image.image.url")}})
+        if parts:
+            message["content"] = parts
+    return message
+
+
 def _put(out: dict[str, Any], key: str, value: Any) -> None:
     if value is not None and value != "" and key not in out:
         out[key] = value
@@ -919,14 +958,18 @@ def normalize_attributes(attrs: Mapping[str, Any], name: str | None = None) -> d
 
     # Input and output, under the keys the operation reads them from.
     in_key, out_key = _IO_KEYS.get(operation, _DEFAULT_IO)  # type: ignore[arg-type]
-    _put(out, in_key, _first(attrs, _INPUT_KEYS))
-    _put(out, out_key, _first(attrs, _OUTPUT_KEYS))
     if operation == sc.OP_CHAT and (sc.INPUT_MESSAGES not in out or sc.OUTPUT_MESSAGES not in out):
+        # The flattened messages first: the input/output values are whole request and response
+        # bodies (model, tools, usage...), the messages are what the model read and wrote.
         for target, prefix, infix in _FLAT_MESSAGES:
             if target not in out:
                 messages = _flattened_list(attrs, prefix, infix)
                 if messages:
+                    if infix == ".message.":
+                        messages = [_openinference_message(m) for m in messages]
                     out[target] = _json_encode(messages)
+    _put(out, in_key, _first(attrs, _INPUT_KEYS))
+    _put(out, out_key, _first(attrs, _OUTPUT_KEYS))
     if operation == sc.OP_MEMORY_SEARCH and sc.MEMORY_RESULT_IDS not in out:
         documents = _flattened_list(attrs, "retrieval.documents.", ".document.")
         if documents:

@@ -132,7 +132,15 @@ def test_openai_calls_nest_under_the_agent_and_fill_llm_and_tool_calls(server, h
     assert [(r[3], r[4]) for r in rows] == [(u.prompt_tokens, u.completion_tokens) for u in usages]
     assert rows[0][3] != rows[1][3]  # the second call's prompt is longer: counts are real
     # The model's tool call is linked to the tool the agent ran: same id, same run, in order.
-    assert TOOL_CALL_ID in rows[0][6]
+    (asked,) = json.loads(rows[0][6])
+    assert asked["role"] == "assistant"
+    assert [(c["id"], c["function"]["name"]) for c in asked["tool_calls"]] == [
+        (TOOL_CALL_ID, "get_order")
+    ]
+    (second_input,) = query(home, "SELECT input_messages FROM llm_calls ORDER BY start_time")[1:]
+    sent = json.loads(second_input[0])  # the messages, not the whole request body
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
+    assert sent[2]["tool_call_id"] == TOOL_CALL_ID and sent[2]["content"] == "shipped"
     tools = query(home, "SELECT trace_id, tool, call_id, arguments, step_index FROM tool_calls")
     assert tools == [(root["trace_id"], "get_order", TOOL_CALL_ID, '{"order_id":"order_id-1"}',
                       tools[0][4])]  # fmt: skip

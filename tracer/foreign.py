@@ -23,7 +23,6 @@ thread. Spans outside any run stay traces of their own, without a run id.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -81,10 +80,24 @@ def is_foreign(span: ReadableSpan) -> bool:
     return scope is None or scope.name != OWN_SCOPE
 
 
-def _otlp() -> Any:
-    from tracegym.store import otlp  # the mapping shared with the OTLP receiver
+def attributes_of(span: ReadableSpan) -> Mapping[str, Any]:
+    """The span's attributes; the SDK's own dict when reachable (several times cheaper to walk
+    than the locked `BoundedAttributes` behind `span.attributes`, and this runs per span on
+    the agent's thread)."""
+    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
+    return inner if isinstance(inner, dict) else (span.attributes or {})
 
-    return otlp
+
+_otlp_module: Any = None
+
+
+def _otlp() -> Any:
+    global _otlp_module
+    if _otlp_module is None:
+        from tracegym.store import otlp  # the mapping shared with the OTLP receiver
+
+        _otlp_module = otlp
+    return _otlp_module
 
 
 class _Open:
@@ -102,56 +115,55 @@ class _Open:
 
 
 class ForeignSpans:
-    """The bookkeeping and policy for one tracegym processor (see the module docstring)."""
+    """The bookkeeping and policy for one tracegym processor (see the module docstring).
+
+    Its table of open spans is touched with single dict operations (atomic under the GIL), so
+    spans of many threads need no lock here."""
 
     def __init__(self) -> None:
         self._open: dict[int, _Open] = {}
-        self._lock = threading.Lock()
 
     def on_start(self, span: Span) -> None:
         scope = scope_context.current.get()
         parent = span.parent
         if scope is None or parent is None:
             return
-        attributes = span.attributes or {}
+        attributes = attributes_of(span)
         operation = _otlp().operation_of(attributes)
-        with self._lock:
-            outer = self._open.get(parent.span_id)
+        outer = self._open.get(parent.span_id)
         agent = outer.agent if outer is not None else scope.agent
-        added: dict[str, Any] = {sc.STEP_INDEX: next(scope.run.counter)}
         own_agent = None
         if operation == sc.OP_AGENT:
             own_agent = attributes.get("agent.name") or attributes.get(sc.AGENT_NAME) or span.name
+            span.set_attribute(sc.STEP_INDEX, next(scope.run.counter))
         else:
-            added[sc.AGENT_NAME] = agent
-        span.set_attributes(added)
+            span.set_attributes({sc.STEP_INDEX: next(scope.run.counter), sc.AGENT_NAME: agent})
         inside = outer is not None and outer.in_llm
         children_agent = str(own_agent) if own_agent else agent
         entry = _Open(scope, children_agent, operation == sc.OP_CHAT or inside, not inside)
-        with self._lock:
-            if len(self._open) >= _OPEN_LIMIT:  # spans that never ended: forget the oldest
-                self._open.pop(next(iter(self._open)))
+        if len(self._open) >= _OPEN_LIMIT:  # spans that never ended: forget the oldest
+            try:
+                self._open.pop(next(iter(self._open)), None)
                 internal.add("foreign_spans_forgotten")
-            self._open[span.context.span_id] = entry
+            except (StopIteration, RuntimeError):  # emptied or resized by another thread
+                pass
+        self._open[span.context.span_id] = entry
 
     def on_end(self, span: ReadableSpan) -> ReadableSpan:
         """`span`, or a copy with the content policy applied."""
-        with self._lock:
-            entry = self._open.pop(span.context.span_id, None)
-        attributes = span.attributes or {}
+        entry = self._open.pop(span.context.span_id, None)
+        attributes = attributes_of(span)
         operation = _otlp().operation_of(attributes)
         if entry is not None and operation in _ACTIONS:
             self._charge(entry, operation, attributes)
-        return apply_policy(span, operation)
+        return apply_policy(span, operation, attributes)
 
     @staticmethod
     def _charge(entry: _Open, operation: str, attributes: Mapping[str, Any]) -> None:
         budgets = entry.scope.budgets
         for budget in budgets:
             budget.steps += 1
-        if operation != sc.OP_CHAT:
-            return
-        if not entry.counted:
+        if operation != sc.OP_CHAT or not entry.counted:
             return
         tokens = 0
         for count in _otlp().token_counts(attributes):
@@ -161,34 +173,49 @@ class ForeignSpans:
             budget.tokens += tokens
 
 
-def _drops(key: str, operation: str | None, content: bool, messages: bool) -> bool:
-    """Whether the policy drops attribute `key` of a span with `operation`."""
+# What the policy may drop, by key: kept, an input/output value, messages, content.
+_KEEP, _IO, _MESSAGES, _CONTENT = 0, 1, 2, 3
+_categories: dict[str, int] = {}
+
+
+def _category(key: str) -> int:
     if key in _IO_KEYS:
-        return not (messages if operation == sc.OP_CHAT else content)
+        return _IO
     if key in _MESSAGE_KEYS or key.startswith(_MESSAGE_PREFIXES):
-        return not messages
-    if not content:
-        if key in _CONTENT_KEYS:
-            return True
-        if key.startswith(_CONTENT_PREFIXES) and key.endswith(_CONTENT_SUFFIXES):
-            return True
-    return False
+        return _MESSAGES
+    if key in _CONTENT_KEYS or (
+        key.startswith(_CONTENT_PREFIXES) and key.endswith(_CONTENT_SUFFIXES)
+    ):
+        return _CONTENT
+    return _KEEP
 
 
 def _drops_event(name: str) -> bool:
     return name in _MESSAGE_EVENTS or (name.startswith("gen_ai.") and name.endswith(".message"))
 
 
-def apply_policy(span: ReadableSpan, operation: str | None) -> ReadableSpan:
+def apply_policy(
+    span: ReadableSpan, operation: str | None, attributes: Mapping[str, Any] | None = None
+) -> ReadableSpan:
     """`span` itself when the policy changes nothing, else a copy without what it drops."""
     settings = state.settings
     content = settings.capture_content
     messages = content and settings.capture_messages
     limit = settings.max_value_length
-    attributes = span.attributes or {}
+    if attributes is None:
+        attributes = attributes_of(span)
+    # Whether each category is dropped here.
+    drop_io = not (messages if operation == sc.OP_CHAT else content)
+    dropped = (False, drop_io, not messages, not content)
     changed: dict[str, Any] | None = None
+    categories = _categories
     for key, value in attributes.items():
-        if (not messages) and _drops(key, operation, content, messages):
+        category = categories.get(key)
+        if category is None:
+            category = _category(key)
+            if len(categories) < 8192:
+                categories[key] = category
+        if dropped[category]:
             if changed is None:
                 changed = dict(attributes)
             del changed[key]

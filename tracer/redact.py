@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Status
 from tracegym.tracer import internal
+from tracegym.tracer.foreign import attributes_of as _attributes_of
 from tracegym.tracer.processors import FanOutSpanProcessor
 from tracegym.tracer.serialize import TRUNCATION_MARKER
 
@@ -285,13 +286,6 @@ class Redactor:
                     out = dict(attributes)
                 out[key] = new
         return out
-
-
-def _attributes_of(span: ReadableSpan) -> Any:
-    """The span's attributes; the SDK's own dict when reachable (4x cheaper to walk than the
-    read-only proxy `span.attributes`, and this runs for every span on the agent's thread)."""
-    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
-    return inner if isinstance(inner, dict) else span.attributes
 
 
 def redact_span(span: ReadableSpan, redactor: Redactor) -> ReadableSpan:
