@@ -142,27 +142,64 @@ def _arguments(value: Any) -> str:
     return json.dumps(parsed, ensure_ascii=False)
 
 
-def from_tool_calls(
-    store: Any, run: Run, head: list[dict[str, Any]] | None = None
-) -> list[dict[str, Any]]:
+@dataclass
+class RunData:
+    """What a line is built from: the root span's agent, input and output, the LLM calls
+    (own: made by the root agent; input, output, tool definitions, system instructions) and
+    the tool calls (call id, tool, arguments, result), each in order."""
+
+    agent: str | None = None
+    question: Any = None
+    answer: Any = None
+    chats: list[tuple[Any, ...]] = field(default_factory=list)
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+def run_data(store: Any, runs: Sequence[Run]) -> dict[str, RunData]:
+    """RunData of each of `runs`, in three queries (not three per run)."""
+    traces = [r.trace_id for r in runs]
+    data = {t: RunData() for t in traces}
+    for trace_id, agent, question, answer in store.sql(
+        "SELECT trace_id, agent, input, output FROM spans "
+        "WHERE parent_span_id IS NULL AND list_contains($t, trace_id) "
+        "QUALIFY row_number() OVER (PARTITION BY trace_id ORDER BY start_ns) = 1",
+        {"t": traces},
+    ).fetchall():
+        data[trace_id].agent, data[trace_id].question, data[trace_id].answer = (
+            agent,
+            question,
+            answer,
+        )
+    for trace_id, agent, *chat in store.sql(
+        f"""
+        SELECT trace_id, agent, input, output,
+               json_extract_string(attributes, '$."{sc.TOOL_DEFINITIONS}"'),
+               json_extract_string(attributes, '$."{sc.SYSTEM_INSTRUCTIONS}"')
+        FROM spans WHERE operation = '{sc.OP_CHAT}' AND list_contains($t, trace_id)
+        ORDER BY trace_id, start_ns, span_id
+        """,
+        {"t": traces},
+    ).fetchall():
+        run = data[trace_id]
+        run.chats.append((agent is not None and agent == run.agent, *chat))
+    for trace_id, *call in store.sql(
+        "SELECT trace_id, call_id, tool, arguments, result FROM tool_calls "
+        "WHERE list_contains($t, trace_id) ORDER BY trace_id, start_time, span_id",
+        {"t": traces},
+    ).fetchall():
+        data[trace_id].calls.append(tuple(call))
+    return data
+
+
+def from_tool_calls(run: RunData, head: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """A run rebuilt from its tool calls: `head` (the recorded system and first user
     message) or else the agent's input as the user message, each call and its result in
     order, the agent's output as the answer."""
-    root = store.sql(
-        "SELECT input, output FROM spans WHERE trace_id = $t AND parent_span_id IS NULL "
-        "ORDER BY start_ns LIMIT 1",
-        {"t": run.trace_id},
-    ).fetchall()
-    calls = store.sql(
-        "SELECT call_id, tool, arguments, result FROM tool_calls WHERE trace_id = $t "
-        "ORDER BY start_time, span_id",
-        {"t": run.trace_id},
-    ).fetchall()
-    question, answer = (_text(root[0][0]), _text(root[0][1])) if root else (None, None)
+    question, answer = _text(run.question), _text(run.answer)
     messages: list[dict[str, Any]] = list(head or [])
     if question and not any(m["role"] == "user" for m in messages):
         messages.append({"role": "user", "content": question})
-    for i, (call_id, tool, arguments, result) in enumerate(calls):
+    for i, (call_id, tool, arguments, result) in enumerate(run.calls):
         call_id = call_id or f"call_{i}"
         messages.append(
             {
@@ -183,19 +220,9 @@ def from_tool_calls(
     return messages
 
 
-def run_example(store: Any, run: Run) -> Example:
+def run_example(trace_id: str, run: RunData) -> Example:
     """One passing run as a candidate line."""
-    rows = store.sql(
-        f"""
-        SELECT s.agent = t.agent AS own, s.input, s.output,
-               json_extract_string(s.attributes, '$."{sc.TOOL_DEFINITIONS}"') AS tools,
-               json_extract_string(s.attributes, '$."{sc.SYSTEM_INSTRUCTIONS}"') AS system
-        FROM spans s JOIN traces t USING (trace_id)
-        WHERE s.trace_id = $t AND s.operation = '{sc.OP_CHAT}'
-        ORDER BY s.start_ns, s.span_id
-        """,
-        {"t": run.trace_id},
-    ).fetchall()
+    rows = run.chats
     if any(own for own, *_ in rows):
         rows = [r for r in rows if r[0]]  # the root agent's own calls, not its subagents'
     definitions = next((r[3] for r in rows if r[3]), None)
@@ -207,24 +234,28 @@ def run_example(store: Any, run: Run) -> Example:
 
     recorded = [r for r in rows if r[1] is not None or r[2] is not None]
     if not recorded:
-        return Example(run.trace_id, "run", line(from_tool_calls(store, run)))
+        return Example(trace_id, "run", line(from_tool_calls(run)))
     messages = merge_calls((r[1], r[2]) for r in recorded)
     if not any(m["role"] == "system" for m in messages):
         messages = system_messages(next((r[4] for r in rows if r[4]), None)) + messages
     chosen = line(messages)
     problems = validate_example(chosen)
-    if problems:  # e.g. tool calls written as text: the recorded tool calls still tell it
+    if problems and run.calls:  # e.g. tool calls written as text: the tool spans still tell
         system = [m for m in messages[:1] if m["role"] == "system"]
         user = [m for m in messages if m["role"] == "user"][:1]
-        fallback = line(from_tool_calls(store, run, system + user))
-        if not validate_example(fallback) and fallback.get("tools"):
-            return Example(run.trace_id, "run", fallback)
-    return Example(run.trace_id, "run", chosen, problems[0] if problems else None)
+        fallback = line(from_tool_calls(run, system + user))
+        if not validate_example(fallback):
+            return Example(trace_id, "run", fallback)
+    return Example(trace_id, "run", chosen, problems[0] if problems else None)
 
 
-def run_examples(store: Any, runs: Sequence[Run]) -> Iterator[Example]:
-    for run in runs:
-        yield run_example(store, run)
+def run_examples(store: Any, runs: Sequence[Run], *, chunk: int = 256) -> Iterator[Example]:
+    """Candidate lines of `runs`, read `chunk` runs at a time."""
+    for start in range(0, len(runs), chunk):
+        part = runs[start : start + chunk]
+        data = run_data(store, part)
+        for run in part:
+            yield run_example(run.trace_id, data[run.trace_id])
 
 
 def demo_examples(
