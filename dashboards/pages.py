@@ -16,6 +16,8 @@ from typing import Any
 
 from tracegym.dashboards import artifacts, clusters, findings, queries
 from tracegym.dashboards.db import Database, Result
+from tracegym.tracer import semconv as sc
+from tracegym.tracer.messages import chat_messages
 
 
 @dataclass
@@ -32,6 +34,28 @@ class Context:
 
 def _iso(value: Any) -> str:
     return value.isoformat(sep=" ", timespec="seconds") if hasattr(value, "isoformat") else ""
+
+
+def chat_pretty(text: Any, role: str) -> str:
+    """A chat span's recorded messages (the GenAI shape or an older one) as a transcript, one
+    `[role] text` entry per message with its tool calls; "" when the text holds no JSON."""
+    if not isinstance(text, str):
+        return ""
+    try:
+        json.loads(text)
+    except ValueError:
+        return ""
+    entries = []
+    for message in chat_messages(text, role):
+        who = message.get("role") or role
+        if message.get("tool_call_id"):
+            who += f" {message['tool_call_id']}"
+        body = [message["content"]] if message.get("content") else []
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            body.append(f"-> {function.get('name')}({function.get('arguments') or ''})")
+        entries.append(f"[{who}] " + "\n".join(body))
+    return "\n".join(entries)
 
 
 def pretty(text: Any) -> str:
@@ -235,6 +259,9 @@ def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
         span["input"], span["output"] = _cut(span["input"]), _cut(span["output"])
         span["input_pretty"] = pretty(span["input"])
         span["output_pretty"] = pretty(span["output"])
+        if span["operation"] == sc.OP_CHAT:  # messages as a transcript, whichever shape
+            for key, role in (("input", "user"), ("output", "assistant")):
+                span[f"{key}_pretty"] = chat_pretty(span[key], role) or span[f"{key}_pretty"]
         span["attributes_pretty"] = pretty(_cut(span["attributes"]))
         span["events_pretty"] = pretty(span["events"]) if span["events"] not in ("[]", None) else ""
         span["memory"] = (

@@ -464,6 +464,19 @@ def test_readers_see_the_same_conversation_in_either_shape():
     assert system == "You are the shop's assistant."
 
 
+def test_the_dashboard_shows_either_shape_as_the_same_transcript():
+    pages = pytest.importorskip("tracegym.dashboards.pages", reason="the dashboards' extras")
+    old = pages.chat_pretty(json.dumps(OPENAI_INPUT), "user")
+    assert old == pages.chat_pretty(json.dumps(GENAI_INPUT), "user")
+    assert old.splitlines() == [
+        "[system] You are the shop's assistant.",
+        "[user] Where is order W-1?",
+        '[assistant] -> get_order({"order_id":"W-1"})',
+        '[tool call_1] {"status": "shipped"}',
+    ]
+    assert pages.chat_pretty('[{"role": "user", "content": "cut sho', "user") == ""  # not JSON
+
+
 # Spans -----------------------------------------------------------------------------------
 @tg.tool
 def get_order(order_id: str) -> dict[str, str]:
