@@ -181,6 +181,30 @@ def test_openai_streaming_call_records_usage(server, home, tracer_setup):
     ]
 
 
+def test_tg_llm_around_an_instrumented_call_charges_its_tokens_once(server, home, tracer_setup):
+    openai = pytest.importorskip("openai", reason="needs tracegym[openai]")
+    pytest.importorskip("openinference.instrumentation.openai", reason="needs tracegym[openai]")
+    tracer_setup(home=home)
+    client = openai.OpenAI(base_url=server.openai_url, api_key="test-key", max_retries=0)
+
+    @tg.llm(model="gpt-4o-mini")
+    def ask(messages: list[dict[str, str]]) -> Any:
+        return client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+
+    @tg.agent("wrapped")
+    def run() -> Any:
+        return ask([{"role": "user", "content": "hello there"}]).usage
+
+    with integrations.instrumenting("openai"):
+        usage = run()
+    spans = spans_of(home)
+    (root,) = [s for s in spans if s["name"] == "invoke_agent wrapped"]
+    (own,) = [s for s in spans if s["name"] == "chat gpt-4o-mini"]
+    (inner,) = [s for s in spans if s["name"] == "ChatCompletion"]
+    assert inner["parent_span_id"] == own["span_id"]  # nested in the user's own llm span
+    assert root["attributes"][sc.USED_TOKENS] == usage.total_tokens  # not twice
+
+
 # ---------------------------------------------------------------------------------------------
 # Anthropic
 
@@ -346,6 +370,37 @@ def test_openai_agents_run_names_its_agent(server, home, tracer_setup):
     assert query(home, "SELECT agent FROM spans WHERE operation = 'invoke_agent' AND "
                        "scope LIKE 'openinference%' AND name = 'order-helper'") == [
         ("order-helper",)
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# LiteLLM (its import alone takes seconds)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")  # pydantic, on litellm's own types
+def test_litellm_completion_fills_llm_calls(server, home, tracer_setup, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of the price list
+    litellm = pytest.importorskip("litellm", reason="needs tracegym[litellm]")
+    pytest.importorskip("openinference.instrumentation.litellm", reason="needs tracegym[litellm]")
+    tracer_setup(home=home)
+
+    @tg.agent("router")
+    def run() -> Any:
+        return litellm.completion(
+            model="openai/gpt-4o-mini",
+            api_base=server.openai_url,
+            api_key="test-key",
+            messages=[{"role": "user", "content": "where is order A1?"}],
+        )
+
+    with integrations.instrumenting("litellm"):
+        response = run()
+    (root,) = [s for s in spans_of(home) if s["name"] == "invoke_agent router"]
+    assert query(home, "SELECT trace_id, parent_span_id, agent, model, input_tokens, "
+                       "output_tokens FROM llm_calls") == [
+        (root["trace_id"], root["span_id"], "router", "openai/gpt-4o-mini",
+         response.usage.prompt_tokens, response.usage.completion_tokens)
     ]  # fmt: skip
 
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span
 from tracegym.tracer import context as scope_context
 from tracegym.tracer import internal
@@ -123,7 +125,7 @@ class ForeignSpans:
     def __init__(self) -> None:
         self._open: dict[int, _Open] = {}
 
-    def on_start(self, span: Span) -> None:
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         scope = scope_context.current.get()
         parent = span.parent
         if scope is None or parent is None:
@@ -132,13 +134,15 @@ class ForeignSpans:
         operation = _otlp().operation_of(attributes)
         outer = self._open.get(parent.span_id)
         agent = outer.agent if outer is not None else scope.agent
+        # Inside an LLM span: another instrumentation's, or a `tg.llm` around the client call
+        # (which charged the response's usage itself).
+        inside = outer.in_llm if outer is not None else _in_own_llm_span(parent_context)
         own_agent = None
         if operation == sc.OP_AGENT:
             own_agent = attributes.get("agent.name") or attributes.get(sc.AGENT_NAME) or span.name
             span.set_attribute(sc.STEP_INDEX, next(scope.run.counter))
         else:
             span.set_attributes({sc.STEP_INDEX: next(scope.run.counter), sc.AGENT_NAME: agent})
-        inside = outer is not None and outer.in_llm
         children_agent = str(own_agent) if own_agent else agent
         entry = _Open(scope, children_agent, operation == sc.OP_CHAT or inside, not inside)
         if len(self._open) >= _OPEN_LIMIT:  # spans that never ended: forget the oldest
@@ -171,6 +175,13 @@ class ForeignSpans:
                 tokens += count
         for budget in budgets:
             budget.tokens += tokens
+
+
+def _in_own_llm_span(parent_context: Context | None) -> bool:
+    parent = trace.get_current_span(parent_context)
+    if not isinstance(parent, ReadableSpan) or is_foreign(parent):
+        return False
+    return attributes_of(parent).get(sc.OPERATION) == sc.OP_CHAT
 
 
 # What the policy may drop, by key: kept, an input/output value, messages, content.

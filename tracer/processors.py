@@ -282,7 +282,7 @@ class FanOutSpanProcessor(SpanProcessor):
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         if is_foreign(span):
             try:
-                self._foreign.on_start(span)
+                self._foreign.on_start(span, parent_context)
             except Exception as exc:  # the span goes on without the bookkeeping
                 internal.report_error("foreign.start", exc)
         for processor in self._processors:
