@@ -25,6 +25,9 @@ of any length and shape, so both spaces are `gymnasium.spaces.Text` over printab
 is tracegym's (system prompt and tool schemas on reset, the verdict at the end); the reward is 0
 until the episode ends, then the verifier's. `render_mode="ansi"` renders the transcript.
 
+Vector envs: `gymnasium.vector.SyncVectorEnv` as is; `AsyncVectorEnv(..., shared_memory=False)`
+(a Text space's shared-memory buffer is `OBSERVATION_MAX` characters per env and pads strings).
+
 gymnasium is imported on first use, so this module imports without it.
 """
 

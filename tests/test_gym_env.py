@@ -227,3 +227,28 @@ def test_a_wrapped_environment_pickles_for_subprocess_vector_envs(catalog):
     assert isinstance(again, gym_class()) and again.tracegym_env.task.seed == 6
     _, _, terminated, _, info = again.step(json.dumps(again.tracegym_env.oracle(6)[-1]))
     assert terminated and info["seed"] == 6
+
+
+@pytest.mark.parametrize("vector", ["sync", "async"])
+def test_vector_envs_run_the_wrapped_environments(catalog, vector):
+    spec = chain_env(catalog, "wrong_tool_order").spec
+
+    def make():
+        return gym.wrappers.RecordEpisodeStatistics(to_gymnasium(FAMILIES[spec.family](spec)))
+
+    if vector == "sync":
+        envs = gym.vector.SyncVectorEnv([make, make])
+    else:  # a Text space's shared-memory buffer pads strings: pass them by pipe
+        envs = gym.vector.AsyncVectorEnv([make, make], shared_memory=False)
+    try:
+        observations, info = envs.reset(seed=[1, 2])
+        task = FAMILIES[spec.family](spec).make_task
+        assert [json.loads(o)["content"] for o in observations] == [
+            task(1).instruction,
+            task(2).instruction,
+        ]
+        _, rewards, terminated, _, info = envs.step(("done", "done"))
+        assert terminated.all() and list(info["episode"]["r"]) == list(rewards)
+        assert all(0 < r < 1 for r in rewards)  # answering "done" at once is never a pass
+    finally:
+        envs.close()
