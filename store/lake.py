@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
-from tracegym.store.schema import lake_write_select, read_json_source, row_select
+from tracegym.store.schema import read_json_source, row_select
 from tracegym.tracer.spool import is_complete, spool_dir
 
 LAKE_DIR = "lake"
@@ -144,9 +144,7 @@ def compact_batch(con: duckdb.DuckDBPyConnection, home: Path, paths: list[Path])
     spans = 0
     nonempty = [str(p) for p in paths if p.stat().st_size]
     if nonempty:
-        select = lake_write_select(
-            row_select(read_json_source("$paths", filename=True), with_source=True)
-        )
+        select = row_select(read_json_source("$paths", filename=True), with_source=True)
         rows = con.execute(
             f"COPY ({select}) TO '{_sql_path(staging)}' "
             "(FORMAT parquet, PARTITION_BY (_table, day, _src), OVERWRITE_OR_IGNORE true, "

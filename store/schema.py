@@ -79,7 +79,7 @@ SELECT
     status, status_message,
     json_extract_string(resource, '$."service.name"') AS service,
     {promoted},
-    attributes, events, links, resource, scope,
+    {_as_text()}, scope,
     CAST(make_timestamp(start_ns // 1000) AS DATE) AS day,
     CASE name WHEN '{sc.OUTCOME_SPAN_NAME}' THEN 'outcomes' WHEN '{sc.NIGHTLY_SPAN_NAME}'
         THEN 'nightly' ELSE 'spans' END AS _table{src}
@@ -102,23 +102,20 @@ def empty_source() -> str:
     return f"(SELECT {columns} LIMIT 0)"
 
 
-# Columns holding JSON documents. The lake stores them as plain strings (Parquet UTF8), so that
-# Polars, pyarrow, Spark and DuckDB's own read_parquet see text rather than Binary (DuckDB's
-# JSON type is written with the JSON logical type, which most readers do not know); the views
-# cast them back to JSON, and parts written before this change (JSON logical type) read the same.
+# Columns holding JSON documents. They are text (VARCHAR) in the lake and in the views alike:
+# Parquet strings (UTF8), which Polars, pyarrow, Spark and DuckDB's own read_parquet all read as
+# text (DuckDB's JSON type is written with the JSON logical type, which Polars reads as Binary).
+# DuckDB's JSON functions and operators (`json_extract_string`, `->>`) take text as they take
+# JSON, and reading text costs no validation pass. Parts written before hold the JSON logical
+# type: `lake_read_select` reads them as text too.
 JSON_COLUMNS = ("attributes", "events", "links", "resource")
 
 
-def _recast(kind: str) -> str:
-    return ", ".join(f"CAST({c} AS {kind}) AS {c}" for c in JSON_COLUMNS)
-
-
-def lake_write_select(select: str) -> str:
-    """`select` (lake rows) with the JSON columns as VARCHAR: what compaction writes."""
-    return f"SELECT * REPLACE ({_recast('VARCHAR')}) FROM ({select})"
+def _as_text() -> str:
+    return ", ".join(f"CAST({c} AS VARCHAR) AS {c}" for c in JSON_COLUMNS)
 
 
 def lake_read_select(source: str) -> str:
-    """Rows of lake parts (`source`, a table expression) with the JSON columns as JSON again,
-    whichever way a part stored them (VARCHAR now, the JSON logical type before)."""
-    return f"SELECT * REPLACE ({_recast('JSON')}) FROM {source}"
+    """Rows of lake parts (`source`, a table expression) with the JSON columns as text,
+    whichever way a part stored them (text now, the JSON logical type before)."""
+    return f"SELECT * REPLACE ({_as_text()}) FROM {source}"
