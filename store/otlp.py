@@ -42,9 +42,11 @@ existing `gen_ai.*` values win and the originals stay queryable.
 - output.value / traceloop.entity.output: execute_tool -> gen_ai.tool.call.result,
   chat -> gen_ai.output.messages, else tracegym.output.
 - chat spans: the flattened messages first (llm.input_messages.N.message.* or gen_ai.prompt.N.*;
-  llm.output_messages.N.message.* or gen_ai.completion.N.*) as a JSON list, OpenInference's in
-  the chat shape of OpenAI's API (role, content, tool_calls, tool_call_id, name); the
-  input/output value (a whole request or response body) only when there are none.
+  llm.output_messages.N.message.* or gen_ai.completion.N.*; OpenInference's tool calls, tool
+  results and content parts included) in the GenAI convention's message/parts shape, as
+  tracegym's own LLM spans write them (`tracer/messages.py`; outputs with their finish_reason,
+  from llm.finish_reason); the input/output value (a whole request or response body) as it is,
+  only when there are none.
 - gen_ai.tool.name: tool.name, tool_call.function.name, else (tool spans) traceloop.entity.name
   or the span name. gen_ai.tool.call.id: tool_call.id. gen_ai.tool.description: tool.description.
 - gen_ai.agent.name: agent.name, else (agent spans) traceloop.entity.name or the span name, else
@@ -83,6 +85,7 @@ __all__ = [
     "OTLPFormatError",
     "count_spans_json",
     "count_spans_protobuf",
+    "error_type_from_events",
     "normalize_attributes",
     "operation_of",
     "parse_json",
@@ -143,7 +146,8 @@ def _fix_parent(parent: str | None) -> str | None:
     return None if not parent or parent == "0000000000000000" else parent
 
 
-def _error_type_from_events(attributes: dict[str, Any], events: list[dict[str, Any]]) -> None:
+def error_type_from_events(attributes: dict[str, Any], events: list[dict[str, Any]]) -> None:
+    """Fill `error.type` of an ERROR span from the `exception.type` of its last exception."""
     for event in reversed(events):
         if event["name"] == "exception":
             kind = event["attributes"].get("exception.type")
@@ -257,7 +261,7 @@ def _pb_span(span: Any, resource: dict[str, Any], scope: str | None) -> dict[str
     name = span.name
     attributes = normalize_attributes(attributes, name)
     if code == 2 and sc.ERROR_TYPE not in attributes and events:
-        _error_type_from_events(attributes, events)
+        error_type_from_events(attributes, events)
     return span_record(
         trace_id=trace_id,
         span_id=span_id,
@@ -560,7 +564,7 @@ def _j_span(span: Any, resource: dict[str, Any], scope: str | None) -> dict[str,
             raise _Invalid(f"links[{i}]: {exc}") from None
     attributes = normalize_attributes(attributes, name)
     if code == 2 and sc.ERROR_TYPE not in attributes and events:
-        _error_type_from_events(attributes, events)
+        error_type_from_events(attributes, events)
     return span_record(
         trace_id=trace_id,
         span_id=span_id,
@@ -834,7 +838,7 @@ _FLAT_MESSAGES = (
     (sc.INPUT_MESSAGES, "gen_ai.prompt.", "."),
     (sc.OUTPUT_MESSAGES, "gen_ai.completion.", "."),
 )
-_json_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
+MESSAGES_LENGTH = 1 << 20  # characters of one message list (each part is cut before that)
 
 
 def _flattened_list(attrs: Mapping[str, Any], prefix: str, infix: str) -> list[dict[str, Any]]:
@@ -886,6 +890,19 @@ def _openinference_message(fields: dict[str, Any]) -> dict[str, Any]:
         if parts:
             message["content"] = parts
     return message
+
+
+def _genai_messages(messages: list[dict[str, Any]], output: bool, finish: Any) -> str:
+    """Chat-shaped messages as the GenAI convention's JSON (role, parts; outputs with their
+    finish_reason), as tracegym's own LLM spans write them (`tracer/messages.py`)."""
+    from tracegym.tracer import messages as genai
+
+    if not output:
+        return genai.encode(genai.input_messages(messages, MESSAGES_LENGTH), MESSAGES_LENGTH)
+    shaped = genai.output_messages(messages, MESSAGES_LENGTH)
+    if isinstance(finish, str) and finish and len(shaped) == 1:
+        shaped[0]["finish_reason"] = genai.FINISH_REASONS.get(finish.lower(), finish)
+    return genai.encode(shaped, MESSAGES_LENGTH)
 
 
 def _put(out: dict[str, Any], key: str, value: Any) -> None:
@@ -967,7 +984,9 @@ def normalize_attributes(attrs: Mapping[str, Any], name: str | None = None) -> d
                 if messages:
                     if infix == ".message.":
                         messages = [_openinference_message(m) for m in messages]
-                    out[target] = _json_encode(messages)
+                    out[target] = _genai_messages(
+                        messages, target == sc.OUTPUT_MESSAGES, attrs.get("llm.finish_reason")
+                    )
     _put(out, in_key, _first(attrs, _INPUT_KEYS))
     _put(out, out_key, _first(attrs, _OUTPUT_KEYS))
     if operation == sc.OP_MEMORY_SEARCH and sc.MEMORY_RESULT_IDS not in out:

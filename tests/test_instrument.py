@@ -132,15 +132,18 @@ def test_openai_calls_nest_under_the_agent_and_fill_llm_and_tool_calls(server, h
     assert [(r[3], r[4]) for r in rows] == [(u.prompt_tokens, u.completion_tokens) for u in usages]
     assert rows[0][3] != rows[1][3]  # the second call's prompt is longer: counts are real
     # The model's tool call is linked to the tool the agent ran: same id, same run, in order.
+    # Messages are in the GenAI message/parts shape, as tracegym's own LLM spans write them.
     (asked,) = json.loads(rows[0][6])
-    assert asked["role"] == "assistant"
-    assert [(c["id"], c["function"]["name"]) for c in asked["tool_calls"]] == [
-        (TOOL_CALL_ID, "get_order")
-    ]
+    assert (asked["role"], asked["finish_reason"]) == ("assistant", "tool_call")
+    assert asked["parts"] == [{"type": "tool_call", "id": TOOL_CALL_ID, "name": "get_order",
+                               "arguments": {"order_id": "order_id-1"}}]  # fmt: skip
     (second_input,) = query(home, "SELECT input_messages FROM llm_calls ORDER BY start_time")[1:]
     sent = json.loads(second_input[0])  # the messages, not the whole request body
     assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
-    assert sent[2]["tool_call_id"] == TOOL_CALL_ID and sent[2]["content"] == "shipped"
+    assert sent[0]["parts"] == [{"type": "text", "content": "where is order A1?"}]
+    assert sent[2]["parts"] == [
+        {"type": "tool_call_response", "id": TOOL_CALL_ID, "response": "shipped"}
+    ]
     tools = query(home, "SELECT trace_id, tool, call_id, arguments, step_index FROM tool_calls")
     assert tools == [(root["trace_id"], "get_order", TOOL_CALL_ID, '{"order_id":"order_id-1"}',
                       tools[0][4])]  # fmt: skip
@@ -179,6 +182,25 @@ def test_openai_streaming_call_records_usage(server, home, tracer_setup):
     assert query(home, "SELECT agent, input_tokens, output_tokens FROM llm_calls") == [
         ("streamer", usage.prompt_tokens, usage.completion_tokens)
     ]
+
+
+def test_a_failing_call_raises_as_before_and_is_recorded_as_an_error(server, home, tracer_setup):
+    openai = pytest.importorskip("openai", reason="needs tracegym[openai]")
+    pytest.importorskip("openinference.instrumentation.openai", reason="needs tracegym[openai]")
+    tracer_setup(home=home)
+    client = openai.OpenAI(base_url=server.openai_url, api_key="test-key", max_retries=0)
+
+    @tg.agent("unlucky")
+    def run() -> Any:
+        return client.chat.completions.create(
+            model="fail-model", messages=[{"role": "user", "content": "hi"}]
+        )
+
+    with integrations.instrumenting("openai"), pytest.raises(openai.InternalServerError):
+        run()  # the client's own exception, unchanged
+    rows = query(home, "SELECT status, error_type FROM llm_calls")
+    assert rows == [("ERROR", "openai.InternalServerError")]
+    assert tg.stats().internal_errors == 0
 
 
 def test_tg_llm_around_an_instrumented_call_charges_its_tokens_once(server, home, tracer_setup):
@@ -489,9 +511,14 @@ def test_long_values_are_cut_at_max_value_length(server, home, tracer_setup):
     tracer_setup(home=home, capture_messages=True, max_value_length=200)
     _one_openai_call(server, "word " * 400)
     (span,) = [s for s in spans_of(home) if s["name"] == "ChatCompletion"]
-    long_values = [v for v in span["attributes"].values() if isinstance(v, str) and len(v) > 260]
-    assert not long_values
-    assert "truncated" in span["attributes"]["input.value"]
+    attributes = span["attributes"]
+    recorded = {k: v for k, v in attributes.items() if not k.startswith("gen_ai.")}
+    assert not [k for k, v in recorded.items() if isinstance(v, str) and len(v) > 260]
+    assert "truncated" in attributes["input.value"]
+    # The messages built from them are still valid JSON, their text cut the same way.
+    (message,) = json.loads(attributes[sc.INPUT_MESSAGES])
+    text = message["parts"][0]["content"]
+    assert len(text) < 260 and "truncated" in text
 
 
 # ---------------------------------------------------------------------------------------------

@@ -130,11 +130,11 @@ def test_openinference_llm_span_maps_model_tokens_and_messages():
     assert out[sc.PROVIDER] == "openai"
     assert out[sc.INPUT_TOKENS] == 120
     assert out[sc.OUTPUT_TOKENS] == 30
-    assert json.loads(out[sc.INPUT_MESSAGES]) == [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "hi"},
+    assert json.loads(out[sc.INPUT_MESSAGES]) == [  # the GenAI message/parts shape
+        {"role": "system", "parts": [{"type": "text", "content": "be brief"}]},
+        {"role": "user", "parts": [{"type": "text", "content": "hi"}]},
     ]
-    assert out[sc.OUTPUT_MESSAGES] == "hello"
+    assert out[sc.OUTPUT_MESSAGES] == "hello"  # no flattened output messages: the value
 
 
 @pytest.mark.parametrize(
@@ -236,8 +236,13 @@ def test_openllmetry_spans():
     assert llm[sc.REQUEST_MODEL] == "gpt-4o"
     assert llm[sc.RESPONSE_MODEL] == "gpt-4o-2024-08-06"
     assert (llm[sc.INPUT_TOKENS], llm[sc.OUTPUT_TOKENS]) == (11, 7)
-    assert json.loads(llm[sc.INPUT_MESSAGES]) == [{"role": "user", "content": "where is my order?"}]
-    assert json.loads(llm[sc.OUTPUT_MESSAGES]) == [{"role": "assistant", "content": "on its way"}]
+    assert json.loads(llm[sc.INPUT_MESSAGES]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "where is my order?"}]}
+    ]
+    assert json.loads(llm[sc.OUTPUT_MESSAGES]) == [
+        {"role": "assistant", "parts": [{"type": "text", "content": "on its way"}],
+         "finish_reason": "stop"}
+    ]  # fmt: skip
 
 
 def test_existing_genai_values_are_never_overwritten():

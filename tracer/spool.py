@@ -27,6 +27,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import StatusCode
 from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.openinference import stored
@@ -47,13 +48,16 @@ def _attributes(span: ReadableSpan, scope: str | None) -> dict[str, Any]:
     attributes = dict(span.attributes or {})
     if scope == sc.INSTRUMENTATION_SCOPE:  # less the OpenInference copies, for other backends
         return stored(attributes)
-    from tracegym.store.otlp import normalize_attributes  # only for other instrumentations
+    from tracegym.store.otlp import error_type_from_events, normalize_attributes
 
     try:
-        return normalize_attributes(attributes, span.name)
+        attributes = normalize_attributes(attributes, span.name)
+        if span.status.status_code is StatusCode.ERROR and sc.ERROR_TYPE not in attributes:
+            events = [{"name": e.name, "attributes": e.attributes or {}} for e in span.events]
+            error_type_from_events(attributes, events)  # as the receiver does
     except Exception as exc:  # the span is kept as it came, and the error counted
         internal.report_error("spool.normalize", exc)
-        return attributes
+    return attributes
 
 
 def span_record(span: ReadableSpan) -> dict[str, Any]:
