@@ -14,9 +14,9 @@ benchmarks/training_throughput.py compares against a hand-written peft loop.
 
 GRPO (`train_grpo`) samples groups of episodes per task, scores them with the verifier's graded
 reward and takes clipped policy-gradient steps on the exact sampled tokens (see its docstring).
-TRL is not a dependency: its GRPOTrainer generates one completion per prompt and scores it with
-reward functions over text, while an episode here is a multi-turn conversation with tool results
-in between, scored by the environment at its end (docs/training.md).
+It needs no TRL. TRL's GRPOTrainer (1.16) runs multi-turn tool-calling episodes too, through
+`environment_factory`: training/trl_env.py adapts any tracegym environment to it, with the
+verifier's reward (docs/training.md says which trainer to use when).
 
 Every trainer takes `on_step`, called with a `TrainStep` after each step (or sampled rollout), so
 a command or the nightly can show progress within a long training.
