@@ -372,7 +372,7 @@ def test_message_shapes_become_openai_messages():
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+                {"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"x":1}'}}
             ],
         },
         {"role": "tool", "tool_call_id": "t1", "content": "[1]"},

@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("duckdb")
 
+from tracegym.store.exporters.chat_messages import to_openai
 from tracegym.store.importers import ImportFormatError, import_path, otlp_json
 from tracegym.store.store import Store
 
@@ -32,7 +33,7 @@ def test_phoenix_page_imports_as_one_run(tmp_path: Path):
             "FROM llm_calls"
         ).fetchall()
         assert llm[:3] == ("gpt-4o-mini-2024-07-18", 31, 12)
-        assert json.loads(llm[3])[1] == {"role": "user", "content": "Where is order ORD-1021?"}
+        assert to_openai(llm[3])[1] == {"role": "user", "content": "Where is order ORD-1021?"}
         assert llm[4] == "eee19b7ec3c1b170"
         calls = store.sql(
             "SELECT tool, arguments, result, status, error_type FROM tool_calls ORDER BY start_time"
