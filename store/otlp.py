@@ -47,6 +47,9 @@ existing `gen_ai.*` values win and the originals stay queryable.
   tracegym's own LLM spans write them (`tracer/messages.py`; outputs with their finish_reason,
   from llm.finish_reason); the input/output value (a whole request or response body) as it is,
   only when there are none.
+- chat spans: gen_ai.tool.definitions (the tools offered, as a JSON list) from
+  llm.tools.N.tool.json_schema, or OpenLLMetry's llm.request.functions.N.{name, description,
+  parameters}.
 - gen_ai.tool.name: tool.name, tool_call.function.name, else (tool spans) traceloop.entity.name
   or the span name. gen_ai.tool.call.id: tool_call.id. gen_ai.tool.description: tool.description.
 - gen_ai.agent.name: agent.name, else (agent spans) traceloop.entity.name or the span name, else
@@ -839,6 +842,7 @@ _FLAT_MESSAGES = (
     (sc.OUTPUT_MESSAGES, "gen_ai.completion.", "."),
 )
 MESSAGES_LENGTH = 1 << 20  # characters of one message list (each part is cut before that)
+_json_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
 
 
 def _flattened_list(attrs: Mapping[str, Any], prefix: str, infix: str) -> list[dict[str, Any]]:
@@ -890,6 +894,35 @@ def _openinference_message(fields: dict[str, Any]) -> dict[str, Any]:
         if parts:
             message["content"] = parts
     return message
+
+
+def _json_value(text: Any) -> Any:
+    """A JSON attribute value parsed; anything else (or text that is not JSON) as it is."""
+    if isinstance(text, str):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return text
+
+
+def _tool_definitions(attrs: Mapping[str, Any]) -> list[Any]:
+    """The tools offered to the model: OpenInference's llm.tools.N.tool.json_schema (each the
+    tool as the API was given it) or OpenLLMetry's llm.request.functions.N.*."""
+    tools = [
+        _json_value(t["json_schema"])
+        for t in _flattened_list(attrs, "llm.tools.", ".tool.")
+        if "json_schema" in t
+    ]
+    if tools:
+        return tools
+    return [
+        {"type": "function", "function": {
+            k: _json_value(v) if k == "parameters" else v for k, v in f.items()
+        }}
+        for f in _flattened_list(attrs, "llm.request.functions.", ".")
+        if "name" in f
+    ]  # fmt: skip
 
 
 def _genai_messages(messages: list[dict[str, Any]], output: bool, finish: Any) -> str:
@@ -987,6 +1020,10 @@ def normalize_attributes(attrs: Mapping[str, Any], name: str | None = None) -> d
                     out[target] = _genai_messages(
                         messages, target == sc.OUTPUT_MESSAGES, attrs.get("llm.finish_reason")
                     )
+    if operation == sc.OP_CHAT and sc.TOOL_DEFINITIONS not in out:
+        tools = _tool_definitions(attrs)
+        if tools:
+            out[sc.TOOL_DEFINITIONS] = _json_encode(tools)
     _put(out, in_key, _first(attrs, _INPUT_KEYS))
     _put(out, out_key, _first(attrs, _OUTPUT_KEYS))
     if operation == sc.OP_MEMORY_SEARCH and sc.MEMORY_RESULT_IDS not in out:

@@ -148,6 +148,9 @@ def test_openai_calls_nest_under_the_agent_and_fill_llm_and_tool_calls(server, h
     assert tools == [(root["trace_id"], "get_order", TOOL_CALL_ID, '{"order_id":"order_id-1"}',
                       tools[0][4])]  # fmt: skip
     assert rows[0][5] < tools[0][4] < rows[1][5]  # one step counter for the run
+    # The tools offered, where synthesis and the exports read them (as tg.llm records them).
+    assert json.loads(chats[0]["attributes"][sc.TOOL_DEFINITIONS]) == [ORDER_TOOL]
+    assert sc.TOOL_DEFINITIONS not in chats[1]["attributes"]  # none offered the second time
     run = query(home, "SELECT run_id, llm_calls, tool_calls, tokens FROM traces")
     tokens = sum(u.prompt_tokens + u.completion_tokens for u in usages)
     assert run == [(root["attributes"][sc.RUN_ID], 2, 1, tokens)]

@@ -137,6 +137,27 @@ def test_openinference_llm_span_maps_model_tokens_and_messages():
     assert out[sc.OUTPUT_MESSAGES] == "hello"  # no flattened output messages: the value
 
 
+def test_tools_offered_to_the_model_become_tool_definitions():
+    schema = {"type": "function", "function": {"name": "get_order", "parameters": {}}}
+    oi = normalize_attributes(
+        {"openinference.span.kind": "LLM", "llm.tools.0.tool.json_schema": json.dumps(schema),
+         "llm.tools.1.tool.json_schema": '{"name": "refund", "input_schema": {}}'}
+    )  # fmt: skip
+    assert json.loads(oi[sc.TOOL_DEFINITIONS]) == [schema, {"name": "refund", "input_schema": {}}]
+    openllmetry = normalize_attributes(
+        {"llm.request.type": "chat", "llm.request.functions.0.name": "get_order",
+         "llm.request.functions.0.description": "find it",
+         "llm.request.functions.0.parameters": '{"type": "object"}'}
+    )  # fmt: skip
+    assert json.loads(openllmetry[sc.TOOL_DEFINITIONS]) == [
+        {"type": "function", "function": {"name": "get_order", "description": "find it",
+                                          "parameters": {"type": "object"}}}
+    ]  # fmt: skip
+    tool_span = normalize_attributes({"openinference.span.kind": "TOOL", "tool.name": "x",
+                                      "llm.tools.0.tool.json_schema": "{}"})  # fmt: skip
+    assert sc.TOOL_DEFINITIONS not in tool_span  # only LLM spans offer tools
+
+
 @pytest.mark.parametrize(
     ("kind", "operation", "in_key", "out_key"),
     [
