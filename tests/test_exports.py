@@ -554,3 +554,90 @@ def test_openai_ft_demos_and_runs_together(tmp_path: Path):
     assert "wrote 6 examples (3 from runs, 3 from demonstrations)" in result.output
     lines = [json.loads(x) for x in result.stdout.splitlines() if x.startswith("{")]
     assert len(lines) == 6 and all(validate_example(line) == [] for line in lines)
+
+
+@pytest.fixture
+def traced_agent_home(tmp_path: Path):
+    """A tool-calling agent traced in process (OpenAI-shaped calls and responses, message
+    capture on), one run passing and one failing."""
+    import tracegym as tg
+    from opentelemetry.sdk.trace import TracerProvider
+    from tracegym.tracer.operations import state
+
+    saved = state.tracer, state.settings
+    provider = TracerProvider()
+    tg.init(home=tmp_path, provider=provider, capture_messages=True, flush_interval_s=0.05)
+    schema = {
+        "type": "function",
+        "function": {
+            "name": "get_order",
+            "description": "Look an order up.",
+            "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}},
+        },
+    }
+
+    @tg.tool
+    def get_order(order_id: str) -> dict:
+        return {"order_id": order_id, "status": "shipped"}
+
+    @tg.llm(model="gpt-test", tool_definitions=[schema])
+    def chat(messages: list) -> dict:
+        if messages[-1]["role"] == "tool":
+            message = {"role": "assistant", "content": "It has shipped."}
+        else:
+            arguments = '{"order_id": "W1"}'
+            call = {"id": f"call_{len(messages)}", "type": "function",
+                    "function": {"name": "get_order", "arguments": arguments}}  # fmt: skip
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        return {"choices": [{"message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 4}}  # fmt: skip
+
+    @tg.agent(name="support", run_id=lambda task: task)
+    def run(task: str) -> str:
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": task}]
+        while True:
+            message = chat(messages)["choices"][0]["message"]
+            messages.append(message)
+            if not message.get("tool_calls"):
+                return message["content"]
+            for call in message["tool_calls"]:
+                result = get_order(**json.loads(call["function"]["arguments"]))
+                messages.append(
+                    {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)}
+                )
+
+    run("where is W1?")
+    run("where is W2?")
+    tg.record_outcome("where is W1?", success=True, source="verifier")
+    tg.record_outcome("where is W2?", success=False, source="verifier")
+    tg.shutdown()
+    provider.shutdown()
+    yield tmp_path
+    state.tracer, state.settings = saved
+
+
+def test_openai_ft_of_a_run_the_tracer_recorded(traced_agent_home: Path):
+    result = cli("export", "openai-ft", "--home", str(traced_agent_home), "--from", "runs")
+    assert result.exit_code == 0, result.output
+    (line,) = [json.loads(x) for x in result.stdout.splitlines() if x.startswith("{")]
+    assert validate_example(line) == []
+    messages = line["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert messages[1]["content"] == "where is W1?"
+    (call,) = messages[2]["tool_calls"]
+    assert call["function"]["name"] == "get_order"
+    assert json.loads(call["function"]["arguments"]) == {"order_id": "W1"}
+    assert messages[3]["tool_call_id"] == call["id"]
+    assert json.loads(messages[3]["content"]) == {"order_id": "W1", "status": "shipped"}
+    assert messages[4] == {"role": "assistant", "content": "It has shipped."}
+    assert line["tools"][0]["function"]["description"] == "Look an order up."  # as recorded
+
+
+def test_otlp_round_trip_of_a_traced_agent(traced_agent_home: Path, tmp_path: Path):
+    out, fresh = tmp_path / "out.jsonl", tmp_path / "fresh"
+    assert (
+        cli("export", "otlp-json", "--home", str(traced_agent_home), "-o", str(out)).exit_code == 0
+    )
+    assert cli("import", "otlp-json", str(out), "--home", str(fresh)).exit_code == 0
+    before, after = spans_of(traced_agent_home), spans_of(fresh)
+    assert len(before) == 10 and before == after  # 2 x (agent, 2 chats, a tool) + 2 outcomes
