@@ -579,3 +579,50 @@ def test_missing_packages_and_unknown_names_are_refused_with_the_extra(monkeypat
     assert "nosuchlib" not in tg.instrument("nosuchlib", strict=False)
     assert integrations.instrumented() == []
     assert "nosuchlib" not in integrations.available()
+
+
+def test_no_names_instruments_every_installed_integration(monkeypatch, server, home, tracer_setup):
+    pytest.importorskip("openai", reason="needs tracegym[openai]")
+    pytest.importorskip("openinference.instrumentation.openai", reason="needs tracegym[openai]")
+    missing = integrations.Integration(
+        "nosuchlib", "tracegym_no_such_library", "openinference.instrumentation.nosuchlib",
+        "NoSuchInstrumentor", "openinference-instrumentation-nosuchlib", "nosuchlib",
+    )  # fmt: skip
+    only = {"openai": integrations.INTEGRATIONS["openai"], "nosuchlib": missing}
+    monkeypatch.setattr(integrations, "INTEGRATIONS", only)
+    try:
+        assert tg.instrument() == ["openai"]  # the missing one is skipped without a word
+    finally:
+        tg.uninstrument()
+    assert integrations.instrumented() == []
+
+
+def test_a_failure_of_tracegym_never_reaches_the_agent(monkeypatch, server, home, tracer_setup):
+    openai = pytest.importorskip("openai", reason="needs tracegym[openai]")
+    pytest.importorskip("openinference.instrumentation.openai", reason="needs tracegym[openai]")
+    from tracegym.tracer import foreign
+
+    tracer_setup(home=home)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("bug in tracegym")
+
+    monkeypatch.setattr(foreign, "apply_policy", broken)
+    monkeypatch.setattr(foreign.ForeignSpans, "_charge", broken)
+    client = openai.OpenAI(base_url=server.openai_url, api_key="test-key", max_retries=0)
+
+    @tg.agent("robust")
+    def run() -> str:
+        reply = client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+        )
+        return reply.choices[0].message.content
+
+    with integrations.instrumenting("openai"):
+        assert run() == "The order ships tomorrow."
+    stats = tg.stats()
+    assert stats.errors.get("foreign.end") == 1
+    # The span the content policy could not check is dropped and counted, never written.
+    assert stats.counters.get("spans_dropped.content_policy") == 1
+    assert query(home, "SELECT count(*) FROM llm_calls") == [(0,)]
+    assert query(home, "SELECT count(*) FROM spans WHERE name = 'invoke_agent robust'") == [(1,)]
