@@ -138,6 +138,12 @@ def test_each_instance_runs_its_own_copy(env):
     a.get_order_details(order_id=env.oracle(1)[0]["arguments"]["order_id"])
     assert len(a._env.episode.steps) == 1 and len(b._env.episode.steps) == 0
     assert env.episode is None  # the template itself is never stepped
+    made = []
+    from_callable = trl_environment_factory(
+        lambda: made.append(1) or FAMILIES[env.family](env.spec)
+    )
+    from_callable().reset(seed=1)
+    assert len(made) == 2  # the probe that read the tools, then the instance
 
 
 class Clash(Environment):
@@ -285,7 +291,7 @@ def test_a_few_grpo_steps_of_trl_on_a_tracegym_environment(env, tmp_path, monkey
         max_tool_calling_iterations=2,
         learning_rate=1e-3,
         temperature=0.7,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         logging_steps=1,
         save_strategy="no",
         report_to="none",
