@@ -162,7 +162,15 @@ def test_sql_parquet_output_writes_json_as_strings(tmp_path: Path):
     out = tmp_path / "out.parquet"
     result = CliRunner().invoke(
         app,
-        ["sql", "SELECT span_id, attributes, events FROM spans", "-f", "parquet", "-o", str(out)],
+        [
+            "sql",
+            "SELECT span_id, CAST(attributes AS JSON) AS attributes, events->'$[0]' AS events "
+            "FROM spans",
+            "-f",
+            "parquet",
+            "-o",
+            str(out),
+        ],
         env={"TRACEGYM_HOME": str(tmp_path)},
     )
     assert result.exit_code == 0, result.output
