@@ -521,7 +521,7 @@ def support(request: str) -> str:
 
 
 def test_spans_carry_genai_messages_and_openinference_attributes():
-    with tg.testing.capture() as cap:
+    with tg.testing.capture(openinference="full") as cap:
         support("Where is order W-1?")
     chat = a(cap.one("chat gpt-4o-mini"))
     assert json.loads(chat[sc.INPUT_MESSAGES]) == [
@@ -559,7 +559,7 @@ def test_spans_carry_genai_messages_and_openinference_attributes():
 
 
 def test_content_capture_off_drops_the_openinference_values_too():
-    with tg.testing.capture(capture_content=False) as cap:
+    with tg.testing.capture(capture_content=False, openinference="full") as cap:
         support("Where is order W-1?")
     for span in cap.spans:
         attrs = a(span)
@@ -570,15 +570,44 @@ def test_content_capture_off_drops_the_openinference_values_too():
 
 
 def test_openinference_off_leaves_the_genai_attributes_alone():
-    with tg.testing.capture(openinference=False) as cap:
+    with tg.testing.capture(openinference="off") as cap:
         support("Where is order W-1?")
     assert not any(ATTRIBUTES & set(a(s)) for s in cap.spans)
     assert sc.INPUT_MESSAGES in a(cap.one("chat gpt-4o-mini"))
 
 
+def test_by_default_only_the_kinds_are_written():
+    """The default level, kinds: one short attribute per span, no copied content."""
+    with tg.testing.capture() as cap:
+        support("Where is order W-1?")
+        tg.record_outcome("r1", success=True)
+    for span in cap.spans:
+        assert ATTRIBUTES & set(a(span)) == {sc.OI_SPAN_KIND}, span.name
+    kinds = {s.name: a(s)[sc.OI_SPAN_KIND] for s in cap.spans}
+    assert kinds["invoke_agent support"] == "AGENT" and kinds["step plan"] == "CHAIN"
+    assert kinds["search_memory notes"] == "RETRIEVER" and kinds["tracegym.outcome"] == "EVALUATOR"
+
+
+@pytest.mark.parametrize(
+    ("raw", "level"),
+    [(None, "kinds"), ("kinds", "kinds"), ("1", "full"), ("full", "full"), ("0", "off"),
+     ("off", "off"), ("bogus", "kinds")],
+)  # fmt: skip
+def test_the_level_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, raw: str | None, level: str
+):
+    from tracegym.tracer.config import Settings
+
+    if raw is None:
+        monkeypatch.delenv("TRACEGYM_OPENINFERENCE", raising=False)
+    else:
+        monkeypatch.setenv("TRACEGYM_OPENINFERENCE", raw)
+    assert Settings.from_env().openinference == level
+
+
 def test_openinference_values_are_redacted_like_the_rest():
     secret = "sk-proj-" + "A1b2C3d4E5f6G7h8J9k0" * 2
-    with tg.testing.capture() as cap:
+    with tg.testing.capture(openinference="full") as cap:
         support(f"my key is {secret}")
     for span in cap.spans:
         for value in a(span).values():
@@ -589,7 +618,7 @@ def test_openinference_values_are_redacted_like_the_rest():
 def test_the_spool_keeps_tracegym_keys_only():
     """OpenInference copies are for other backends: the spool (and so the store) holds each
     value once, under its GenAI / tracegym key."""
-    with tg.testing.capture() as cap:
+    with tg.testing.capture(openinference="full") as cap:
         support("Where is order W-1?")
     for span in cap.spans:
         record = span_record(span)

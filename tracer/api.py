@@ -24,7 +24,7 @@ from tracegym.tracer.kinds import (
     Subtask,
     Tool,
 )
-from tracegym.tracer.openinference import SPAN_KINDS
+from tracegym.tracer.openinference import SPAN_KINDS, wants_kinds
 from tracegym.tracer.operations import Operation, _caught, _record_usage, state
 from tracegym.tracer.serialize import to_json
 
@@ -152,7 +152,7 @@ def record_outcome(
         if reward is not None:
             attrs[sc.OUTCOME_REWARD] = float(reward)
         attrs[sc.OUTCOME_SOURCE] = str(source)
-        if state.settings.openinference:
+        if wants_kinds(state.settings.openinference):
             attrs[sc.OI_SPAN_KIND] = SPAN_KINDS[sc.OP_OUTCOME]
         if labels is not None:
             attrs[sc.OUTCOME_LABELS] = to_json(

@@ -16,6 +16,16 @@ def _env_bool(name: str, default: bool) -> bool:
     return raw.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _env_level(name: str, default: str) -> str:
+    """An OpenInference level: off (0, false, no), kinds, full (1, true, yes, on)."""
+    raw = (os.environ.get(name) or "").strip().lower()
+    if raw in {"0", "false", "no", "off"}:
+        return "off"
+    if raw in {"1", "true", "yes", "on", "full"}:
+        return "full"
+    return "kinds" if raw == "kinds" else default
+
+
 def _env_int(name: str, default: int) -> int:
     try:
         return int(os.environ[name])
@@ -41,9 +51,10 @@ class Settings:
 
     capture_content: bool = True
     capture_messages: bool = False
-    # OpenInference attributes (span kind, input/output values, model, tokens) alongside the
-    # GenAI ones, for Phoenix; what an OTLP export carries, not what the spool keeps.
-    openinference: bool = True
+    # OpenInference attributes alongside the GenAI ones, for Phoenix (tracer/openinference.py):
+    # "kinds" (the span kind only), "full" (also input/output values, model, tokens) or "off".
+    # What an OTLP export carries, not what the spool keeps.
+    openinference: str = "kinds"
     max_value_length: int = 8192
     home: Path = field(default_factory=resolve_home)
     flush_interval_s: float = 1.0
@@ -59,7 +70,7 @@ class Settings:
                 "TRACEGYM_CAPTURE_MESSAGES",
                 _env_bool("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", False),
             ),
-            openinference=_env_bool("TRACEGYM_OPENINFERENCE", True),
+            openinference=_env_level("TRACEGYM_OPENINFERENCE", "kinds"),
             max_value_length=max(64, _env_int("TRACEGYM_MAX_VALUE_LENGTH", 8192)),
             home=resolve_home(),
             flush_interval_s=max(0.01, _env_float("TRACEGYM_FLUSH_INTERVAL_S", 1.0)),

@@ -17,7 +17,8 @@ from tracegym.tracer import internal
 from tracegym.tracer import messages as genai
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.context import Budget, Run, Scope, current
-from tracegym.tracer.openinference import TEXT, attributes_for
+from tracegym.tracer.openinference import OFF as _OI_OFF
+from tracegym.tracer.openinference import SPAN_KINDS, TEXT, attributes_for, wants_values
 from tracegym.tracer.operations import Handle, Operation, _caught, _record_usage, state
 from tracegym.tracer.serialize import content_hash, to_json
 
@@ -55,10 +56,17 @@ def _text(value: Any) -> str | None:
 
 
 def _openinference(handle: Handle) -> None:
-    """The span's OpenInference attributes (openinference.py), derived as it ends."""
-    if not state.settings.openinference:
+    """The span's OpenInference attributes (openinference.py) as it ends: its kind, and at
+    level full what `attributes_for` derives from its other attributes."""
+    setting = state.settings.openinference
+    if setting in _OI_OFF:
         return
     span = handle.span
+    if not wants_values(setting):
+        kind = SPAN_KINDS.get(handle.op.operation)
+        if kind is not None:
+            span.set_attribute(sc.OI_SPAN_KIND, kind)
+        return
     attrs = getattr(span, "attributes", None)
     if attrs:
         derived = attributes_for(attrs)
@@ -284,7 +292,7 @@ class LLM(Operation):
             if system is not None and sc.SYSTEM_INSTRUCTIONS not in attrs:
                 parts = genai.system_instructions(system, limit)
                 attrs[sc.SYSTEM_INSTRUCTIONS] = genai.encode(parts, limit)
-            if state.settings.openinference and messages:
+            if wants_values(state.settings.openinference) and messages:
                 text = _parts_text(messages[-1])
                 if text:
                     attrs[sc.OI_INPUT_VALUE] = text
@@ -324,7 +332,7 @@ class LLM(Operation):
             messages = genai.output_messages(result, limit)
             span.set_attribute(sc.OUTPUT_MESSAGES, genai.encode(messages, limit))
             text = "\n".join(t for t in map(_parts_text, messages) if t)
-            if text and state.settings.openinference:
+            if text and wants_values(state.settings.openinference):
                 span.set_attribute(sc.OI_OUTPUT_VALUE, text)
                 span.set_attribute(sc.OI_OUTPUT_MIME, TEXT)
 

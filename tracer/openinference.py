@@ -3,8 +3,9 @@
 Phoenix (and other OpenInference readers) show a span's kind from `openinference.span.kind`
 and its input/output panels from `input.value`/`output.value`; Phoenix maps GenAI chat, tool
 and agent attributes itself, but not tracegym's step, subtask and memory spans, nor an agent's
-or step's input and output. So each span carries, at its end (kinds.py), the attributes
-`attributes_for` derives from what it already holds:
+or step's input and output. So each span carries, at its end (kinds.py), its kind
+(`TRACEGYM_OPENINFERENCE=kinds`, the default) or everything `attributes_for` derives from what
+it already holds (`full`; `off`: nothing). docs/messages.md says why kinds is the default:
 
 | operation       | span kind | input.value              | output.value        |
 |-----------------|-----------|--------------------------|---------------------|
@@ -73,6 +74,20 @@ JSON = "application/json"
 TEXT = "text/plain"
 
 
+OFF = frozenset({"off", False, None, ""})
+FULL = frozenset({"full", True})
+
+
+def wants_kinds(setting: object) -> bool:
+    """Whether `Settings.openinference` asks for span kinds (any level but off)."""
+    return setting not in OFF
+
+
+def wants_values(setting: object) -> bool:
+    """Whether `Settings.openinference` asks for everything (level full)."""
+    return setting in FULL
+
+
 def mime_type(text: str) -> str:
     """application/json for serialised objects and lists, text/plain for the rest."""
     stripped = text.strip()
@@ -113,11 +128,29 @@ def attributes_for(attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def stored(attributes: dict[str, Any]) -> dict[str, Any]:
-    """A tracegym span's attributes as tracegym stores them: without the OpenInference copies
-    (the same dict when it has none)."""
-    if ATTRIBUTES.isdisjoint(attributes):
-        return attributes
-    return {k: v for k, v in attributes.items() if k not in ATTRIBUTES}
+    """A tracegym span's attributes as tracegym stores them: `attributes` itself, less the
+    OpenInference copies (removed in place: the spool passes a copy of its own)."""
+    if sc.OI_SPAN_KIND in attributes:
+        del attributes[sc.OI_SPAN_KIND]
+        if (
+            sc.OI_INPUT_VALUE in attributes
+            or sc.OI_OUTPUT_VALUE in attributes
+            or (sc.OI_MODEL_NAME in attributes or sc.OI_PROMPT_TOKENS in attributes)
+        ):
+            for key in ATTRIBUTES:
+                attributes.pop(key, None)
+    elif not ATTRIBUTES.isdisjoint(attributes):
+        for key in ATTRIBUTES:
+            attributes.pop(key, None)
+    return attributes
 
 
-__all__ = ["ATTRIBUTES", "SPAN_KINDS", "attributes_for", "mime_type", "stored"]
+__all__ = [
+    "ATTRIBUTES",
+    "SPAN_KINDS",
+    "attributes_for",
+    "mime_type",
+    "stored",
+    "wants_kinds",
+    "wants_values",
+]

@@ -6,7 +6,8 @@ pipeline (`tg.init(otlp_endpoint=...)`: redaction, batching); Phoenix's REST API
 its UI shows for each span: the kind, the input and output panels, the LLM messages (Phoenix
 reads them from `gen_ai.input.messages`/`gen_ai.output.messages` only when they have the GenAI
 convention's shape) and the token counts. A control run with the OpenInference attributes off
-shows what they add (step, subtask and memory spans are UNKNOWN to Phoenix without them).
+shows what they add (step, subtask and memory spans are UNKNOWN to Phoenix without them); a
+third run at the default level, kinds, has every kind right.
 
 Run by `make integration` (which installs arize-phoenix into a venv of its own); skipped, saying
 so, where `phoenix` is not importable.
@@ -177,10 +178,13 @@ def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log.close()
 
 
+LEVELS = ("full", "off", "kinds")  # the runs, in order
+
+
 @pytest.fixture(scope="module")
-def seen(phoenix: str) -> dict[bool, dict[str, dict[str, Any]]]:
-    """Two runs exported to Phoenix, OpenInference attributes on and off: for each, span name
-    -> what Phoenix's REST API returns for it."""
+def seen(phoenix: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """One run exported to Phoenix per OpenInference level: level -> span name -> what
+    Phoenix's REST API returns for it."""
     saved = state.tracer, state.settings
     provider = TracerProvider()
     try:
@@ -191,8 +195,8 @@ def seen(phoenix: str) -> dict[bool, dict[str, dict[str, Any]]]:
             otlp_endpoint=phoenix,
             capture_messages=True,
         )
-        for openinference in (True, False):
-            state.settings.openinference = openinference
+        for level in LEVELS:
+            state.settings.openinference = level
             support("Where is order W-1? My key is sk-proj-A1b2C3d4E5f6G7h8J9k0L1m2")
         assert tg.flush(30)
     finally:
@@ -203,19 +207,19 @@ def seen(phoenix: str) -> dict[bool, dict[str, dict[str, Any]]]:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # Phoenix ingests asynchronously
         spans = _get(f"{phoenix}/v1/projects/default/spans?limit=1000")["data"]
-        if len(spans) >= 16:
+        if len(spans) >= 8 * len(LEVELS):
             break
         time.sleep(0.5)
     roots = {s["context"]["trace_id"] for s in spans if s["name"] == "invoke_agent support"}
-    assert len(roots) == 2, [s["name"] for s in spans]
+    assert len(roots) == len(LEVELS), [s["name"] for s in spans]
 
     def started(trace_id: str) -> str:  # ISO times of one format: they sort as text
         return min(s["start_time"] for s in spans if s["context"]["trace_id"] == trace_id)
 
-    first = min(roots, key=started)  # the run with the OpenInference attributes on
-    by_run: dict[bool, dict[str, dict[str, Any]]] = {True: {}, False: {}}
+    level_of = dict(zip(sorted(roots, key=started), LEVELS, strict=True))
+    by_run: dict[str, dict[str, dict[str, Any]]] = {level: {} for level in LEVELS}
     for span in spans:
-        by_run[span["context"]["trace_id"] == first][span["name"]] = span
+        by_run[level_of[span["context"]["trace_id"]]][span["name"]] = span
     return by_run
 
 
@@ -224,7 +228,8 @@ def _attrs(span: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_span_kinds(seen: dict) -> None:
-    kinds = {name: span["span_kind"] for name, span in seen[True].items()}
+    kinds = {name: span["span_kind"] for name, span in seen["full"].items()}
+    assert {name: span["span_kind"] for name, span in seen["kinds"].items()} == kinds
     assert kinds == {
         "invoke_agent support": "AGENT",
         "step plan": "CHAIN",
@@ -237,28 +242,28 @@ def test_span_kinds(seen: dict) -> None:
     }
     # the control: without tracegym's OpenInference attributes Phoenix knows only the GenAI
     # operations it maps itself
-    control = {name: span["span_kind"] for name, span in seen[False].items()}
+    control = {name: span["span_kind"] for name, span in seen["off"].items()}
     assert control["step plan"] == control["subtask lookup"] == "UNKNOWN"
     assert control["search_memory notes"] == "UNKNOWN"
     assert control["invoke_agent support"] == "AGENT"
 
 
 def test_inputs_and_outputs(seen: dict) -> None:
-    agent = _attrs(seen[True]["invoke_agent support"])
+    agent = _attrs(seen["full"]["invoke_agent support"])
     assert "Where is order W-1?" in agent["input.value"]
     assert "sk-proj-A1b2" not in json.dumps(agent)  # redacted before it left the process
     assert (agent["output.value"], agent["output.mime_type"]) == (
         "Order W-1 has shipped.",
         "text/plain",
     )
-    assert _attrs(seen[True]["step plan"])["output.value"] == "look the order up"
-    tool = _attrs(seen[True]["execute_tool get_order"])
+    assert _attrs(seen["full"]["step plan"])["output.value"] == "look the order up"
+    tool = _attrs(seen["full"]["execute_tool get_order"])
     assert json.loads(tool["input.value"]) == {"order_id": "W-1"}
     assert json.loads(tool["output.value"]) == {"order_id": "W-1", "status": "shipped"}
-    read = _attrs(seen[True]["search_memory notes"])
+    read = _attrs(seen["full"]["search_memory notes"])
     assert (read["input.value"], read["output.value"]) == ("mia", "customer prefers email")
-    assert _attrs(seen[True]["update_memory notes"])["input.value"] == "customer prefers email"
-    assert "input.value" not in _attrs(seen[False]["invoke_agent support"])  # the control
+    assert _attrs(seen["full"]["update_memory notes"])["input.value"] == "customer prefers email"
+    assert "input.value" not in _attrs(seen["off"]["invoke_agent support"])  # the control
 
 
 def _messages(attrs: dict[str, Any], key: str) -> list[dict[str, Any]]:
@@ -273,14 +278,14 @@ def _messages(attrs: dict[str, Any], key: str) -> list[dict[str, Any]]:
 
 
 def test_llm_messages(seen: dict) -> None:
-    gpt = _attrs(seen[True]["chat gpt-4o-mini"])
+    gpt = _attrs(seen["full"]["chat gpt-4o-mini"])
     (user,) = _messages(gpt, "input_messages")
     assert user["role"] == "user" and "Where is order W-1?" in user["content"]
     (reply,) = _messages(gpt, "output_messages")
     assert reply["tool_calls.0.tool_call.function.name"] == "get_order"
     assert json.loads(reply["tool_calls.0.tool_call.function.arguments"]) == {"order_id": "W-1"}
     assert reply["finish_reason"] == "tool_call"
-    claude = _attrs(seen[True]["chat claude-sonnet-4-5"])
+    claude = _attrs(seen["full"]["chat claude-sonnet-4-5"])
     messages = _messages(claude, "input_messages")
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
     assert messages[0]["content"] == "You are the shop's assistant."  # from `system=`
@@ -290,11 +295,11 @@ def test_llm_messages(seen: dict) -> None:
 
 
 def test_tokens_and_models(seen: dict) -> None:
-    gpt = _attrs(seen[True]["chat gpt-4o-mini"])
+    gpt = _attrs(seen["full"]["chat gpt-4o-mini"])
     tokens = [gpt[f"llm.token_count.{k}"] for k in ("prompt", "completion", "total")]
     assert tokens == [31, 5, 36]
     assert gpt["llm.model_name"] == "gpt-4o-mini-2024-07-18"
-    claude = _attrs(seen[True]["chat claude-sonnet-4-5"])
+    claude = _attrs(seen["full"]["chat claude-sonnet-4-5"])
     assert [claude[f"llm.token_count.{k}"] for k in ("prompt", "completion", "total")] == [
         40,
         7,
