@@ -38,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import tracegym as tg
 from opentelemetry import trace
@@ -103,11 +104,17 @@ def traced_round(calls: int) -> float:
     return time.perf_counter() - start
 
 
-def _timed(run: Callable[[], float], calls: int) -> float:
+def _clocks(run: Callable[[], None], calls: int) -> tuple[float, float]:
+    """(wall, CPU of this thread) per call in microseconds, the collector off as in timeit.
+
+    The CPU clock leaves out the server's and the exporters' threads and the waits on the
+    socket, so it shows the instrumentation's own work even on a loaded machine."""
     gc.collect()
-    gc.disable()  # as timeit does: no collector pauses inside a timed round
+    gc.disable()
     try:
-        return run() / calls * 1e6
+        wall, cpu = time.perf_counter(), time.thread_time()
+        run()
+        return (time.perf_counter() - wall) / calls * 1e6, (time.thread_time() - cpu) / calls * 1e6
     finally:
         gc.enable()
 
@@ -136,33 +143,17 @@ def llm_section(tmp: Path, tg_provider: TracerProvider, calls: int, rounds: int)
     with FakeLLMServer() as server:
         client = openai.OpenAI(base_url=server.openai_url, api_key="bench-key", max_retries=0)
 
-        def call() -> None:
-            client.chat.completions.create(model="gpt-4o-mini", messages=messages)
-
-        def plain(n: int) -> float:
-            start = time.perf_counter()
+        def calls_of(n: int) -> None:
             for _ in range(n):
-                call()
-            return time.perf_counter() - start
+                client.chat.completions.create(model="gpt-4o-mini", messages=messages)
 
-        def bare(n: int) -> float:
-            start = time.perf_counter()
+        def bare(n: int) -> None:
             with oi_tracer.start_as_current_span("invoke_agent bench"):
-                for _ in range(n):
-                    call()
-            return time.perf_counter() - start
+                calls_of(n)
 
-        @tg.agent(name="bench-llm")
-        def agent(n: int) -> None:
-            for _ in range(n):
-                call()
+        traced = tg.agent(name="bench-llm")(calls_of)
 
-        def traced(n: int) -> float:
-            start = time.perf_counter()
-            agent(n)
-            return time.perf_counter() - start
-
-        def with_bare(run: Callable[[], float]) -> float:
+        def with_bare(run: Callable[[], Any]) -> Any:
             instrumentor = OpenAIInstrumentor()
             instrumentor.instrument(tracer_provider=oi_provider)
             try:
@@ -170,44 +161,44 @@ def llm_section(tmp: Path, tg_provider: TracerProvider, calls: int, rounds: int)
             finally:
                 instrumentor.uninstrument()
 
-        def with_tracegym(run: Callable[[], float]) -> float:
+        def with_tracegym(run: Callable[[], Any]) -> Any:
             with integrations.instrumenting("openai"):
                 return run()
 
-        variants: list[tuple[str, Callable[[int], float], Callable[..., float]]] = [
-            ("openai_plain", plain, lambda run: run()),
+        variants: list[tuple[str, Callable[[int], None], Callable[..., Any]]] = [
+            ("openai_plain", calls_of, lambda run: run()),
             ("openai_oi", bare, with_bare),
             ("openai_tg", traced, with_tracegym),
         ]
         for _, run, wrap in variants:  # warm-up: connections, imports, caches
             wrap(lambda run=run: run(20))
-        samples: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in variants}
         for _ in range(rounds):
             for name, run, wrap in variants:
-                samples[name].append(wrap(lambda run=run: _timed(lambda: run(calls), calls)))
+                samples[name].append(
+                    wrap(lambda run=run: _clocks(lambda: run(calls), calls))  # type: ignore[misc]
+                )
                 oi_provider.force_flush()  # export outside the timed region, for both
                 tg.flush()
         spans_tg = sum(1 for r in iter_spool(tmp / "llm") if r["name"] == "ChatCompletion")
         spans_oi = sum(1 for r in iter_spool(tmp / "oi") if r["name"] == "ChatCompletion")
     oi_provider.shutdown()
 
-    per_call = {name: statistics.median(v) for name, v in samples.items()}
-    spread = {name: (min(v), max(v)) for name, v in samples.items()}
     print(f"auto-instrumented OpenAI call (median of {rounds} rounds x {calls} calls, loopback):")
-    for name, value in per_call.items():
-        low, high = spread[name]
-        print(f"  {name:13s} {value:8.1f} us   (rounds {low:.1f} .. {high:.1f})")
-    oi_overhead = per_call["openai_oi"] - per_call["openai_plain"]
-    tg_overhead = per_call["openai_tg"] - per_call["openai_plain"]
-    print(f"overhead bare OpenInference  {oi_overhead:8.1f} us/call")
-    print(f"overhead tg.instrument       {tg_overhead:8.1f} us/call")
-    if oi_overhead > 0:
-        print(f"ratio tg.instrument/bare OpenInference overhead: {tg_overhead / oi_overhead:.3f}")
-    # Loopback HTTP is noisy on a shared machine: the fastest rounds, compared the same way.
-    best = {name: min(v) for name, v in samples.items()}
-    oi_best = best["openai_oi"] - best["openai_plain"]
-    tg_best = best["openai_tg"] - best["openai_plain"]
-    print(f"fastest rounds: overhead bare {oi_best:.1f} us, tg.instrument {tg_best:.1f} us/call")
+    print("  variant        wall us/call   CPU us/call (calling thread)")
+    medians = {}
+    for name, values in samples.items():
+        wall = statistics.median(v[0] for v in values)
+        cpu = statistics.median(v[1] for v in values)
+        medians[name] = (wall, cpu)
+        print(f"  {name:13s} {wall:10.1f}   {cpu:10.1f}")
+    for clock, i in (("wall", 0), ("CPU", 1)):
+        oi = medians["openai_oi"][i] - medians["openai_plain"][i]
+        own = medians["openai_tg"][i] - medians["openai_plain"][i]
+        ratio = f", ratio {own / oi:.3f}" if oi > 0 else ""
+        print(
+            f"overhead ({clock}): bare OpenInference {oi:.1f} us, tg.instrument {own:.1f} us{ratio}"
+        )
     print(f"ChatCompletion spans spooled: tracegym {spans_tg}, bare {spans_oi}")
 
 
