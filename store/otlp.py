@@ -82,6 +82,7 @@ from typing import Any, Protocol
 
 from tracegym.store.records import span_record
 from tracegym.tracer import semconv as sc
+from tracegym.tracer.openinference import stored
 from tracegym.tracer.serialize import content_hash
 
 __all__ = [
@@ -262,7 +263,7 @@ def _pb_span(span: Any, resource: dict[str, Any], scope: str | None) -> dict[str
         except _Invalid as exc:
             raise _Invalid(f"links[{i}]: {exc}") from None
     name = span.name
-    attributes = normalize_attributes(attributes, name)
+    attributes = _own_or_mapped(attributes, name, scope)
     if code == 2 and sc.ERROR_TYPE not in attributes and events:
         error_type_from_events(attributes, events)
     return span_record(
@@ -281,6 +282,14 @@ def _pb_span(span: Any, resource: dict[str, Any], scope: str | None) -> dict[str
         resource=resource,
         scope=scope,
     )
+
+
+def _own_or_mapped(attributes: dict[str, Any], name: str, scope: str | None) -> dict[str, Any]:
+    """tracegym's own spans as the spool writes them in process (their tracegym keys, less the
+    OpenInference copies they carry for other backends); other instrumentations' mapped."""
+    if scope == sc.INSTRUMENTATION_SCOPE:
+        return stored(attributes)
+    return normalize_attributes(attributes, name)
 
 
 def records_from_request(request: Any) -> list[dict[str, Any]]:
@@ -565,7 +574,7 @@ def _j_span(span: Any, resource: dict[str, Any], scope: str | None) -> dict[str,
             )
         except _Invalid as exc:
             raise _Invalid(f"links[{i}]: {exc}") from None
-    attributes = normalize_attributes(attributes, name)
+    attributes = _own_or_mapped(attributes, name, scope)
     if code == 2 and sc.ERROR_TYPE not in attributes and events:
         error_type_from_events(attributes, events)
     return span_record(

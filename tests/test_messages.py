@@ -639,3 +639,22 @@ def test_messages_module_is_stdlib_only():
     allowed = ("from __future__", "import json", "from collections", "from typing",
                "from tracegym.tracer")  # fmt: skip
     assert all(line.startswith(allowed) for line in imports), imports
+
+
+def test_the_receiver_keeps_tracegym_spans_as_the_spool_does():
+    """A tracegym span sent over OTLP (`tracegym collect`) is stored as the tracer spools it in
+    process: tracegym keys only, no OpenInference copies, nothing mapped onto it twice."""
+    encoder = pytest.importorskip(
+        "opentelemetry.exporter.otlp.proto.common.trace_encoder", reason="the OTLP encoder"
+    )
+    from tracegym.store.otlp import records_from_request
+
+    with tg.testing.capture(openinference="full") as cap:
+        support("Where is order W-1?")
+    received = {r["span_id"]: r for r in records_from_request(encoder.encode_spans(cap.spans))}
+    assert len(received) == len(cap.spans)
+    for span in cap.spans:
+        spooled = json.loads(json.dumps(span_record(span)))
+        got = received[spooled["span_id"]]
+        assert got["attributes"] == spooled["attributes"], span.name
+        assert not ATTRIBUTES & set(got["attributes"])
