@@ -26,6 +26,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.util.types import Attributes
 from tracegym.tracer import internal
+from tracegym.tracer.setup import installed_provider
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,6 @@ class _FollowingTracer(trace.Tracer):
         self._tracer: trace.Tracer = trace.NoOpTracer()
 
     def _target(self) -> trace.Tracer:
-        from tracegym.tracer.setup import installed_provider
-
         provider = installed_provider()
         if provider is not self._provider:
             name, version, schema_url, attributes = self._args
