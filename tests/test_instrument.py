@@ -187,6 +187,35 @@ def test_openai_streaming_call_records_usage(server, home, tracer_setup):
     ]
 
 
+def test_openai_responses_api_call_fills_llm_calls(server, home, tracer_setup):
+    openai = pytest.importorskip("openai", reason="needs tracegym[openai]")
+    pytest.importorskip("openinference.instrumentation.openai", reason="needs tracegym[openai]")
+    tracer_setup(home=home, capture_messages=True)
+    client = openai.OpenAI(base_url=server.openai_url, api_key="test-key", max_retries=0)
+    tool = {"type": "function", "name": "get_order", **{
+        k: ORDER_TOOL["function"][k] for k in ("description", "parameters")}}  # fmt: skip
+
+    @tg.agent("responder")
+    def run() -> Any:
+        return client.responses.create(
+            model="gpt-4o-mini", instructions="Be brief.", input="where is A1?", tools=[tool]
+        )
+
+    with integrations.instrumenting("openai"):
+        response = run()
+    (call,) = response.output
+    rows = query(home, "SELECT agent, input_tokens, output_tokens, input_messages, "
+                       "output_messages FROM llm_calls")  # fmt: skip
+    assert [r[:3] for r in rows] == [
+        ("responder", response.usage.input_tokens, response.usage.output_tokens)
+    ]
+    assert [m["role"] for m in json.loads(rows[0][3])] == ["system", "user"]
+    (asked,) = json.loads(rows[0][4])
+    assert [(p["type"], p["id"], p["name"]) for p in asked["parts"]] == [
+        ("tool_call", call.call_id, "get_order")
+    ]
+
+
 def test_a_failing_call_raises_as_before_and_is_recorded_as_an_error(server, home, tracer_setup):
     openai = pytest.importorskip("openai", reason="needs tracegym[openai]")
     pytest.importorskip("openinference.instrumentation.openai", reason="needs tracegym[openai]")
