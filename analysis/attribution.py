@@ -22,9 +22,14 @@ one (`learn_profile` / `learn_profiles`).
    carries on past the failure and a later turn states a number nothing grounds (rule 5), that
    claim decides instead: what the run made up in place of the result is where it went wrong.
 3. `finding`: the earliest detector finding (`tracegym.analysis.detectors`) with confidence
-   >= `min_finding_confidence`, when findings are given (a finding on a tool result points at
-   the turn that made the call). After the run's own hard evidence (1, 2), before the weaker
-   heuristics: on AgentRx's tuning half, findings placed first cost a step hit.
+   >= `min_finding_confidence` (0.5: the detector holds its step at least as likely decisive
+   as not), when findings are given (a finding on a tool result points at the turn that made
+   the call). After the run's own hard evidence (1, 2), before the weaker heuristics; but a
+   finding on an earlier turn than the one rule 1 or 2 picked decides instead: the run went
+   wrong there first (a poisoned memory read before a transient tool error, a made-up amount
+   before a failing receipt call). Findings on a failed lookup are not used so: rule 2 already
+   passed over that failure (on AgentRx's tuning half, `invalid_invocation` on a "user not
+   found" lookup placed first cost a step hit).
 4. `first_write`: the first call of a state-changing tool (its name does not start with a read
    verb such as get/find/list/search/calculate) -> the turn that made it.
 5. `ungrounded_claim`: the first agent turn stating numbers that nothing before it holds: not
@@ -102,7 +107,10 @@ CONFIDENCE = {
 }
 OFF_TASK_COVERAGE = 0.3  # below this share of the question's content words: off task
 PLAN_SHARE = 0.5  # a turn without code whose sentences at least this often announce: a plan
-MIN_FINDING_CONFIDENCE = 0.7
+# A finding decides from this confidence on: 0.7 left out the 0.5-0.6 findings (ungrounded
+# record picks, requests never served, tool overuse) that are right on the tuning splits
+# (planted seeds 0-9: 82.0 -> 97.7 step; AgentRx even task ids 28.6 -> 35.7; docs/attribution.md).
+MIN_FINDING_CONFIDENCE = 0.5
 # System profiles (learnt from the runs of one system, see SystemProfile):
 MIN_PROFILE_RUNS = 4  # fewer runs than this: no boilerplate, no orchestrator
 BOILERPLATE_SHARE = 0.5  # a line in at least this share of the system's runs is boilerplate
@@ -811,12 +819,15 @@ RULES: tuple[Any, ...] = (
     _rule_handover,
     _rule_first_action,
 )
+_BEFORE_FINDINGS = frozenset(RULES[: RULES.index(FINDINGS)])
 
 
 def _finding_decision(
-    ctx: _Context, findings: Iterable[Any], min_confidence: float
+    ctx: _Context, findings: Iterable[Any], min_confidence: float, *, lookups: bool = True
 ) -> _Decision | None:
-    """The earliest confident finding, mapped onto its turn."""
+    """The earliest confident finding, mapped onto its turn (the caller's, for a finding on a
+    tool result). `lookups=False` passes over findings on a failed lookup: `failed_execution`
+    already weighed that failure (a guess the agent can correct)."""
     by_step = {t.step: t for t in ctx.turns}
     by_position = {s.position: t for t in ctx.turns for s in t.spans}
     best: tuple[tuple[int, float], Turn, Any] | None = None
@@ -829,7 +840,9 @@ def _finding_decision(
             turn = by_position.get(finding.position)
         if turn is None and getattr(finding, "step_index", None) is not None:
             turn = by_step.get(finding.step_index)
-        if turn is None:
+        if turn is None or turn.after_end:  # a note written after the run is never decisive
+            continue
+        if not lookups and turn.tool_result and turn.failed and not _writes_state(turn):
             continue
         if turn.execution:  # a failed tool call is its caller's doing
             turn = _author(ctx.turns, turn) or turn
@@ -895,6 +908,11 @@ def attribute(
             decision = _finding_decision(ctx, findings, min_finding_confidence)
         else:
             decision = rule(ctx)
+            if decision is not None and findings and rule in _BEFORE_FINDINGS:
+                # where the run first went wrong: a confident finding on an earlier step
+                earlier = _finding_decision(ctx, findings, min_finding_confidence, lookups=False)
+                if earlier is not None and earlier.turn.index < decision.turn.index:
+                    decision = earlier
         if decision is not None:
             break
     if decision is None:

@@ -24,7 +24,7 @@ from tracegym.analysis.attribution import (
     to_json_line,
 )
 from tracegym.analysis.detectors.base import Finding
-from tracegym.analysis.runs import ROLE, Run, Step
+from tracegym.analysis.runs import ROLE, Run, Step, load_runs
 from tracegym.tracer import semconv as sc
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -434,24 +434,73 @@ def test_confident_findings_decide_and_map_to_the_caller() -> None:
     assert result.confidence == 0.9 and "W8" in result.reason
     assert attribute(run, [finding(0.2)]).rule != "finding"
     assert attribute_runs([run], {run.trace_id: [finding(0.9)]})[0].rule == "finding"
-    # the run's own hard evidence (a failed state-changing call) comes before findings
-    failed = tool_run(
+    # as likely decisive as not is enough (0.5-0.6 findings were left out before)
+    assert (attribute(run, [finding(0.5)]).step, attribute(run, [finding(0.5)]).rule) == (
+        1, "finding")  # fmt: skip
+    assert attribute(run, [finding(0.6)], min_finding_confidence=0.7).rule != "finding"
+
+
+def _finding(run: Run, position: int, detector: str, confidence: float = 0.7) -> Finding:
+    step = next(s for s in run.steps if s.position == position)
+    return Finding(
+        detector=detector, key=f"{detector}:x", trace_id=run.trace_id, position=position,
+        step_index=step.step_index, agent=step.agent, span_ids=(step.span_id,),
+        message=f"{detector} at {position}", confidence=confidence,
+    )  # fmt: skip
+
+
+def _lookup_then_failed_write(*, lookup: str = '{"status": "pending"}') -> Run:
+    return tool_run(
         [
             ("user", "Cancel order W9."),
             ("assistant", ("", [("c1", "get_order_details", '{"order_id": "W9"}')])),
-            ("tool", ("c1", "get_order_details", '{"status": "pending"}')),
+            ("tool", ("c1", "get_order_details", lookup)),
             ("assistant", ("", [("c2", "cancel_pending_order", '{"order_id": "W9"}')])),
-            ("tool", ("c2", "cancel_pending_order", "Error: missing reason")),
+            ("tool", ("c2", "cancel_pending_order", "Error: upstream timed out, try again")),
         ],
         trace="t-failed-write",
     )
-    early = Finding(
-        detector="wrong_tool_order", key="wrong_tool_order:x", trace_id=failed.trace_id,
-        position=2, step_index=1, agent="tau-bench", span_ids=("s2",), message="order",
-        confidence=0.95,
-    )  # fmt: skip
+
+
+def test_a_finding_before_the_failed_execution_decides() -> None:
+    """Where the run first went wrong, not where it visibly broke: a confident finding on an
+    earlier step than the failed execution's author decides over it."""
+    failed = _lookup_then_failed_write()
+    assert (attribute(failed).step, attribute(failed).rule) == (3, "failed_execution")
+    early = _finding(failed, 3, "poisoned_memory")  # the lookup's result, made by step 1
     result = attribute(failed, [early])
+    assert (result.step, result.rule, result.agent) == (1, "finding", "assistant")
+    assert "poisoned_memory" in result.reason
+    # a finding on the failing call itself or after it leaves the failure in charge
+    for position in (5, 4):
+        late = _finding(failed, position, "wrong_amount")
+        assert (attribute(failed, [late]).step, attribute(failed, [late]).rule) == (
+            3, "failed_execution")  # fmt: skip
+    # below the confidence floor a finding changes nothing
+    weak = _finding(failed, 3, "poisoned_memory", confidence=0.3)
+    assert attribute(failed, [weak]).rule == "failed_execution"
+
+
+def test_a_finding_on_a_failed_lookup_does_not_override_the_failed_execution() -> None:
+    """A failed lookup is a guess the agent can correct (`failed_execution` passes over it);
+    a finding that only reports that failure does not take the decision from a later failed
+    write (AgentRx: "user not found" before the write that went wrong)."""
+    failed = _lookup_then_failed_write(lookup="Error: order not found")
+    invalid = _finding(failed, 3, "invalid_invocation", confidence=0.8)
+    result = attribute(failed, [invalid])
     assert (result.step, result.rule) == (3, "failed_execution")
+    # without a failed write the same finding decides as before (rule 3)
+    lookup_only = tool_run(
+        [
+            ("user", "Cancel order W9."),
+            ("assistant", ("", [("c1", "get_order_details", '{"order_id": "W9"}')])),
+            ("tool", ("c1", "get_order_details", "Error: order not found")),
+            ("assistant", "Sorry, I could not find it."),
+        ],
+        trace="t-lookup-only",
+    )
+    result = attribute(lookup_only, [_finding(lookup_only, 3, "invalid_invocation", 0.8)])
+    assert (result.step, result.rule) == (1, "finding")
 
 
 def test_native_runs_without_step_indexes_use_positions() -> None:
@@ -701,6 +750,14 @@ def test_the_note_written_after_the_run_is_never_decisive() -> None:
     assert result.position != note.position and "48.75" not in result.reason
     without = attribute(native(tool_run(conversation, trace="t-note")))
     assert (result.step, result.agent, result.rule) == (without.step, without.agent, without.rule)
+    # nor does a detector's finding on it make it so
+    on_note = Finding(
+        detector="poisoned_memory", key="poisoned_memory:x", trace_id=run.trace_id,
+        position=note.position, step_index=None, agent="tau-bench", span_ids=(note.span_id,),
+        message="a note contradicts the policy", confidence=0.9,
+    )  # fmt: skip
+    with_finding = attribute(run, [on_note])
+    assert with_finding.position != note.position and with_finding.rule != "finding"
 
 
 def test_failed_execution_quotes_the_error_line() -> None:
@@ -840,3 +897,62 @@ def test_agentracer_end_to_end() -> None:
         steps += result.step == gold[result.trace_id]["mistake_step_index"]
     # a regression guard on the whole set (the untuned half alone is in the benchmark)
     assert agents / 127 > 0.7 and steps / 127 > 0.3
+
+
+def test_an_overspent_subtask_is_blamed_where_the_overspend_began() -> None:
+    """budget_waste on a subtask over its budget points at the first call successful runs do
+    not make (the second search), not at the step where the budget was crossed; attribution
+    then blames the turn that made that call."""
+    from tracegym.analysis.detectors.budget import BudgetWaste
+    from tracegym.tests.test_detectors import RunBuilder
+
+    def run(searches: int, success: bool) -> tuple[Run, list[Step]]:
+        b = RunBuilder("a task, and recommend a class", success=success)
+        if searches:  # the runs whose user asks for a recommendation: one search succeeds
+            b.start_subtask("side task: recommend a class",
+                            **{sc.BUDGET_STEPS: 6, sc.BUDGET_EXCEEDED: searches > 3})  # fmt: skip
+        calls = []
+        for i in range(searches):
+            b.llm(f"searching, attempt {i}")
+            calls.append(b.tool("search_classes", {"q": f"class {i}"}, {"results": []}))
+        return b.build(), calls
+
+    population = [run(n, True)[0] for n in (0, 0, 0, 0, 1, 1)]  # search limit: 1 call
+    failed, calls = run(6, False)
+    findings = BudgetWaste().fit([*population, failed]).detect(failed)
+    [subtask] = [f for f in findings if f.key == "budget_waste:subtask:side task"]
+    assert subtask.position == calls[1].position  # the second search, not the crossing
+    assert "budget_exceeded" in subtask.details["reasons"] and subtask.confidence == 0.8
+    result = attribute(failed, [subtask])
+    assert (result.position, result.rule) == (calls[1].position - 1, "finding")
+
+
+@pytest.mark.slow
+def test_detectors_on_do_not_lose_the_decisive_step_on_a_planted_agent(tmp_path: Path) -> None:
+    """Planted seed 6 (side-task budget, poisoned memory; a tuning seed): with the detectors'
+    findings, as `tracegym attribute` runs, every planted run is blamed at its decisive span,
+    and never worse than without findings (before: the budget finding's crossing step and
+    transient tool errors after the poisoned read won; 11 of 20)."""
+    from tracegym.analysis.pipeline import default_detector_set, run_detectors
+    from tracegym.store.store import Store
+    from tracegym.tests.fixtures.planted import generate
+
+    planted = generate(tmp_path / "home", 6)
+    with Store(tmp_path / "home") as store:
+        runs = load_runs(store)
+    findings, errors = run_detectors(default_detector_set(), runs)
+    assert not errors
+    with_findings = {a.trace_id: a for a in attribute_runs(runs, findings)}
+    bare = {a.trace_id: a for a in attribute_runs(runs)}
+    by_trace = {r.trace_id: r for r in runs}
+    scored = [t for t in planted.runs if t.decisive_span_id is not None]
+    assert len({t.cause for t in scored}) == 2 and len(scored) >= 10
+    hits = bare_hits = 0
+    for truth in scored:
+        gold = by_trace[truth.trace_id].by_span()[truth.decisive_span_id].step_index
+        hits += with_findings[truth.trace_id].step == gold
+        bare_hits += bare[truth.trace_id].step == gold
+    assert hits == len(scored) and hits >= bare_hits
+    # the chat turns the tracer writes are read (a reader that misses the message shape
+    # leaves no substantive turn, and every run falls back to its last turn)
+    assert not any(a.rule == "last_turn" for a in [*bare.values(), *with_findings.values()])

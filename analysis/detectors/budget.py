@@ -15,7 +15,9 @@ For each, the *limit* is max(quantile (p90), `ratio` x median, 1). `detect` flag
   step: the first call over the limit;
 - ``budget_waste:subtask:<kind>``: a subtask over its steps limit (+ `min_excess`) or
   `token_margin` times its tokens limit, or one whose span says its budget was exceeded
-  (`tracegym.budget.exceeded`); decisive step: the first step past the budget (or the limit);
+  (`tracegym.budget.exceeded`); decisive step: the first step past the budget (or the limit),
+  or, when earlier, the first call inside the subtask of a tool flagged above (the first call
+  successful runs do not make: where the overspend began, not where it showed);
 - ``budget_waste:loop:<tool>``: `loop_min` or more identical calls (same tool, same arguments)
   in one run; decisive step: the first repeat;
 - ``budget_waste:out_of_steps``: the run stopped at the ceiling; decisive step: the first action
@@ -90,6 +92,16 @@ def _crossing(steps: Sequence[Step], steps_limit: float | None, tokens_limit: fl
         if tokens_limit is not None and tokens > tokens_limit:
             return step
     return None
+
+
+def _overspend(inside: Sequence[Step], crossing: Step | None, first_over: set[str]) -> Step | None:
+    """Where a subtask's overspend starts: the first call inside it that successful runs do
+    not make (a tool's first call over its limit), when that comes before the step where the
+    budget is crossed. The crossing is where the waste shows; the extra call is where it began."""
+    extra = next((s for s in inside if s.span_id in first_over), None)
+    if extra is not None and (crossing is None or extra.position < crossing.position):
+        return extra
+    return crossing
 
 
 class BudgetWaste(Detector):
@@ -189,6 +201,7 @@ class BudgetWaste(Detector):
                     [s.span_id for s in same[:5]], repeats=len(same))  # fmt: skip
         # Tools used far more than successful runs use them.
         by_tool: dict[str, list[Step]] = {}
+        first_over: set[str] = set()  # span ids: each flagged tool's first call over its limit
         for step in tools:
             by_tool.setdefault(step.tool or step.name, []).append(step)
         for tool, steps in by_tool.items():
@@ -198,6 +211,7 @@ class BudgetWaste(Detector):
             if limit is None or len(steps) < limit.limit + self.min_excess:
                 continue
             over = steps[int(limit.limit)]
+            first_over.add(over.span_id)
             add(f"{self.name}:tool:{tool}", over, "tool_calls",
                 f"{tool} was called {len(steps)} times; successful runs call it at most "
                 f"{limit.high:g} times (p{round(self.quantile * 100)}), median {limit.median:g}",
@@ -211,7 +225,8 @@ class BudgetWaste(Detector):
             if attributes.get(sc.BUDGET_EXCEEDED):
                 budget_steps = attributes.get(sc.BUDGET_STEPS)
                 budget_tokens = attributes.get(sc.BUDGET_TOKENS)
-                at = _crossing(inside, budget_steps, budget_tokens) or span
+                at = _overspend(inside, _crossing(inside, budget_steps, budget_tokens), first_over)
+                at = at or span
                 add(key, at, "budget_exceeded",
                     f"subtask {name!r} exceeded its budget (steps {attributes.get(sc.USED_STEPS)}"
                     f"/{budget_steps}, tokens {attributes.get(sc.USED_TOKENS)}/{budget_tokens})",
@@ -222,16 +237,14 @@ class BudgetWaste(Detector):
             over_steps = steps_limit and len(inside) >= steps_limit.limit + self.min_excess
             over_tokens = tokens_limit and n_tokens > self.token_margin * tokens_limit.limit
             if over_steps or over_tokens:
-                at = (
-                    _crossing(
-                        inside,
-                        steps_limit.limit if over_steps and steps_limit else None,
-                        self.token_margin * tokens_limit.limit
-                        if over_tokens and tokens_limit
-                        else None,
-                    )
-                    or span
+                crossing = _crossing(
+                    inside,
+                    steps_limit.limit if over_steps and steps_limit else None,
+                    self.token_margin * tokens_limit.limit
+                    if over_tokens and tokens_limit
+                    else None,
                 )
+                at = _overspend(inside, crossing, first_over) or span
                 add(key, at, "subtask_spend",
                     f"subtask {name!r} took {len(inside)} steps and {n_tokens} tokens; "
                     f"successful runs' limit: {steps_limit.limit if steps_limit else '-'} steps, "
