@@ -187,6 +187,45 @@ def test_openai_streaming_call_records_usage(server, home, tracer_setup):
     ]
 
 
+def test_concurrent_async_calls_each_nest_under_their_agent(server, home, tracer_setup):
+    openai = pytest.importorskip("openai", reason="needs tracegym[openai]")
+    pytest.importorskip("openinference.instrumentation.openai", reason="needs tracegym[openai]")
+    import asyncio
+
+    tracer_setup(home=home)
+    client = openai.AsyncOpenAI(base_url=server.openai_url, api_key="test-key", max_retries=0)
+
+    @tg.agent("async-agent")
+    async def run(question: str) -> int:
+        replies = await asyncio.gather(*(
+            client.chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": f"{question} {i}"}]
+            )
+            for i in range(3)
+        ))  # fmt: skip
+        return sum(r.usage.total_tokens for r in replies)
+
+    async def two_runs() -> list[int]:
+        return list(await asyncio.gather(run("first"), run("second run")))
+
+    with integrations.instrumenting("openai"):
+        totals = asyncio.run(two_runs())
+    spans = spans_of(home)
+    roots = {s["span_id"]: s for s in spans if s["name"] == "invoke_agent async-agent"}
+    assert len(roots) == 2
+    chats = [s for s in spans if s["name"] == "ChatCompletion"]
+    assert len(chats) == 6
+    by_root: dict[str, list[dict[str, Any]]] = {}
+    for chat in chats:  # each call in its own run's trace, a child of that run's agent span
+        root = roots[chat["parent_span_id"]]
+        assert chat["trace_id"] == root["trace_id"]
+        by_root.setdefault(chat["parent_span_id"], []).append(chat)
+    assert len(by_root) == 2
+    for children in by_root.values():
+        assert sorted(c["attributes"][sc.STEP_INDEX] for c in children) == [0, 1, 2]
+    assert sorted(r["attributes"][sc.USED_TOKENS] for r in roots.values()) == sorted(totals)
+
+
 def test_openai_responses_api_call_fills_llm_calls(server, home, tracer_setup):
     openai = pytest.importorskip("openai", reason="needs tracegym[openai]")
     pytest.importorskip("openinference.instrumentation.openai", reason="needs tracegym[openai]")
