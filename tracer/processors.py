@@ -262,13 +262,18 @@ class FanOutSpanProcessor(SpanProcessor):
     (`tracer/foreign.py`)."""
 
     def __init__(
-        self, processors: Sequence[SpanProcessor] = (), *, shutdown_timeout_s: float = 3.0
+        self,
+        processors: Sequence[SpanProcessor] = (),
+        *,
+        shutdown_timeout_s: float = 3.0,
+        foreign: bool = True,
     ) -> None:
         self._processors = tuple(processors)
         self._closed = False
         self.shutdown_timeout_s = shutdown_timeout_s
-        # Other instrumentations' spans get the run bookkeeping and content policy here.
-        self._foreign = ForeignSpans()
+        # Other instrumentations' spans get the run bookkeeping and content policy here (in
+        # tracegym's own processor only: a span must claim its step once).
+        self._foreign = ForeignSpans() if foreign else None
 
     def replace(self, processors: Sequence[SpanProcessor]) -> None:
         self._processors = tuple(processors)
@@ -280,7 +285,7 @@ class FanOutSpanProcessor(SpanProcessor):
         self._closed = True
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        if is_foreign(span):
+        if self._foreign is not None and is_foreign(span):
             try:
                 self._foreign.on_start(span, parent_context)
             except Exception as exc:  # the span goes on without the bookkeeping
@@ -292,7 +297,7 @@ class FanOutSpanProcessor(SpanProcessor):
         if self._closed:
             internal.add("spans_dropped.after_shutdown")
             return
-        if is_foreign(span):
+        if self._foreign is not None and is_foreign(span):
             try:
                 span = self._foreign.on_end(span)
             except Exception as exc:  # never pass on a span the content policy did not check

@@ -365,7 +365,7 @@ class RedactingSpanProcessor(FanOutSpanProcessor):
     """
 
     def __init__(self, processors: Sequence[SpanProcessor], redactor: Redactor | None = None):
-        super().__init__(processors)
+        super().__init__(processors, foreign=False)  # redaction only; tracegym's does the rest
         self.redactor = redactor or Redactor()
 
     def on_end(self, span: ReadableSpan) -> None:
