@@ -157,6 +157,13 @@ def test_openai_content_parts_and_legacy_shapes():
     ]  # fmt: skip
 
 
+def test_a_tool_message_with_text_parts_keeps_its_call_id():
+    message = {"role": "tool", "tool_call_id": "c7", "content": [{"type": "text", "text": "ok"}]}
+    assert input_messages([message]) == [
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c7", "response": "ok"}]}
+    ]
+
+
 def test_openai_response_becomes_output_messages_with_finish_reasons():
     assert output_messages(OPENAI_RESPONSE) == [
         {"role": "assistant", "parts": [{"type": "text", "content": "It has shipped."}],

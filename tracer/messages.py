@@ -244,9 +244,13 @@ class _Writer:
         if given is not None:
             parts += self.content_parts(given)
         content = _get(item, "content")
-        if role == "tool" and content is not None and _list(content) is None:
-            call_id = _get(item, "tool_call_id")
-            parts.append(self.tool_response(call_id, content))
+        blocks = _list(content)
+        if (
+            role == "tool"
+            and content is not None
+            and (blocks is None or all(_get(b, "type") == "text" for b in blocks))
+        ):  # OpenAI's tool message: text, or text parts
+            parts.append(self.tool_response(_get(item, "tool_call_id"), content))
         else:
             parts += self.content_parts(content)
         for call in _list(_get(item, "tool_calls")) or []:
