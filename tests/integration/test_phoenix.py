@@ -305,3 +305,63 @@ def test_tokens_and_models(seen: dict) -> None:
         7,
         47,
     ]
+
+
+def test_every_shape_validates_against_the_conventions_schemas() -> None:
+    """Phoenix validates gen_ai.* messages with pydantic models generated from the GenAI
+    convention's JSON schemas, and drops a whole list when one item fails: every shape the
+    normaliser takes, odd ones included, must pass them."""
+    from phoenix.trace.gen_ai.__generated__.models import (
+        InputMessages,
+        OutputMessages,
+        SystemInstructions,
+    )
+    from tracegym.tracer.messages import (
+        encode,
+        input_messages,
+        output_messages,
+        system_instructions,
+    )
+
+    inputs: list = [
+        "hello",
+        [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]}],
+        [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+            {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+            {"type": "widget", "w": 1}]}],
+        [{"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "x"}},
+         {"role": "function", "name": "f", "content": "42"}],
+        [{"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "hm", "signature": "s"},
+            {"type": "redacted_thinking", "data": "zz"},
+            {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": [1, {"b": None}]}}]},
+         {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "image",
+             "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}}]},
+            {"type": "text", "text": "and?"}]}],
+        {"input": [{"type": "function_call_output", "call_id": "c", "output": {"ok": 1}}]},
+        {"contents": [{"role": "model", "parts": [{"functionResponse": {"name": "f",
+                                                                     "response": {"r": 1}}}]}]},
+        {"question": "why?"},
+        [None, 3, ["nested"]],
+    ]  # fmt: skip
+    outputs: list = [
+        "text",
+        {"choices": [{"message": {"role": "assistant", "content": "a", "refusal": "no"},
+                      "finish_reason": "content_filter"},
+                     {"text": "legacy", "finish_reason": None}]},
+        {"type": "message", "role": "assistant", "content": [], "stop_reason": "pause_turn"},
+        {"status": "incomplete", "output": [{"type": "reasoning", "summary": []}]},
+        {"candidates": [{"content": {"parts": [{"text": "g"}]}, "finishReason": "SAFETY"}]},
+        {"output": "x"},
+        [{"role": "assistant", "content": "a"}, "b"],
+        None,
+    ]  # fmt: skip
+    for value in inputs:
+        InputMessages.model_validate_json(encode(input_messages(value)))
+    for value in outputs:
+        OutputMessages.model_validate_json(encode(output_messages(value)))
+    for value in ("Be kind.", [{"type": "text", "text": "Be kind."}], {"odd": 1}):
+        SystemInstructions.model_validate_json(encode(system_instructions(value)))
