@@ -29,6 +29,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span
+from opentelemetry.trace import Status
 from tracegym.tracer import context as scope_context
 from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
@@ -250,8 +251,10 @@ def replace_span(
     *,
     attributes: Mapping[str, Any] | None = None,
     events: list[Event] | None = None,
+    status: Status | None = None,
 ) -> ReadableSpan:
-    """A copy of the ended `span` with other attributes or events (spans are immutable)."""
+    """A copy of the ended `span` with other attributes, events or status (spans are
+    immutable)."""
     return ReadableSpan(
         name=span.name,
         context=span.context,
@@ -261,7 +264,7 @@ def replace_span(
         events=events if events is not None else span.events,
         links=span.links,
         kind=span.kind,
-        status=span.status,
+        status=status if status is not None else span.status,
         start_time=span.start_time,
         end_time=span.end_time,
         instrumentation_scope=span.instrumentation_scope,

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Status
 from tracegym.tracer import internal
 from tracegym.tracer.foreign import attributes_of as _attributes_of
+from tracegym.tracer.foreign import replace_span
 from tracegym.tracer.processors import FanOutSpanProcessor
 from tracegym.tracer.serialize import TRUNCATION_MARKER
 
@@ -306,20 +307,7 @@ def redact_span(span: ReadableSpan, redactor: Redactor) -> ReadableSpan:
     if attributes is None and events is None and status is span.status:
         return span
     internal.add("spans_redacted")
-    return ReadableSpan(
-        name=span.name,
-        context=span.context,
-        parent=span.parent,
-        resource=span.resource,
-        attributes=attributes if attributes is not None else span.attributes,
-        events=events if events is not None else span.events,
-        links=span.links,
-        kind=span.kind,
-        status=status,
-        start_time=span.start_time,
-        end_time=span.end_time,
-        instrumentation_scope=span.instrumentation_scope,
-    )
+    return replace_span(span, attributes=attributes, events=events, status=status)
 
 
 class RedactingSpanExporter(SpanExporter):
