@@ -34,6 +34,7 @@ STATIC = HERE / "static"
 NAV = [
     ("overview", "/", "Overview"),
     ("runs", "/runs", "Runs"),
+    ("sessions", "/sessions", "Sessions"),
     ("gaps", "/gaps", "Gaps"),
     ("environments", "/environments", "Environments"),
     ("adapters", "/adapters", "Adapters"),
@@ -131,6 +132,7 @@ def create_app(
                 data["sql_error"], status = str(exc), 400
             except ValueError as exc:
                 data["sql_error"], status = str(exc), 400
+        data["sql_cells"] = pages.sql_cells(data["sql_result"])
         return render(request, "runs.html", "runs", status, **data, **pages.runs(ctx, filters))
 
     def run(request: Request) -> Response:
@@ -139,6 +141,17 @@ def create_app(
         if found is None:
             return render(request, "missing.html", "runs", 404, what=f"run {ident}")
         return render(request, "run.html", "runs", **pages.run(ctx, *found))
+
+    def sessions(request: Request) -> Response:
+        return render(request, "sessions.html", "sessions", **pages.sessions(ctx))
+
+    def session(request: Request) -> Response:
+        kind, ident = request.path_params["kind"], request.path_params["ident"]
+        try:
+            data = pages.session(ctx, kind, ident)
+        except LookupError:
+            return render(request, "missing.html", "sessions", 404, what=f"{kind} {ident}")
+        return render(request, "session.html", "sessions", **data)
 
     def gaps(request: Request) -> Response:
         return render(request, "gaps.html", "gaps", **pages.gaps(ctx))
@@ -177,6 +190,8 @@ def create_app(
         Route("/", overview),
         Route("/runs", runs),
         Route("/run/{trace_id}", run),
+        Route("/sessions", sessions),
+        Route("/sessions/{kind}/{ident:path}", session),
         Route("/gaps", gaps),
         Route("/environments", environments),
         Route("/environments/{env_id}", environment),
@@ -194,6 +209,10 @@ def create_app(
         db.close()
         sql_box.close()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    async def not_found(request: Request, exc: Exception) -> Response:
+        """Unknown routes get the site's page (with its navigation), not a bare text."""
+        return render(request, "missing.html", "", 404, what=f"page {request.url.path}")
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found})
     app.state.ctx = ctx
     return Guard(app, token, loopback_only_hosts=loopback)  # type: ignore[return-value]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracegym.dashboards import artifacts, clusters, findings, queries
+from tracegym.dashboards import artifacts, clusters, findings, queries, spanview
 from tracegym.dashboards.db import Database, Result
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.messages import chat_messages
@@ -76,7 +76,7 @@ def pretty(text: Any) -> str:
 # Overview -------------------------------------------------------------------------------------
 def overview(ctx: Context) -> dict[str, Any]:
     summary, nightly = (ctx.run(q) for q in queries.overview())
-    days, tools = summary.rows[0] if summary.rows else ([], [])
+    days, tools, hours, outcome_records = summary.rows[0] if summary.rows else ([], [], None, 0)
     days, tools = days or [], tools or []
     document, gaps_note = artifacts.gaps_document(ctx.home)
     typed, bad = artifacts.gaps(document)
@@ -96,16 +96,20 @@ def overview(ctx: Context) -> dict[str, Any]:
         "failed": sum(d["failed"] for d in days),
         "spans": int(sum(d["spans"] or 0 for d in days)),
     }
+    totals["outcome_records"] = int(outcome_records or 0)
+    totals["records"] = totals["spans"] + totals["outcome_records"]  # what `summary` counts
     judged = totals["succeeded"] + totals["failed"]
     totals["success_rate"] = round(totals["succeeded"] / judged, 3) if judged else None
+    buckets = hours if hours else days  # per hour when the runs span a day or two
     chart = {
-        "days": [str(d["day"]) for d in days],
-        "runs": [d["runs"] for d in days],
+        "per": "hour" if hours else "day",
+        "days": [b["hour"].strftime("%Y-%m-%d %H:00") if hours else str(b["day"]) for b in buckets],
+        "runs": [b["runs"] for b in buckets],
         "rate": [
-            round(d["succeeded"] / (d["succeeded"] + d["failed"]), 4)
-            if d["succeeded"] + d["failed"]
+            round(b["succeeded"] / (b["succeeded"] + b["failed"]), 4)
+            if b["succeeded"] + b["failed"]
             else None
-            for d in days
+            for b in buckets
         ],
         "tools": [r["tool"] for r in tools],
         "tool_errors": [r["errors"] for r in tools],
@@ -135,6 +139,7 @@ def _nights(history: list[dict[str, Any]], stored: list[dict[str, Any]]) -> list
         row = by_date.setdefault(str(night.get("date")), {"date": night.get("date")})
         report = night.get("report_data") or {}
         row["stages"] = row.get("stages") or json.dumps(night.get("stages") or {})
+        row["without"] = _without_environment((report.get("stages") or {}).get("synthesize"))
         row["evaluation"] = [
             {
                 "adapter_id": e.get("adapter_id"),
@@ -151,6 +156,33 @@ def _nights(history: list[dict[str, Any]], stored: list[dict[str, Any]]) -> list
         except ValueError:
             row["stages"] = {}
     return sorted(by_date.values(), key=lambda n: str(n.get("date")), reverse=True)
+
+
+def _without_environment(result: Any) -> list[dict[str, str]]:
+    """The gaps a night's synthesis gave no environment, each with its stage and reason (the
+    report's `stages.synthesize.without_environment`, synthesis.GapWithoutEnvironment)."""
+    if not isinstance(result, dict):
+        return []
+    out = []
+    for item in result.get("without_environment") or []:
+        if not isinstance(item, dict):
+            continue
+        stage = item.get("stage")
+        try:
+            from tracegym.synthesis.pipeline import GapWithoutEnvironment
+
+            stage = GapWithoutEnvironment.from_dict(item).stage.label
+        except Exception:  # an older or partial record: show what it holds
+            stage = stage if isinstance(stage, str) else ""
+        out.append(
+            {
+                "gap": str(item.get("gap_name") or item.get("gap_id") or "?"),
+                "gap_id": str(item.get("gap_id") or ""),
+                "stage": str(stage or ""),
+                "reason": str(item.get("reason") or ""),
+            }
+        )
+    return out
 
 
 # Runs -----------------------------------------------------------------------------------------
@@ -170,6 +202,26 @@ def finding_options(home: Path) -> tuple[list[dict[str, str]], dict[str, list[st
     return options, traces
 
 
+def _gap_names_by_trace(home: Path) -> dict[str, list[str]]:
+    """Trace id -> the names of the gaps that list it as a member run (gaps.json)."""
+    document, _ = artifacts.gaps_document(home)
+    names: dict[str, list[str]] = {}
+    for gap in artifacts.gaps(document)[0]:
+        for member in gap.members:
+            entry = names.setdefault(member.trace_id, [])
+            if gap.name not in entry:
+                entry.append(gap.name)
+    return names
+
+
+def label_items(labels: Any) -> list[tuple[str, str]]:
+    """An outcome's labels (a JSON object) as sorted (key, value) text pairs."""
+    parsed = spanview.parse(labels)
+    if isinstance(parsed, dict):
+        return [(str(k), spanview.text(v)) for k, v in sorted(parsed.items())]
+    return [("labels", spanview.text(parsed))] if parsed not in (None, "") else []
+
+
 def runs(ctx: Context, filters: queries.RunFilters) -> dict[str, Any]:
     options, finding_traces = finding_options(ctx.home)
     chosen = finding_traces.get(filters.finding, []) if filters.finding else None
@@ -179,8 +231,13 @@ def runs(ctx: Context, filters: queries.RunFilters) -> dict[str, Any]:
     total = rows[0]["total"] if rows else 0
     rows = [row for row in rows if row["trace_id"] is not None]  # a page past the end
     pages = max(1, math.ceil(total / queries.PAGE_SIZE))
+    gap_names = _gap_names_by_trace(ctx.home)
     for row in rows:
         row["start"] = _iso(row["start_time"])
+        row["request_line"] = spanview.request(row.get("request"))
+        row["error_line"] = " ".join((row.get("first_error") or "").split())[:240]
+        row["gap_names"] = gap_names.get(row["trace_id"], [])
+        row["label_items"] = label_items(row.get("labels"))
     return {
         "rows": rows,
         "total": total,
@@ -257,13 +314,15 @@ def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
         span["input_chars"] = len(span["input"] or "")
         span["output_chars"] = len(span["output"] or "")
         span["input"], span["output"] = _cut(span["input"]), _cut(span["output"])
-        span["input_pretty"] = pretty(span["input"])
-        span["output_pretty"] = pretty(span["output"])
-        if span["operation"] == sc.OP_CHAT:  # messages as a transcript, whichever shape
-            for key, role in (("input", "user"), ("output", "assistant")):
-                span[f"{key}_pretty"] = chat_pretty(span[key], role) or span[f"{key}_pretty"]
-        span["attributes_pretty"] = pretty(_cut(span["attributes"]))
-        span["events_pretty"] = pretty(span["events"]) if span["events"] not in ("[]", None) else ""
+        span["input_pretty"] = spanview.text(span["input"])
+        span["output_pretty"] = spanview.text(span["output"])
+        span["chat_in"], span["chat_out"] = [], []
+        if span["operation"] == sc.OP_CHAT:  # messages as a chat, whichever shape
+            span["chat_in"] = spanview.chat(span["input"], "user")
+            span["chat_out"] = spanview.chat(span["output"], "assistant")
+        span["attribute_items"] = spanview.attributes(_cut(span["attributes"]))
+        span["event_items"] = spanview.events(span["events"], span["start_ns"])
+        span["message_text"] = spanview.text(span["status_message"])
         span["memory"] = (
             {"operation": span["operation"], "store": span["memory_store"],
              "record_id": span["memory_record"],
@@ -283,8 +342,16 @@ def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
         result["label_items"] = sorted(parsed.items()) if isinstance(parsed, dict) else []
         result["labels_text"] = "" if isinstance(parsed, dict) else pretty(labels)
     root = ordered[0] if ordered else {}
+    first_error = next((s["span_id"] for s in ordered if s["status"] == "ERROR"), None)
+    selected = decisive if any(s["decisive"] for s in ordered) else first_error
+    selected = selected or root.get("span_id")
+    for span in ordered:
+        span["selected"] = span["span_id"] == selected
     return {
         "trace_id": trace_id,
+        "selected": selected,
+        "user_request": spanview.text(root.get("input")),
+        "session": session_of(root),
         "run_id": root.get("run_id"),
         "agent": root.get("agent"),
         "spans": ordered,
@@ -296,6 +363,76 @@ def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
         "analysis": analysis,
         "decisive": decisive,
         "started": _iso(dt.datetime.fromtimestamp(start / 1e9, dt.timezone.utc)) if spans else "",
+    }
+
+
+def session_of(span: dict[str, Any]) -> dict[str, str] | None:
+    """The conversation (or user) a root span names, for the link to its session."""
+    attributes = spanview.parse(span.get("attributes"))
+    if not isinstance(attributes, dict):
+        return None
+    for key, kind in queries.SESSION_KEYS:
+        value = attributes.get(key)
+        if value not in (None, ""):
+            return {"kind": kind, "id": str(value)}
+    return None
+
+
+def sql_cells(result: Result | None) -> list[list[tuple[str, bool]]]:
+    """The SQL box's values as (text, is_block): JSON (a column holding JSON text, a struct or
+    a list) indented, long or multi-line text as a wrapped block; the rest inline."""
+    if result is None:
+        return []
+    cells = []
+    for row in result.rows:
+        out = []
+        for value in row:
+            if value is None:
+                out.append(("", False))
+                continue
+            if isinstance(value, (dict, list, tuple)):
+                shown = spanview.text(json.loads(json.dumps(value, default=str)))
+            elif isinstance(value, str):
+                shown = spanview.text(value)
+            else:
+                shown = str(value)
+            out.append((shown, "\n" in shown or len(shown) > 80))
+        cells.append(out)
+    return cells
+
+
+# Sessions -------------------------------------------------------------------------------------
+def sessions(ctx: Context) -> dict[str, Any]:
+    rows = ctx.run(queries.sessions()).dicts()
+    for row in rows:
+        row["first"], row["last"] = _iso(row["first_start"]), _iso(row["last_start"])
+        row["request_line"] = spanview.request(row["first_input"], 160)
+    return {
+        "sessions": rows,
+        "total": rows[0]["total"] if rows else 0,
+        "shown": queries.MAX_SESSIONS,
+        "keys": [k for k, _ in queries.SESSION_KEYS],
+    }
+
+
+def session(ctx: Context, kind: str, ident: str) -> dict[str, Any]:
+    """Raises LookupError when no run names this session."""
+    if kind not in ("conversation", "user"):
+        raise LookupError(kind)
+    rows = ctx.run(queries.session(kind, ident)).dicts()
+    if not rows:
+        raise LookupError(ident)
+    for row in rows:
+        row["start"] = _iso(row["start_time"])
+        row["request_text"] = spanview.request(row["input"], 2000)
+        row["error_line"] = " ".join((row.get("first_error") or "").split())[:240]
+    return {
+        "kind": kind,
+        "ident": ident,
+        "rows": rows,
+        "capped": len(rows) >= queries.MAX_SESSION_RUNS,
+        "failed": sum(1 for r in rows if r["success"] is False),
+        "succeeded": sum(1 for r in rows if r["success"] is True),
     }
 
 

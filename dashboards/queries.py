@@ -17,6 +17,7 @@ from tracegym.tracer import semconv as sc
 PAGE_SIZE = 50
 MAX_RUN_SPANS = 5000  # the waterfall shows a run's first spans; a bigger run says it was cut
 VALUE_CHARS = 20000  # characters of one argument/result sent to the page
+REQUEST_CHARS = 2000  # characters of a run's request and first error read for the runs list
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class Query:
 
 # Overview -------------------------------------------------------------------------------------
 def overview() -> list[Query]:
-    """Runs and success rate per day and the most failing tools in one statement, so that the
+    """Runs and success rate per day (and per hour, when the runs span at most two days), the
+    most failing tools and the number of outcome records in one statement, so that the
     `outcomes` view (a pass over every span) is computed once; then the nightly history."""
     return [
         Query(
@@ -56,10 +58,19 @@ def overview() -> list[Query]:
                        round(quantile_cont(t.duration_ms, 0.95), 2) AS p95_ms
                 FROM tool_calls t LEFT JOIN o USING (trace_id)
                 WHERE t.tool IS NOT NULL GROUP BY t.tool
+            ),
+            hourly AS (
+                SELECT date_trunc('hour', make_timestamp(p.start_ns // 1000)) AS hour,
+                       count(*) AS runs, count(*) FILTER (WHERE o.success) AS succeeded,
+                       count(*) FILTER (WHERE NOT o.success) AS failed
+                FROM per_trace p LEFT JOIN o USING (trace_id) GROUP BY hour
             )
             SELECT (SELECT list(daily ORDER BY day) FROM daily) AS daily,
                    (SELECT list(tools ORDER BY errors DESC, failed_runs DESC, calls DESC)[:15]
-                    FROM tools) AS tools
+                    FROM tools) AS tools,
+                   CASE WHEN (SELECT count(*) FROM daily) <= 2
+                        THEN (SELECT list(hourly ORDER BY hour) FROM hourly) END AS hourly,
+                   (SELECT count(*) FROM _outcome_spans) AS outcome_records
             """,
         ),
         Query(
@@ -103,7 +114,8 @@ def _attr(key: str) -> str:
 OUTCOME_RECORDS = f"""
     SELECT {_attr(sc.OUTCOME_TARGET)} AS target,
            TRY_CAST({_attr(sc.OUTCOME_SUCCESS)} AS BOOLEAN) AS success,
-           TRY_CAST({_attr(sc.OUTCOME_REWARD)} AS DOUBLE) AS reward, start_ns
+           TRY_CAST({_attr(sc.OUTCOME_REWARD)} AS DOUBLE) AS reward,
+           {_attr(sc.OUTCOME_LABELS)} AS labels, start_ns
     FROM _outcome_spans
 """
 
@@ -115,7 +127,8 @@ def _latest_outcome(targets: str) -> str:
     trace id, a run id on its spans)."""
     return f"""
         SELECT t.trace_id,
-               arg_max({{'success': r.success, 'reward': r.reward}}, r.start_ns) AS verdict
+               arg_max({{'success': r.success, 'reward': r.reward, 'labels': r.labels}},
+                       r.start_ns) AS verdict
         FROM {targets} t JOIN ({OUTCOME_RECORDS}) r ON r.target = t.target
         GROUP BY t.trace_id
     """
@@ -133,7 +146,9 @@ def runs(filters: RunFilters, finding_traces: list[str] | None) -> Query:
     the run ids an outcome may name), so one pass serves them all. The outcome filter then
     judges the runs the other filters kept; spans are aggregated and outcomes found for the
     page's traces only. Same rows and order as `traces` (newest first by start_time, then
-    trace id), each with `total`; a page past the end returns one row with only `total` set.
+    trace id), each with `total` (then the root's input, the first error's span name and
+    message, the outcome's labels: extra columns the list shows); a page past the end returns
+    one row with only `total` set.
     A run's outcome is its latest outcome record naming its trace id or a run id on its spans
     (the run page's rule; the `outcomes` view's too, for a run id used by one trace).
 
@@ -206,7 +221,12 @@ def runs(filters: RunFilters, finding_traces: list[str] | None) -> Query:
         ),
         page_spans AS MATERIALIZED (
             SELECT trace_id, parent_span_id, start_ns, end_ns, operation, status, agent, run_id,
-                   input_tokens, output_tokens
+                   input_tokens, output_tokens,
+                   CASE WHEN parent_span_id IS NULL THEN left(input, {REQUEST_CHARS}) END
+                       AS root_input,
+                   CASE WHEN status = 'ERROR' THEN
+                       left(coalesce(name || ': ', '') || coalesce(status_message, error_type,
+                            'error'), {REQUEST_CHARS}) END AS error_text
             FROM spans WHERE trace_id IN (SELECT trace_id FROM page)
         ),
         per_trace AS (
@@ -219,14 +239,17 @@ def runs(filters: RunFilters, finding_traces: list[str] | None) -> Query:
                        FILTER (WHERE operation = '{sc.OP_CHAT}') AS BIGINT), 0) AS tokens,
                    arg_min_null(agent, start_ns) FILTER (WHERE parent_span_id IS NULL) AS agent,
                    arg_min_null(run_id, start_ns) FILTER (WHERE parent_span_id IS NULL)
-                       AS run_id
+                       AS run_id,
+                   arg_min_null(root_input, start_ns) AS request,
+                   arg_min_null(error_text, start_ns) AS first_error
             FROM page_spans GROUP BY trace_id
         ),
         page_outcomes AS ({page_outcomes})
         SELECT p.trace_id, p.run_id, p.agent, make_timestamp(p.start_ns // 1000) AS start_time,
                round((p.end_ns - p.start_ns) / 1e6, 1) AS duration_ms,
                p.spans, p.tool_calls, p.llm_calls, p.errors, p.tokens,
-               o.verdict.success AS success, o.verdict.reward AS reward, n.total
+               o.verdict.success AS success, o.verdict.reward AS reward, n.total,
+               p.request, p.first_error, o.verdict.labels AS labels
         FROM (SELECT count(*) AS total FROM matching) n
         LEFT JOIN (per_trace p LEFT JOIN page_outcomes o USING (trace_id)) ON true
         ORDER BY p.start_ns // 1000 DESC, p.trace_id
@@ -365,3 +388,95 @@ def all_queries(trace_id: str = "", filters: RunFilters | None = None) -> dict[s
         "runs": [runs(filters or RunFilters(), None), run_options()],
         "run": [resolve_run(trace_id), *run(trace_id), run_outcomes([trace_id])],
     }
+
+
+# Sessions -------------------------------------------------------------------------------------
+# Where a root span names its session: the conversation first (the GenAI convention's key, then
+# OpenTelemetry's `session.id`), else the end user.
+SESSION_KEYS = [
+    (sc.CONVERSATION_ID, "conversation"),
+    ("session.id", "conversation"),
+    ("user.id", "user"),
+    ("enduser.id", "user"),
+]
+MAX_SESSIONS = 200
+MAX_SESSION_RUNS = 500
+
+
+def _roots_with_sessions() -> str:
+    """Each trace's first root span with its conversation and user ids (NULL when absent)."""
+    conversation = ", ".join(_attr(k) for k, kind in SESSION_KEYS if kind == "conversation")
+    user = ", ".join(_attr(k) for k, kind in SESSION_KEYS if kind == "user")
+    return f"""
+        SELECT trace_id, run_id, agent, start_ns, end_ns, status,
+               left(input, {REQUEST_CHARS}) AS input,
+               coalesce({conversation}) AS conversation, coalesce({user}) AS user_id
+        FROM spans WHERE parent_span_id IS NULL
+        QUALIFY row_number() OVER (PARTITION BY trace_id ORDER BY start_ns, span_id) = 1
+    """
+
+
+def _session_outcomes(relation: str) -> str:
+    return _latest_outcome(
+        f"(SELECT trace_id, trace_id AS target FROM {relation} UNION ALL "
+        f"SELECT trace_id, run_id FROM {relation} WHERE run_id IS NOT NULL)"
+    )
+
+
+def sessions() -> Query:
+    """Sessions, newest activity first: runs grouped by conversation id, and by user id."""
+    return Query(
+        "sessions",
+        f"""
+        WITH roots AS MATERIALIZED ({_roots_with_sessions()}),
+        keyed AS MATERIALIZED (
+            SELECT 'conversation' AS kind, conversation AS id, * FROM roots
+            WHERE conversation IS NOT NULL
+            UNION ALL
+            SELECT 'user' AS kind, user_id AS id, * FROM roots WHERE user_id IS NOT NULL
+        ),
+        judged AS ({_session_outcomes("keyed")})
+        SELECT k.kind, k.id, count(*) AS runs,
+               count(*) FILTER (WHERE j.verdict.success) AS succeeded,
+               count(*) FILTER (WHERE NOT j.verdict.success) AS failed,
+               make_timestamp(min(k.start_ns) // 1000) AS first_start,
+               make_timestamp(max(k.start_ns) // 1000) AS last_start,
+               list(DISTINCT k.agent ORDER BY k.agent) FILTER (WHERE k.agent IS NOT NULL)
+                   AS agents,
+               arg_min(k.input, k.start_ns) AS first_input,
+               count(*) OVER () AS total
+        FROM keyed k LEFT JOIN judged j USING (trace_id)
+        GROUP BY k.kind, k.id
+        ORDER BY max(k.start_ns) DESC, k.kind, k.id
+        LIMIT {MAX_SESSIONS}
+        """,
+    )
+
+
+def session(kind: str, ident: str) -> Query:
+    """One session's runs in time order (its first `MAX_SESSION_RUNS`), with their outcomes."""
+    column = "conversation" if kind == "conversation" else "user_id"
+    return Query(
+        "session",
+        f"""
+        WITH roots AS MATERIALIZED (
+            SELECT * FROM ({_roots_with_sessions()}) WHERE {column} = $id
+            ORDER BY start_ns LIMIT {MAX_SESSION_RUNS}
+        ),
+        errors AS (
+            SELECT trace_id, arg_min(left(coalesce(name || ': ', '') ||
+                       coalesce(status_message, error_type, 'error'), {REQUEST_CHARS}),
+                       start_ns) AS first_error, count(*) AS errors
+            FROM spans WHERE status = 'ERROR' AND trace_id IN (SELECT trace_id FROM roots)
+            GROUP BY trace_id
+        ),
+        judged AS ({_session_outcomes("roots")})
+        SELECT r.trace_id, r.run_id, r.agent, make_timestamp(r.start_ns // 1000) AS start_time,
+               round((r.end_ns - r.start_ns) / 1e6, 1) AS duration_ms, r.input,
+               r.conversation, r.user_id, coalesce(e.errors, 0) AS errors, e.first_error,
+               j.verdict.success AS success, j.verdict.reward AS reward
+        FROM roots r LEFT JOIN errors e USING (trace_id) LEFT JOIN judged j USING (trace_id)
+        ORDER BY r.start_ns, r.trace_id
+        """,
+        {"id": ident},
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -268,7 +269,7 @@ def _gaps(home: Path) -> list[dict[str, Any]]:
 
 
 # HTTP ----------------------------------------------------------------------------------------
-PAGES = ["/", "/runs", "/gaps", "/environments", "/adapters"]
+PAGES = ["/", "/runs", "/sessions", "/gaps", "/environments", "/adapters"]
 
 
 @pytest.mark.parametrize("path", PAGES)
@@ -360,9 +361,10 @@ def test_runs_query_pages_like_the_traces_view(
             got = store.sql(query.sql, query.params).fetchall()
             params = {"limit": 7, "offset": (page - 1) * 7}
             want = store.sql(TRACES_PAGE.format(where=where), params).fetchall()
-            assert [r for r in got if r[0] is not None] == want, (filters, page)
+            # the traces view's columns, then the list's extras (request, first error, labels)
+            assert [r[:13] for r in got if r[0] is not None] == want, (filters, page)
             total = store.sql(f"SELECT count(*) FROM traces WHERE {where}").fetchall()[0][0]
-            assert got[0][-1] == total  # known on a page past the end too
+            assert got[0][12] == total  # known on a page past the end too
 
 
 def test_runs_page_past_the_end_keeps_the_total(server: Server):
@@ -508,6 +510,171 @@ def test_command_registers_and_serve_generates_a_token(monkeypatch: pytest.Monke
     assert done.exit_code == 2 and "no tracegym home" in done.output
 
 
+def _store_rows(home: Path, sql: str) -> list[tuple[Any, ...]]:
+    from tracegym.store.store import Store
+
+    with Store(home, compact_on_open=False) as store:
+        return store.sql(sql).fetchall()
+
+
+def test_run_page_is_a_tree_with_a_detail_pane_and_readable_errors(server: Server, home: Path):
+    trace_id, span_id = _store_rows(
+        home,
+        "SELECT trace_id, span_id FROM spans WHERE status = 'ERROR' AND events LIKE "
+        "'%stacktrace%' ORDER BY trace_id LIMIT 1",
+    )[0]
+    _, body, _ = server.get(f"/run/{trace_id}")
+    assert 'id="span-tree"' in body and 'id="detail-pane"' in body
+    assert f'id="detail-{span_id}"' in body and '<details class="span' not in body
+    assert body.count('data-tab="attrs"') == body.count('class="detail"')  # tabs per span
+    # The stack trace is text with real newlines, not a JSON string with literal \n.
+    events = body.split(f'id="detail-{span_id}"')[1].split('data-panel="events"')[1]
+    trace = events.split('exception.stacktrace</th><td><pre class="value">')[1].split("</pre>")[0]
+    assert trace.startswith("Traceback (most recent call last):\n  File ") and "\\n" not in trace
+    # One span is selected (the decisive step or the first error): only its detail shows.
+    sections = re.findall(r'<section class="detail"[^>]*>', body)
+    assert [tag.endswith(" hidden>") for tag in sections].count(False) == 1
+    assert body.count(' aria-current="true"') == 1
+    assert 'id="request"' in body  # the run's request, at the top
+
+
+def test_chat_spans_render_as_a_chat():
+    from tracegym.dashboards import spanview
+
+    recorded = json.dumps(
+        [
+            {"role": "system", "content": "You are the shop's assistant."},
+            {"role": "user", "content": "Where is\norder W-1?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_order", "arguments": '{"order_id": "W-1"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": '{"status": "shipped"}'},
+        ]
+    )
+    chat = spanview.chat(recorded, "user")
+    assert [m["role"] for m in chat] == ["system", "user", "assistant", "tool"]
+    assert chat[1]["content"] == "Where is\norder W-1?"  # a real newline
+    assert chat[2]["tool_calls"][0]["name"] == "get_order"
+    assert chat[2]["tool_calls"][0]["arguments"] == '{\n  "order_id": "W-1"\n}'
+    assert chat[3]["tool_call_id"] == "c1" and '"status": "shipped"' in chat[3]["content"]
+    assert spanview.chat("not json", "user") == []
+    assert spanview.request(recorded) == "Where is order W-1?"
+    assert spanview.request('{"ticket_id": "T1", "message": "refund please"}') == "refund please"
+    nested = spanview.text('{"error": "Traceback\\n  line 1\\nKeyError: x", "n": 1}')
+    assert "Traceback\n" in nested and "\\n" not in nested
+
+
+def test_runs_list_shows_request_first_error_findings_and_labels(server: Server, home: Path):
+    _, body, _ = server.get("/runs?outcome=failure")
+    table = body.split('id="runs-table"')[1].split("</table>")[0]
+    rows = table.split('<tr class="run-row')[1:]
+    assert rows and all(r.startswith(" failed") for r in rows)  # failed rows are marked
+    assert all('class="request-line"' in r for r in rows)
+    assert any('class="bad"' in r.split('class="error-cell"')[1][:200] for r in rows)
+    gap = _gaps(home)[0]
+    assert gap["name"] in table  # a gap's member runs carry its name
+    assert "sortable" in body.split('id="runs-table"')[1][:40]
+    assert 'class="filters auto"' in body  # drop-downs apply on change (app.js)
+    _, xss_row, _ = server.get("/runs?agent=xss-agent")
+    assert "note" in xss_row.split('id="runs-table"')[1]  # the outcome's labels
+    _, empty, _ = server.get("/runs?since=2999-01-01")
+    assert "no runs match these filters" in empty
+
+
+def test_overview_counts_what_summary_counts(server: Server, home: Path):
+    from tracegym.store.store import Store
+    from tracegym.summary import summarize
+
+    with Store(home, compact_on_open=False) as store:
+        records = summarize(store.records())["spans"]
+        spans = store.sql("SELECT count(*) FROM spans").fetchall()[0][0]
+        outcomes = store.sql("SELECT count(*) FROM _outcome_spans").fetchall()[0][0]
+    assert records == spans + outcomes and outcomes > 0
+    _, body, _ = server.get("/")
+    card = body.split('id="span-count"')[1].split("</div></div>")[0]
+    assert f"<b>{spans}</b><span>spans</span>" in card
+    assert f"+ {outcomes} outcome records = {records} records" in card
+
+
+def test_overview_charts_per_hour_when_the_runs_span_a_day(server: Server):
+    _, body, _ = server.get("/")
+    island = body.split('id="overview-data">')[1].split("</script>")[0]
+    chart = json.loads(island)
+    assert chart["per"] == "hour" and "per hour" in body  # the fixture's runs: minutes apart
+    assert sum(chart["runs"]) == 41 and all(":00" in d for d in chart["days"])
+
+
+def test_nightly_history_shows_why_gaps_got_no_environment(tmp_path: Path):
+    from tracegym.dashboards import pages
+
+    night = {
+        "date": "2026-01-03",
+        "stages": {"synthesize": "done"},
+        "report_data": {
+            "stages": {
+                "synthesize": {
+                    "status": "done",
+                    "environments": [],
+                    "without_environment": [
+                        {
+                            "gap_id": "gap-1",
+                            "gap_name": "refund before lookup",
+                            "detector": "tool_order",
+                            "stage": "family",
+                            "reason": "no environment family fits <b>this</b> gap",
+                        }
+                    ],
+                }
+            }
+        },
+    }
+    rows = pages._nights([night], [])
+    assert rows[0]["without"][0]["gap"] == "refund before lookup"
+    assert rows[0]["without"][0]["reason"].startswith("no environment family fits")
+    assert rows[0]["without"][0]["stage"]  # the stage synthesis stopped at, as a label
+
+
+def test_sessions_group_runs_by_conversation(server: Server, home: Path):
+    conversation, n = _store_rows(
+        home,
+        "SELECT json_extract_string(attributes, '$.\"gen_ai.conversation.id\"') AS c, count(*) "
+        "FROM spans WHERE parent_span_id IS NULL AND c IS NOT NULL GROUP BY c ORDER BY c LIMIT 1",
+    )[0]
+    status, body, _ = server.get("/sessions")
+    assert status == 200 and f"/sessions/conversation/{conversation}" in body
+    assert 'href="/sessions"' in body.split("<nav>")[1]  # in the navigation
+    status, body, _ = server.get(f"/sessions/conversation/{conversation}")
+    assert status == 200 and body.count('<li class="session-run') == n
+    trace_id = body.split('class="run-link" href="/run/')[1].split('"')[0]
+    _, run_page, _ = server.get(f"/run/{trace_id}")
+    assert f'href="/sessions/conversation/{conversation}"' in run_page  # linked from the run
+    assert server.get("/sessions/conversation/none-such")[0] == 404
+    assert server.get("/sessions/planet/x")[0] == 404
+
+
+def test_unknown_route_answers_the_sites_404_page(server: Server):
+    status, body, _ = server.get("/no/such/page")
+    assert status == 404 and "<nav>" in body and "Not found" in body
+    assert "/no/such/page" in body and 'href="/runs"' in body
+
+
+def test_sql_box_shows_json_indented_and_wrapped(server: Server):
+    sql = "SELECT attributes, {'a': 1, 'b': [1, 2]} AS s FROM spans LIMIT 2"
+    status, body, _ = server.get("/runs?sql=" + urllib.parse.quote(sql))
+    assert status == 200
+    result = body.split('id="sql-result"')[1].split("</table>")[0]
+    assert '<pre class="cell">{\n  &#34;' in result  # JSON text, indented, as a block
+    assert "&#34;b&#34;: [\n" in result  # a struct column too
+
+
 # Browser -------------------------------------------------------------------------------------
 def _chromium() -> str | None:
     for name in ("chromium", "chromium-browser"):
@@ -595,9 +762,12 @@ def test_browser_gap_evidence_is_one_click_away(page: Any, server: Server, home:
     page.locator(f'tr[id="{gap["id"]}"] a.evidence-link').first.click()
     page.wait_for_selector("#waterfall")
     assert gap["examples"][0]["trace_id"] in page.url
-    span = page.locator(f'details[id="span-{gap["examples"][0]["span_ids"][0]}"]')
-    assert span.get_attribute("open") is not None  # the evidence span is opened
-    assert page.locator("details.span.decisive").count() == 1
+    span_id = gap["examples"][0]["span_ids"][0]
+    node = page.locator(f'a[id="span-{span_id}"]')
+    assert "selected" in node.get_attribute("class")  # the evidence span is selected
+    assert page.locator(f'section[id="detail-{span_id}"]').is_visible()  # and shown
+    assert page.locator("#detail-pane .detail:visible").count() == 1
+    assert page.locator(".tree .node.decisive").count() == 1
     _shot(page, "run")
     _clean(page)
     page.goto(server.url + "/environments")
@@ -624,8 +794,7 @@ def test_browser_sql_box_shows_rows_and_refuses_writes(page: Any, server: Server
 def test_browser_xss_payloads_run_nothing(page: Any, server: Server, xss_trace: str):
     page.goto(f"{server.url}/run/{xss_trace}")
     page.wait_for_selector("#waterfall")
-    for details in page.locator("details.span").all():
-        details.evaluate("node => { node.open = true; }")
+    page.evaluate("document.querySelectorAll('#waterfall [hidden]').forEach(n => n.hidden = false)")
     text = page.inner_text("#waterfall")
     assert "<script>window.__xss = 1" in text and "<img src=x onerror=" in text
     assert page.locator("#waterfall img").count() == 0

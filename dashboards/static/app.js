@@ -23,6 +23,28 @@ const LAYOUT = {
 };
 const CONFIG = { displaylogo: false, responsive: true };
 
+// Plotly prints labels on one line: break long ones at spaces (plotly reads <br>).
+function wrap(text, width) {
+  const words = String(text).split(/\s+/);
+  const lines = [];
+  let line = "";
+  words.forEach((word) => {
+    if (line && (line + " " + word).length > width) {
+      lines.push(line);
+      line = word;
+    } else {
+      line = line ? line + " " + word : word;
+    }
+  });
+  if (line) lines.push(line);
+  return lines.map(esc).join("<br>");
+}
+
+// Plotly reads a little HTML in labels: trace content is shown as text, never as tags.
+function esc(text) {
+  return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
 function intervalTrace(name, items, names, color) {
   const y = items.map((r) => (r ? r.rate : null));
   const plus = items.map((r) => (r && r.ci ? r.ci[1] - r.rate : 0));
@@ -39,30 +61,43 @@ const CHARTS = {
       { type: "bar", name: "runs", x: d.days, y: d.runs, marker: { color: "#9bb7d4" } },
       { type: "scatter", mode: "lines+markers", name: "success rate", x: d.days, y: d.rate,
         yaxis: "y2", line: { color: "#2a7d46" } },
-    ], { xaxis: { type: "category" }, yaxis: { title: { text: "runs" } },
+    ], { xaxis: { type: "category", automargin: true },
+         yaxis: { title: { text: "runs" }, rangemode: "tozero", tickformat: ",d" },
          yaxis2: { title: { text: "success rate" }, overlaying: "y", side: "right",
-                   range: [0, 1], tickformat: ".0%" } }];
+                   range: [0, 1.02], tick0: 0, dtick: 0.2, tickformat: ".0%" },
+         legend: { orientation: "h", x: 0, y: 1.12 }, margin: { l: 60, r: 60, t: 36, b: 60 } }];
   },
   tools(d) {
     return [[
       { type: "bar", name: "errors", x: d.tools, y: d.tool_errors, marker: { color: "#c0392b" } },
       { type: "bar", name: "failed runs calling it", x: d.tools, y: d.tool_failed_runs,
         marker: { color: "#e6a23c" } },
-    ], { barmode: "group" }];
+    ], { barmode: "group", yaxis: { rangemode: "tozero", tickformat: ",d" },
+         xaxis: { automargin: true }, legend: { orientation: "h", x: 0, y: 1.15 },
+         margin: { l: 50, r: 20, t: 36, b: 60 } }];
   },
   nightly(d) {
     return [[
       { type: "scatter", mode: "lines+markers", name: "gaps", x: d.nights, y: d.night_gaps },
       { type: "bar", name: "adapters trained", x: d.nights, y: d.night_trained },
       { type: "bar", name: "adapters promoted", x: d.nights, y: d.night_promoted },
-    ], { barmode: "group", xaxis: { type: "category" } }];
+    ], { barmode: "group", xaxis: { type: "category" },
+         yaxis: { rangemode: "tozero", tickformat: ",d" },
+         legend: { orientation: "h", x: 0, y: 1.15 }, margin: { l: 50, r: 20, t: 36, b: 40 } }];
   },
   gaps(d) {
-    const names = d.bars.map((b) => b.name);
+    // Horizontal bars: a gap's whole name fits on the left (wrapped), the legend sits on top.
+    const names = d.bars.map((b) => wrap(b.name, 34));
     return [[
-      { type: "bar", name: "coverage", x: names, y: d.bars.map((b) => b.coverage) },
-      { type: "bar", name: "delta", x: names, y: d.bars.map((b) => b.delta) },
-    ], { barmode: "group", yaxis: { range: [0, 1] } }];
+      { type: "bar", orientation: "h", name: "coverage", y: names,
+        x: d.bars.map((b) => b.coverage), marker: { color: "#6f9bd1" } },
+      { type: "bar", orientation: "h", name: "delta", y: names,
+        x: d.bars.map((b) => b.delta), marker: { color: "#e6a23c" } },
+    ], { barmode: "group",
+         xaxis: { range: [0, 1], tick0: 0, dtick: 0.25, tickformat: ".0%" },
+         yaxis: { automargin: true, autorange: "reversed", type: "category" },
+         legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
+         margin: { l: 10, r: 20, t: 30, b: 30 } }];
   },
   map(d) {
     const groups = {};
@@ -74,7 +109,7 @@ const CHARTS = {
       groups[key].ids.push(p.gap || "");
     });
     const traces = Object.keys(groups).sort().map((key) => ({
-      type: "scatter", mode: "markers", name: key ? (d.names[key] || key) : "no gap",
+      type: "scatter", mode: "markers", name: key ? esc(d.names[key] || key) : "no gap",
       x: groups[key].x, y: groups[key].y, customdata: groups[key].ids,
       marker: { size: 7, opacity: key ? 0.85 : 0.35, color: key ? undefined : "#999" },
       hovertemplate: "%{fullData.name}<extra></extra>",
@@ -82,7 +117,7 @@ const CHARTS = {
     traces.push({
       type: "scatter", mode: "markers+text", name: "gap signature",
       x: d.marks.map((m) => m.x), y: d.marks.map((m) => m.y), customdata: d.marks.map((m) => m.id),
-      text: d.marks.map((m) => m.name), textposition: "top center",
+      text: d.marks.map((m) => esc(m.name)), textposition: "top center",
       marker: { size: 13, symbol: "star", color: "#222" },
     });
     return [traces, { xaxis: { title: { text: "PC 1" } }, yaxis: { title: { text: "PC 2" } },
@@ -93,8 +128,9 @@ const CHARTS = {
       intervalTrace("base", d.base, d.names, "#9bb7d4"),
       intervalTrace("with adapter", d.adapter, d.names, "#2a7d46"),
       intervalTrace("routed", d.router, d.names, "#e6a23c"),
-    ], { barmode: "group", yaxis: { range: [0, 1], tickformat: ".0%",
-                                     title: { text: "held-out success (95% CI)" } } }];
+    ], { barmode: "group", yaxis: { range: [0, 1], tick0: 0, dtick: 0.2, tickformat: ".0%",
+                                     title: { text: "held-out success (95% CI)" } },
+         legend: { orientation: "h", x: 0, y: 1.12 }, margin: { l: 60, r: 20, t: 36, b: 40 } }];
   },
 };
 
@@ -117,9 +153,31 @@ function drawCharts() {
   });
 }
 
+// The run page: the tree's node a URL fragment (#span-<id>) names is selected and its detail
+// shown in the pane; clicking a node changes the fragment, so a link can name a span.
+function selectSpan(id, scroll) {
+  const node = document.getElementById("span-" + id);
+  const detail = document.getElementById("detail-" + id);
+  if (!node || !detail) return false;
+  document.querySelectorAll("#span-tree .node.selected").forEach((n) => {
+    n.classList.remove("selected");
+    n.removeAttribute("aria-current");
+  });
+  document.querySelectorAll("#detail-pane .detail").forEach((d) => { d.hidden = true; });
+  node.classList.add("selected");
+  node.setAttribute("aria-current", "true");
+  detail.hidden = false;
+  if (scroll) node.scrollIntoView({ block: "center" });
+  return true;
+}
+
 function openFragment() {
   const id = decodeURIComponent(window.location.hash.slice(1));
   if (!id) return;
+  if (id.startsWith("span-") && selectSpan(id.slice(5), true)) {
+    document.getElementById(id).classList.add("target");
+    return;
+  }
   const node = document.getElementById(id);
   if (node && node.tagName === "DETAILS") {
     node.open = true;
@@ -128,8 +186,63 @@ function openFragment() {
   }
 }
 
+function wireTabs() {
+  document.querySelectorAll(".detail .tabs .tab").forEach((tab) => {
+    tab.addEventListener("click", () => {
+      const detail = tab.closest(".detail");
+      detail.querySelectorAll(".tab").forEach((t) => t.classList.toggle("active", t === tab));
+      detail.querySelectorAll(".panel").forEach((p) => {
+        p.hidden = p.dataset.panel !== tab.dataset.tab;
+      });
+    });
+  });
+}
+
+// Tables with class "sortable": a click on a header sorts the rows shown by that column
+// (numbers as numbers; a cell's data-sort value wins over its text); again reverses.
+function wireSorting() {
+  document.querySelectorAll("table.sortable").forEach((table) => {
+    const body = table.tBodies[0];
+    table.querySelectorAll("thead th").forEach((th, index) => {
+      th.classList.add("sort-key");
+      th.addEventListener("click", () => {
+        const descending = th.dataset.dir !== "desc";
+        table.querySelectorAll("thead th").forEach((h) => { delete h.dataset.dir; });
+        th.dataset.dir = descending ? "desc" : "asc";
+        const key = (row) => {
+          const cell = row.cells[index];
+          if (!cell) return "";
+          const raw = cell.dataset.sort !== undefined ? cell.dataset.sort : cell.innerText.trim();
+          const num = Number(raw);
+          return raw !== "" && !Number.isNaN(num) ? num : raw.toLowerCase();
+        };
+        const rows = Array.from(body.rows).filter((r) => !r.querySelector("td.empty"));
+        rows.sort((a, b) => {
+          const x = key(a), y = key(b);
+          const order = typeof x === typeof y ? (x < y ? -1 : x > y ? 1 : 0)
+            : (typeof x === "number" ? -1 : 1);
+          return descending ? -order : order;
+        });
+        rows.forEach((r) => body.appendChild(r));
+      });
+    });
+  });
+}
+
+// Filter forms with class "auto": a changed drop-down or date applies at once.
+function wireFilters() {
+  document.querySelectorAll("form.auto").forEach((form) => {
+    form.querySelectorAll("select, input[type=date]").forEach((field) => {
+      field.addEventListener("change", () => form.requestSubmit());
+    });
+  });
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   drawCharts();
+  wireTabs();
+  wireSorting();
+  wireFilters();
   openFragment();
   window.addEventListener("hashchange", openFragment);
 });
