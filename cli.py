@@ -11,10 +11,15 @@ Every command works on one data directory: `--home` (before or after the command
 $TRACEGYM_HOME, else ./.tracegym. Bad input ends with a one-line message and exit code 2; so
 does a home that is missing or not a directory, for every command that reads one (demo, import
 and collect create theirs: see cli_options.py).
+
+Start-up: only this module's commands are built on every call; the other modules' commands are
+imported and built when one of them runs (or `--help` lists them), so `tracegym traces` pays
+for DuckDB, not for Polars, the synthesis families or torch (benchmarks/cli_startup.py).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import time
@@ -25,16 +30,63 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from tracegym.analysis.commands import register as register_analysis_commands
-from tracegym.cli_options import HomeOption, existing_home, writable_home
-from tracegym.dashboards.commands import register as register_dashboard_commands
-from tracegym.store.commands import register as register_store_commands
-from tracegym.synthesis.commands import register as register_synthesis_commands
+from tracegym.cli_options import (
+    HomeOption,
+    existing_home,
+    hide_flag_type,
+    hide_flag_types,
+    writable_home,
+)
 from tracegym.tracer.config import resolve_home
-from tracegym.training.commands import register as register_training_commands
+from typer.core import TyperGroup
+
+# The commands the stages register (`register(app, home_of, fail)` in each module), in the order
+# `--help` lists them. tests/test_cli_show.py checks this against what the modules register.
+LAZY_COMMANDS: dict[str, tuple[str, ...]] = {
+    "tracegym.store.commands": ("sql", "traces", "show", "compact", "import", "collect", "export"),
+    "tracegym.analysis.commands": ("analyze", "attribute"),
+    "tracegym.synthesis.commands": ("synthesize", "envs"),
+    "tracegym.training.commands": ("nightly", "train", "evaluate", "adapters"),
+    "tracegym.dashboards.commands": ("dashboard",),
+}
+_MODULE_OF = {name: module for module, names in LAZY_COMMANDS.items() for name in names}
+
+
+class LazyCommands(TyperGroup):
+    """The `tracegym` group: lists every command, imports a stage's module when one of its
+    commands is looked up, and shows no `<bool>` type next to flags in help."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        listed = super().list_commands(ctx)
+        return listed + [name for name in _MODULE_OF if name not in listed]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in _MODULE_OF:
+            for name, loaded in stage_commands(_MODULE_OF[cmd_name]).items():
+                self.commands.setdefault(name, loaded)
+            command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            hide_flag_types(command, ctx)
+        return command
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        for flag in (*self.params, option):
+            hide_flag_type(flag)
+        return option
+
+
+def stage_commands(module: str) -> dict[str, Any]:
+    """The Click commands `module` registers, built on a Typer app of their own."""
+    stage = typer.Typer()
+    importlib.import_module(module).register(stage, _home, _fail)
+    return dict(typer.main.get_group(stage).commands)
+
 
 app = typer.Typer(
     name="tracegym",
+    cls=LazyCommands,
     help="Trace agents as OpenTelemetry spans, find the capability gaps behind their failures, "
     "and train them away.",
     add_completion=False,
@@ -44,7 +96,10 @@ app = typer.Typer(
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {message}")
+    """A one-line error (the message is printed as it is: it may hold trace content)."""
+    Console(stderr=True, highlight=False, soft_wrap=True, emoji=False).print(
+        f"[bold red]error:[/] {escape(message)}"
+    )
     raise typer.Exit(code)
 
 
@@ -228,16 +283,37 @@ def demo(
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the task sets.")] = 0,
     embedder: Annotated[
-        str, typer.Option("--embedder", help="Router embeddings: minilm or hash (no model).")
-    ] = "minilm",
+        str | None,
+        typer.Option(
+            "--embedder",
+            help="Router embeddings: minilm or hash (no model). Default: minilm (hash with tiny).",
+        ),
+    ] = None,
     scripted: Annotated[
         bool,
         typer.Option("--scripted", help="Only run the scripted agent (no model), and summarise."),
     ] = False,
+    mix: Annotated[
+        str | None,
+        typer.Option(
+            "--mix",
+            help="The base fine-tune's request mix, e.g. status=0.1,cancel=0.4,refund=0.1,"
+            "address=0.4 (normalised; kinds not named get 0). Default: 0.4,0.4,0.1,0.1.",
+        ),
+    ] = None,
     home: HomeOption = None,
 ) -> None:
     """The main job: the LM support agent's runs -> gaps -> environments -> adapters -> held-out
-    success before and after (see docs/demo.md). `--scripted` runs the scripted agent only."""
+    success before and after (see docs/demo.md). `--scripted` runs the scripted agent only;
+    `--model tiny` runs every stage in seconds on a random model that learns nothing."""
+    if scripted and mix is not None:
+        _fail("--mix sets the LM agent's base fine-tune: --scripted has none")
+    from tracegym.examples.demo import parse_mix
+
+    try:
+        base_mix = parse_mix(mix) if mix is not None else None
+    except ValueError as exc:
+        _fail(f"--mix: {exc}")
     target = _writable_home(_home(ctx, home))
     if scripted:
         _scripted_demo(target, tasks or 40, seed)
@@ -245,10 +321,14 @@ def demo(
     from tracegym.examples.demo import DemoConfig
     from tracegym.examples.demo import run as run_demo
 
-    sizes: dict[str, Any] = {"model": model, "seed": seed, "embedder": embedder}
+    sizes: dict[str, Any] = {"seed": seed}
+    if embedder is not None:
+        sizes["embedder"] = embedder
+    if base_mix is not None:
+        sizes["mix"] = base_mix
     if tasks:
         sizes.update(dev_tasks=tasks, heldout_tasks=tasks)
-    config = DemoConfig.quick(**sizes) if quick else DemoConfig(**sizes)
+    config = DemoConfig.for_model(model, quick, **sizes)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
@@ -336,7 +416,7 @@ def _labels(pairs: list[str]) -> dict[str, str]:
 
 
 def _warn(message: str) -> None:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(
+    Console(stderr=True, highlight=False, soft_wrap=True, emoji=False).print(
         f"[bold yellow]warning:[/] {escape(message)}"
     )
 
@@ -422,12 +502,6 @@ def version() -> None:
 
     typer.echo(f"tracegym {__version__}")
 
-
-register_store_commands(app, _home, _fail)
-register_analysis_commands(app, _home, _fail)
-register_synthesis_commands(app, _home, _fail)
-register_training_commands(app, _home, _fail)
-register_dashboard_commands(app, _home, _fail)
 
 if __name__ == "__main__":
     app(prog_name="tracegym")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -58,6 +58,29 @@ def writable_home(home: Path, fail: Fail) -> Path:
 
 
 def table_console() -> Console:
-    """A console that, when output is not a terminal, is wide enough not to squeeze tables."""
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
+    """A console for tables of trace content: no emoji codes (`:x:` stays text) and, when
+    output is not a terminal, wide enough not to squeeze tables. Data is still escaped (or
+    passed as `rich.text.Text`): markup is on for the commands' own styling."""
+    console = Console(emoji=False)
+    return console if console.is_terminal else Console(width=200, emoji=False)
+
+
+def hide_flag_types(command: Any, ctx: Any) -> None:
+    """No `<bool>` next to flags in `--help` (Typer's rich help shows a type for every option,
+    flags and `--help` included): an empty metavar on every flag of `command`, its help
+    option and, for a group, its subcommands'."""
+    from typer.core import TyperGroup
+
+    todo = [command]
+    while todo:
+        current = todo.pop()
+        for option in (*current.params, current.get_help_option(ctx)):
+            hide_flag_type(option)
+        if isinstance(current, TyperGroup):
+            todo.extend(current.commands.values())
+
+
+def hide_flag_type(option: Any) -> None:
+    """An empty metavar on `option` when it is a flag (see `hide_flag_types`)."""
+    if getattr(option, "is_flag", False) and getattr(option, "metavar", "") is None:
+        option.metavar = ""

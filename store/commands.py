@@ -19,10 +19,15 @@ from typing import IO, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
-from rich.tree import Tree
+from rich.text import Text
 from tracegym.cli_options import HomeOption, existing_home, table_console, writable_home
+from tracegym.store.story import clean, clip
+
+# The columns of `tracegym traces`; the last two share what width the others leave.
+TRACES_COLUMNS = ("run", "trace", "agent", "started", "ms", "tools", "llm", "errors", "outcome",
+                  "reward", "request", "first error")  # fmt: skip
+_NUMERIC = {"ms", "tools", "llm", "errors", "reward"}
 
 
 class FtSource(str, Enum):
@@ -54,7 +59,8 @@ def _json_default(value: Any) -> Any:
 
 
 def print_rows(columns: list[str], rows: list[tuple], fmt: OutputFormat, console: Console) -> None:
-    """Rows as a Rich table (values escaped: trace content is untrusted), CSV or JSON lines."""
+    """Rows as a Rich table (values as plain `Text`, control characters escaped: trace
+    content is untrusted, no markup or emoji codes in it are rendered), CSV or JSON lines."""
     if fmt is OutputFormat.csv:
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
@@ -72,9 +78,56 @@ def print_rows(columns: list[str], rows: list[tuple], fmt: OutputFormat, console
     else:
         table = Table(*columns)
         for row in rows:
-            table.add_row(*("" if v is None else escape(str(v)) for v in row))
+            table.add_row(*(Text("" if v is None else clean(str(v), keep_newlines=True))
+                            for v in row))  # fmt: skip
         console.print(table)
         console.print(f"{len(rows)} row{'s' if len(rows) != 1 else ''}", style="dim")
+
+
+def traces_table(rows: list[tuple], requests: dict[str, str], width: int) -> Table:
+    """`tracegym traces` rows (trace_id, then TRACES_COLUMNS but request) as a table `width`
+    wide: one line per run, ids whole, request and first error cut to fit."""
+    cells = []
+    for trace_id, run, trace, agent, started, ms, *counts, error, verdict, reward in rows:
+        cells.append([
+            clean(run), trace, clean(agent or "-"), started or "-",
+            "-" if ms is None else f"{ms:.1f}", *(str(n) for n in counts), verdict,
+            "-" if reward is None else f"{reward:g}",
+            clip(requests.get(trace_id) or "-", 80, count=False),
+            clip(error, 120, count=False) if error else "-",
+        ])  # fmt: skip
+    fixed = [
+        max([len(name), *(len(row[i]) for row in cells)])
+        for i, name in enumerate(TRACES_COLUMNS[:-2])
+    ]
+    room = max(24, width - sum(fixed) - 3 * len(TRACES_COLUMNS) - 1)
+    wanted = [max([len(name), *(len(row[i]) for row in cells)])
+              for i, name in enumerate(TRACES_COLUMNS) if i >= len(fixed)]  # fmt: skip
+    half = room // 2
+    if wanted[0] < half:
+        wanted[1] = min(wanted[1], room - wanted[0])
+    elif wanted[1] < half:
+        wanted[0] = min(wanted[0], room - wanted[1])
+    else:
+        wanted = [half, half]
+    table = Table()
+    for i, name in enumerate(TRACES_COLUMNS):
+        table.add_column(
+            name, justify="right" if name in _NUMERIC else "left", no_wrap=True,
+            overflow="ellipsis", min_width=fixed[i] if i < len(fixed) else None,
+            max_width=wanted[i - len(fixed)] if i >= len(fixed) else None,
+        )  # fmt: skip
+    styles = {"trace": "dim", "outcome": {"failure": "red", "success": "green"}}
+    for row in cells:
+        texts = []
+        for name, value in zip(TRACES_COLUMNS, row, strict=True):
+            style = styles.get(name, "")
+            style = style.get(value, "") if isinstance(style, dict) else style
+            if name in ("errors", "first error") and value not in ("0", "-"):
+                style = "red"
+            texts.append(Text(value, style=style))
+        table.add_row(*texts)
+    return table
 
 
 def _quoted(name: str) -> str:
@@ -149,36 +202,57 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         failed: Annotated[bool, typer.Option("--failed", help="Only failed runs.")] = False,
         home: HomeOption = None,
     ) -> None:
-        """List the most recent runs: agent, duration, counts, errors, outcome."""
+        """List the most recent runs: run id, request, counts, first error, outcome."""
+        from tracegym.store.story import requests_of
+
         store = _open_store(existing_home(home_of(ctx, home), fail), fail)
         where = "WHERE success = false" if failed else ""
-        relation = store.sql(
-            "SELECT left(trace_id, 12) AS trace, agent, strftime(start_time, '%m-%d %H:%M:%S') "
-            "AS started, round(duration_ms, 1) AS ms, spans, tool_calls AS tools, llm_calls AS "
-            "llm, errors, CASE success WHEN true THEN 'success' WHEN false THEN 'failure' "
-            "ELSE '-' END AS outcome, reward "
-            f"FROM traces {where} ORDER BY start_time DESC LIMIT $limit",
+        rows = store.sql(
+            "SELECT trace_id, coalesce(run_id, left(trace_id, 12)) AS run, "
+            "left(trace_id, 12) AS trace, agent, "
+            "strftime(start_time, '%m-%d %H:%M:%S') AS started, round(duration_ms, 1) AS ms, "
+            "tool_calls AS tools, llm_calls AS llm, errors, first_error, "
+            "CASE success WHEN true THEN 'success' WHEN false THEN 'failure' ELSE '-' END "
+            "AS outcome, reward "
+            f"FROM traces {where} ORDER BY start_time DESC, trace_id LIMIT $limit",
             {"limit": limit},
-        )
-        print_rows(list(relation.columns), relation.fetchall(), OutputFormat.table, table_console())
+        ).fetchall()
+        requests = requests_of(store, [row[0] for row in rows])
+        console = table_console()
+        console.print(traces_table(rows, requests, console.width))
+        console.print(f"{len(rows)} run{'s' if len(rows) != 1 else ''}", style="dim")
 
     @app.command()
     def show(
         ctx: typer.Context,
-        trace: Annotated[str, typer.Argument(help="Trace id (or a unique prefix) or run id.")],
+        trace: Annotated[str, typer.Argument(help="Run id, trace id or a unique trace-id prefix.")],
+        full: Annotated[
+            bool, typer.Option("--full", help="Everything: no truncation, all messages, stacks.")
+        ] = False,
         home: HomeOption = None,
     ) -> None:
-        """Print one run as an indented tree with durations, errors and outcome."""
+        """Tell the story of one run: request, each step with its arguments, result or error,
+        LLM calls as chat lines, memory, the last analysis' findings (decisive step marked),
+        outcome."""
+        from tracegym.store.story import load_story, render_story
+
         store = _open_store(existing_home(home_of(ctx, home), fail), fail)
-        ids = store.sql(
-            "SELECT DISTINCT trace_id FROM traces WHERE trace_id LIKE $p || '%' OR run_id = $id",
-            {"p": trace.lower(), "id": trace},
-        ).fetchall()
+        ids = (
+            store.sql(
+                "SELECT DISTINCT trace_id FROM traces WHERE run_id = $id",
+                {"id": trace},
+            ).fetchall()
+            or store.sql(
+                "SELECT DISTINCT trace_id FROM traces WHERE starts_with(trace_id, $p)",
+                {"p": trace.lower()},
+            ).fetchall()
+        )
         if not ids:
             fail(f"no run with trace id or run id {trace!r} under {store.home}")
         if len(ids) > 1:
             fail(f"{trace!r} matches {len(ids)} runs; give more of the trace id")
-        table_console().print(render_trace(store, ids[0][0]))
+        story = load_story(store, ids[0][0])
+        table_console().print(render_story(story, full=full))
 
     @app.command()
     def compact(ctx: typer.Context, home: HomeOption = None) -> None:
@@ -450,41 +524,3 @@ def register_export(app: typer.Typer, home_of: Any, fail: Any) -> None:
         )
         for reason, count in report.skipped.most_common():
             typer.echo(f"  skipped {count}: {reason}", err=True)
-
-
-def render_trace(store: Any, trace_id: str) -> Tree:
-    """One trace as a Rich tree: each span with its duration, status and key attributes."""
-    spans = store.sql(
-        "SELECT span_id, parent_span_id, name, duration_ms, status, error_type, step_index, "
-        "start_ns FROM spans WHERE trace_id = $t ORDER BY start_ns",
-        {"t": trace_id},
-    ).fetchall()
-    outcome = store.sql(
-        "SELECT success, reward, source, labels FROM outcomes WHERE trace_id = $t", {"t": trace_id}
-    ).fetchall()
-    if outcome:
-        success, reward, source, labels = outcome[0]
-        verdict = {True: "[green]success[/]", False: "[red]failure[/]"}.get(success, "unknown")
-        head = f"trace {trace_id}: {verdict}, reward {reward}, source {escape(str(source))}"
-        if labels:
-            head += f", labels {escape(labels[:200])}"
-    else:
-        head = f"trace {trace_id}: no outcome recorded"
-    tree = Tree(head)
-    children: dict[str | None, list[tuple]] = {}
-    known = {row[0] for row in spans}
-    for row in spans:
-        parent = row[1] if row[1] in known else None
-        children.setdefault(parent, []).append(row)
-
-    def add(node: Tree, parent: str | None) -> None:
-        for span_id, _, name, ms, status, error, step, _ in children.get(parent, []):
-            label = f"{escape(name)}  [dim]{ms:.2f} ms[/]"
-            if step is not None:
-                label = f"[dim]#{step}[/] " + label
-            if status == "ERROR":
-                label += f"  [bold red]ERROR {escape(error or '')}[/]"
-            add(node.add(label), span_id)
-
-    add(tree, None)
-    return tree

@@ -70,6 +70,16 @@ def _live_sql(pending: list[Path]) -> str | None:
     return row_select(read_json_source(files))
 
 
+# The message of the last exception a span recorded (its `exception` events), else its status
+# message: what the error said, for `tool_calls.error_message` and `traces.first_error`. Events
+# that are not a JSON array (a hand-written lake part) give NULL rather than fail the query.
+ERROR_MESSAGE = """coalesce(
+    CASE WHEN json_valid(events) AND json_type(events) = 'ARRAY' THEN list_filter(
+        json_extract_string(events, '$[*].attributes."exception.message"'),
+        lambda m: m IS NOT NULL AND m <> '')[-1] END,
+    nullif(status_message, ''))"""
+
+
 def _nightly_field(name: str, kind: str = "VARCHAR") -> str:
     value = f"json_extract_string(attributes, '$.\"{sc.NIGHTLY_PREFIX}{name}\"')"
     return f"TRY_CAST({value} AS {kind}) AS {name}" if kind != "VARCHAR" else f"{value} AS {name}"
@@ -122,7 +132,11 @@ VIEW_SQL = {
                        '{sc.OP_MEMORY_UPDATE}', '{sc.OP_MEMORY_DELETE}')) AS memory_ops,
                    count(*) FILTER (WHERE status = 'ERROR') AS errors,
                    CAST(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0))
-                       FILTER (WHERE operation = '{sc.OP_CHAT}') AS BIGINT) AS tokens
+                       FILTER (WHERE operation = '{sc.OP_CHAT}') AS BIGINT) AS tokens,
+                   arg_min(concat_ws(': ', coalesce(tool, name),
+                                     nullif(regexp_extract(error_type, '[^.]+$'), ''),
+                                     {ERROR_MESSAGE}),
+                           end_ns) FILTER (WHERE status = 'ERROR') AS first_error
             FROM spans GROUP BY trace_id
         ),
         roots AS (
@@ -135,7 +149,7 @@ VIEW_SQL = {
                make_timestamp(p.start_ns // 1000) AS start_time,
                (p.end_ns - p.start_ns) / 1e6 AS duration_ms,
                p.spans, p.tool_calls, p.llm_calls, p.memory_ops, p.errors,
-               coalesce(p.tokens, 0) AS tokens, r.root_status,
+               coalesce(p.tokens, 0) AS tokens, r.root_status, p.first_error,
                o.success, o.reward, o.source AS outcome_source, o.labels AS outcome_labels
         FROM per_trace p
         LEFT JOIN roots r USING (trace_id)
@@ -143,8 +157,8 @@ VIEW_SQL = {
     """,
     "tool_calls": f"""
         SELECT trace_id, span_id, parent_span_id, step_index, agent, tool, call_id,
-               input AS arguments, output AS result, status, error_type, start_time,
-               duration_ms
+               input AS arguments, output AS result, status, error_type,
+               {ERROR_MESSAGE} AS error_message, start_time, duration_ms
         FROM spans WHERE operation = '{sc.OP_TOOL}'
     """,
     "llm_calls": f"""
