@@ -117,9 +117,43 @@ def _compute(path: Path, gaps: Sequence[Gap]) -> dict[str, Any]:
         for i in range(len(keys)):
             if similarity[i, best[i]] >= 1 - DISTANCE:
                 labels[i] = centroids[best[i]][0].id
+    groups = _groups(vectors) if not centroids else [None] * len(keys)
     points = [
-        {"x": round(float(xy[i, 0]), 4), "y": round(float(xy[i, 1]), 4), "gap": labels[i]}
+        {
+            "x": round(float(xy[i, 0]), 4),
+            "y": round(float(xy[i, 1]), 4),
+            "gap": labels[i],
+            "group": groups[i],
+        }
         for i in range(len(keys))
     ]
     note = f"PCA of {len(keys)} of {total} cached failure-signature embeddings"
+    if not centroids:
+        note += (
+            "; no gap lists signatures (gaps found by detectors carry none), so points are "
+            f"coloured by similar-signature group (cosine distance {DISTANCE})"
+        )
     return {"points": points, "gaps": marks, "total": total, "shown": len(keys), "note": note}
+
+
+def _groups(vectors: Any) -> list[int]:
+    """Groups of similar signatures (leader clustering at the analysis's cosine distance),
+    numbered from 1 by size: the colours when no gap names its signatures."""
+    import numpy as np
+
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    unit = vectors / np.where(norms == 0, 1.0, norms)
+    leaders: list[int] = []
+    assigned = [-1] * len(unit)
+    for i in range(len(unit)):
+        if leaders:
+            similarity = unit[leaders] @ unit[i]
+            best = int(similarity.argmax())
+            if similarity[best] >= 1 - DISTANCE:
+                assigned[i] = best
+                continue
+        leaders.append(i)
+        assigned[i] = len(leaders) - 1
+    sizes = np.bincount(np.asarray(assigned), minlength=len(leaders))
+    rank = {int(g): n + 1 for n, g in enumerate(np.argsort(-sizes, kind="stable"))}
+    return [rank[g] for g in assigned]

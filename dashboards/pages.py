@@ -76,7 +76,9 @@ def pretty(text: Any) -> str:
 # Overview -------------------------------------------------------------------------------------
 def overview(ctx: Context) -> dict[str, Any]:
     summary, nightly = (ctx.run(q) for q in queries.overview())
-    days, tools, hours, outcome_records = summary.rows[0] if summary.rows else ([], [], None, 0)
+    days, tools, hours, unit, outcome_records = (
+        summary.rows[0] if summary.rows else ([], [], None, "hour", 0)
+    )
     days, tools = days or [], tools or []
     document, gaps_note = artifacts.gaps_document(ctx.home)
     typed, bad = artifacts.gaps(document)
@@ -100,10 +102,11 @@ def overview(ctx: Context) -> dict[str, Any]:
     totals["records"] = totals["spans"] + totals["outcome_records"]  # what `summary` counts
     judged = totals["succeeded"] + totals["failed"]
     totals["success_rate"] = round(totals["succeeded"] / judged, 3) if judged else None
-    buckets = hours if hours else days  # per hour when the runs span a day or two
+    buckets = hours if hours else days  # per hour (or minute) when the runs span a day or two
+    shape = "%Y-%m-%d %H:00" if unit == "hour" else "%Y-%m-%d %H:%M"
     chart = {
-        "per": "hour" if hours else "day",
-        "days": [b["hour"].strftime("%Y-%m-%d %H:00") if hours else str(b["day"]) for b in buckets],
+        "per": (unit or "hour") if hours else "day",
+        "days": [b["hour"].strftime(shape) if hours else str(b["day"]) for b in buckets],
         "runs": [b["runs"] for b in buckets],
         "rate": [
             round(b["succeeded"] / (b["succeeded"] + b["failed"]), 4)
@@ -111,6 +114,7 @@ def overview(ctx: Context) -> dict[str, Any]:
             else None
             for b in buckets
         ],
+        "per_run": _per_run(ctx) if 0 < len(buckets) < 3 else None,
         "tools": [r["tool"] for r in tools],
         "tool_errors": [r["errors"] for r in tools],
         "tool_failed_runs": [r["failed_runs"] for r in tools],
@@ -129,6 +133,22 @@ def overview(ctx: Context) -> dict[str, Any]:
         "generated_at": document.get("generated_at"),
         "nights": _nights(history, stored_nights),
         "chart": chart,
+    }
+
+
+def _per_run(ctx: Context) -> dict[str, list[Any]]:
+    """The latest runs one by one, for the chart when they all fall in a bucket or two."""
+    rows = ctx.run(queries.recent_runs()).dicts()
+    return {
+        "labels": [
+            f"{r['start_time']:%H:%M:%S} {(r['run_id'] or r['trace_id'])[:8]}" for r in rows
+        ],
+        "ids": [r["trace_id"] for r in rows],
+        "spans": [r["spans"] for r in rows],
+        "outcome": [
+            "success" if r["success"] else ("failure" if r["success"] is False else "unknown")
+            for r in rows
+        ],
     }
 
 

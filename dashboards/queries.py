@@ -31,7 +31,8 @@ class Query:
 
 # Overview -------------------------------------------------------------------------------------
 def overview() -> list[Query]:
-    """Runs and success rate per day (and per hour, when the runs span at most two days), the
+    """Runs and success rate per day (per hour when the runs span at most two days, per minute
+    when they span three hours at most), the
     most failing tools and the number of outcome records in one statement, so that the
     `outcomes` view (a pass over every span) is computed once; then the nightly history."""
     return [
@@ -59,8 +60,14 @@ def overview() -> list[Query]:
                 FROM tool_calls t LEFT JOIN o USING (trace_id)
                 WHERE t.tool IS NOT NULL GROUP BY t.tool
             ),
+            unit AS (
+                SELECT CASE WHEN max(start_ns) - min(start_ns) > 10800000000000
+                            THEN 'hour' ELSE 'minute' END AS unit
+                FROM per_trace
+            ),
             hourly AS (
-                SELECT date_trunc('hour', make_timestamp(p.start_ns // 1000)) AS hour,
+                SELECT date_trunc((SELECT unit FROM unit), make_timestamp(p.start_ns // 1000))
+                           AS hour,
                        count(*) AS runs, count(*) FILTER (WHERE o.success) AS succeeded,
                        count(*) FILTER (WHERE NOT o.success) AS failed
                 FROM per_trace p LEFT JOIN o USING (trace_id) GROUP BY hour
@@ -70,6 +77,7 @@ def overview() -> list[Query]:
                     FROM tools) AS tools,
                    CASE WHEN (SELECT count(*) FROM daily) <= 2
                         THEN (SELECT list(hourly ORDER BY hour) FROM hourly) END AS hourly,
+                   (SELECT unit FROM unit) AS unit,
                    (SELECT count(*) FROM _outcome_spans) AS outcome_records
             """,
         ),
@@ -479,4 +487,29 @@ def session(kind: str, ident: str) -> Query:
         ORDER BY r.start_ns, r.trace_id
         """,
         {"id": ident},
+    )
+
+
+MAX_CHART_RUNS = 200
+
+
+def recent_runs() -> Query:
+    """The latest runs one by one (start, spans, errors, outcome) for the overview's chart when
+    all runs fall in one or two time buckets (a bar per bucket would say nothing)."""
+    return Query(
+        "recent_runs",
+        f"""
+        WITH per_trace AS MATERIALIZED (
+            SELECT trace_id, min(start_ns) AS start_ns, count(*) AS spans,
+                   count(*) FILTER (WHERE status = 'ERROR') AS errors,
+                   arg_min_null(run_id, start_ns) FILTER (WHERE parent_span_id IS NULL)
+                       AS run_id
+            FROM spans GROUP BY trace_id ORDER BY start_ns DESC LIMIT {MAX_CHART_RUNS}
+        ),
+        judged AS ({_session_outcomes("per_trace")})
+        SELECT p.trace_id, p.run_id, make_timestamp(p.start_ns // 1000) AS start_time, p.spans,
+               p.errors, j.verdict.success AS success
+        FROM per_trace p LEFT JOIN judged j USING (trace_id)
+        ORDER BY p.start_ns, p.trace_id
+        """,
     )

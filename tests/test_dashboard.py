@@ -604,12 +604,18 @@ def test_overview_counts_what_summary_counts(server: Server, home: Path):
     assert f"+ {outcomes} outcome records = {records} records" in card
 
 
-def test_overview_charts_per_hour_when_the_runs_span_a_day(server: Server):
+def test_overview_charts_runs_one_by_one_when_they_span_minutes(server: Server):
     _, body, _ = server.get("/")
     island = body.split('id="overview-data">')[1].split("</script>")[0]
     chart = json.loads(island)
-    assert chart["per"] == "hour" and "per hour" in body  # the fixture's runs: minutes apart
-    assert sum(chart["runs"]) == 41 and all(":00" in d for d in chart["days"])
+    # the fixture's runs are seconds apart: per minute, and as they fill a minute or two,
+    # one bar per run (a bar for the day, or the minute, would say nothing)
+    assert chart["per"] == "minute" and sum(chart["runs"]) == 41
+    assert all(len(d) == len("2026-01-01 10:00") for d in chart["days"])
+    assert len(chart["days"]) < 3 and "Runs one by one" in body
+    per_run = chart["per_run"]
+    assert len(per_run["ids"]) == 41 and per_run["outcome"].count("failure") == 17
+    assert 'data-chart="per_run"' in body
 
 
 def test_nightly_history_shows_why_gaps_got_no_environment(tmp_path: Path):
@@ -805,3 +811,180 @@ def test_browser_xss_payloads_run_nothing(page: Any, server: Server, xss_trace: 
     page.goto(server.url + "/runs?q=onerror")
     page.wait_for_selector("#runs-table a.run-link")
     _clean(page)
+
+
+# Screenshots: every page at 1400 px, with data and on an empty store ------------------------
+LAYOUT_PROBLEMS = """() => {
+  const width = document.documentElement.clientWidth;
+  const scrolls = (el) => {
+    for (let a = el.parentElement; a; a = a.parentElement) {
+      const s = getComputedStyle(a);
+      if (["auto", "scroll", "hidden"].includes(s.overflowX)) return true;
+    }
+    return false;
+  };
+  const out = { overflow: [], clipped: [], page: document.documentElement.scrollWidth - width };
+  for (const el of document.body.querySelectorAll("*")) {
+    if (el.closest(".js-plotly-plot")) continue;
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0) continue;
+    if (r.right > width + 1 && !scrolls(el)) out.overflow.push(el.tagName + "." + el.className);
+    const cell = el.parentElement && el.parentElement.closest("td, th");
+    if (cell && !scrolls(cell) && !el.closest("pre")) {
+      const c = cell.getBoundingClientRect();
+      if (r.right > c.right + 1) {
+        out.overflow.push("past its cell: " + el.tagName + "." + el.className);
+      }
+    }
+    const s = getComputedStyle(el);
+    const intended = s.textOverflow === "ellipsis" || s.webkitLineClamp !== "none";
+    if (s.overflowX === "hidden" && !intended && el.scrollWidth > el.clientWidth + 1) {
+      out.clipped.push(el.tagName + "." + el.className);
+    }
+  }
+  return out;
+}"""
+
+
+def _check_layout(page: Any, name: str) -> None:
+    _shot(page, name)
+    problems = page.evaluate(LAYOUT_PROBLEMS)
+    assert problems["page"] <= 0, f"{name}: the page scrolls sideways by {problems['page']} px"
+    assert problems["overflow"] == [], f"{name}: past the viewport: {problems['overflow'][:5]}"
+    assert problems["clipped"] == [], f"{name}: clipped text: {problems['clipped'][:5]}"
+    _clean(page)
+
+
+def _chart_labels_fit(page: Any, chart: str) -> None:
+    """Every tick label of the chart lies inside it, and none overlaps the legend."""
+    boxes = page.evaluate(
+        """(id) => {
+          const root = document.getElementById(id).getBoundingClientRect();
+          const box = (n) => { const r = n.getBoundingClientRect();
+                               return [r.left, r.top, r.right, r.bottom]; };
+          return { root: [root.left, root.top, root.right, root.bottom],
+                   ticks: Array.from(document.querySelectorAll(
+                     "#" + id + " .xtick text, #" + id + " .ytick text")).map(box),
+                   legend: Array.from(document.querySelectorAll("#" + id + " .legend"))
+                     .map(box) };
+        }""",
+        chart,
+    )
+    left, top, right, bottom = boxes["root"]
+    assert boxes["ticks"], chart
+    for x0, y0, x1, y1 in boxes["ticks"]:
+        assert x0 >= left - 1 and x1 <= right + 1 and y0 >= top - 1 and y1 <= bottom + 1, chart
+        for lx0, ly0, lx1, ly1 in boxes["legend"]:
+            assert x1 <= lx0 or x0 >= lx1 or y1 <= ly0 or y0 >= ly1, f"{chart}: label on legend"
+
+
+def _data_pages(home: Path) -> list[tuple[str, str, str]]:
+    from tracegym.synthesis.registry import list_envs
+
+    gap = _gaps(home)[0]
+    example = gap["examples"][0]
+    conversation = _store_rows(
+        home,
+        "SELECT json_extract_string(attributes, '$.\"gen_ai.conversation.id\"') AS c FROM spans "
+        "WHERE c IS NOT NULL ORDER BY c LIMIT 1",
+    )[0][0]
+    env_id = list_envs(home)[0]["env_id"]
+    return [
+        ("overview", "/", "#chart-daily[data-drawn]"),
+        ("runs", "/runs", "#runs-table a.run-link"),
+        ("run", f"/run/{example['trace_id']}#span-{example['span_ids'][0]}", "#detail-pane"),
+        ("sessions", "/sessions", "a.session-link"),
+        ("session", f"/sessions/conversation/{conversation}", "#session-runs"),
+        ("gaps", "/gaps", "#chart-map[data-drawn]"),
+        ("environments", "/environments", "a.env-link"),
+        ("environment", f"/environments/{env_id}", "#oracle"),
+        ("adapters", "/adapters", "#chart-adapters[data-drawn]"),
+        ("not-found", "/no/such/page", "#not-found"),
+    ]
+
+
+@pytest.mark.slow
+def test_screenshots_with_data_fit_the_viewport(page: Any, server: Server, home: Path):
+    for name, path, selector in _data_pages(home):
+        page.goto(server.url + path)
+        page.wait_for_selector(selector, timeout=30000)
+        _check_layout(page, f"data-{name}")
+        if name == "overview":
+            _chart_labels_fit(page, "chart-daily")
+        if name == "gaps":
+            _chart_labels_fit(page, "chart-gaps")
+            names = page.eval_on_selector_all(
+                "#chart-map .legend .traces text", "ns => ns.map(n => n.textContent)"
+            )
+            assert any(n != "no gap" for n in names), names  # not all grey
+        if name == "run":  # the tabs switch the pane's panels
+            detail = page.locator("#detail-pane .detail:visible")
+            detail.locator('.tab[data-tab="events"]').click()
+            assert detail.locator('[data-panel="events"]').is_visible()
+            assert not detail.locator('[data-panel="io"]').is_visible()
+            _shot(page, "data-run-events")
+            failing, span_id = _store_rows(
+                home,
+                "SELECT trace_id, span_id FROM spans WHERE status = 'ERROR' AND events LIKE "
+                "'%stacktrace%' ORDER BY trace_id LIMIT 1",
+            )[0]
+            page.goto(f"{server.url}/run/{failing}#span-{span_id}")  # an error: its stack trace
+            page.wait_for_selector("#detail-pane")
+            detail = page.locator("#detail-pane .detail:visible")
+            assert detail.locator("pre.status-message").is_visible()
+            detail.locator('.tab[data-tab="events"]').click()
+            stack = detail.locator('[data-panel="events"] pre').nth(2).inner_text()
+            assert stack.startswith("Traceback") and len(stack.splitlines()) > 3
+            _check_layout(page, "data-run-error")
+            page.locator(".tree .node", has_text="chat").first.click()  # messages as a chat
+            detail = page.locator("#detail-pane .detail:visible")
+            assert detail.locator(".chat .msg .who").count() >= 2
+            _check_layout(page, "data-run-chat")
+
+
+def test_browser_success_rate_axis_reads_round_percentages(page: Any, server: Server):
+    """The per-day chart (a store spanning days) on the page's own plotly and chart code."""
+    page.goto(server.url + "/")
+    page.wait_for_selector("#chart-daily[data-drawn]")
+    ticks = page.evaluate(
+        """async () => {
+          const node = document.createElement("div");
+          node.style.width = "1200px"; node.style.height = "320px";
+          document.body.appendChild(node);
+          const [traces, layout] = CHARTS.daily({
+            days: ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04"],
+            runs: [12, 30, 7, 19], rate: [0.16, 0.32, 0.95, 0.63] });
+          await Plotly.newPlot(node, traces, Object.assign({}, LAYOUT, layout), CONFIG);
+          return Array.from(node.querySelectorAll(".y2tick text")).map((n) => n.textContent);
+        }"""
+    )
+    assert ticks == ["0%", "20%", "40%", "60%", "80%", "100%"], ticks
+    _clean(page)
+
+
+@pytest.fixture(scope="module")
+def empty_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = Server(tmp_path_factory.mktemp("empty-home"))
+    yield running
+    running.stop()
+
+
+@pytest.mark.slow
+def test_screenshots_of_an_empty_store_draw_no_empty_charts(page: Any, empty_server: Server):
+    for name, path in [
+        ("overview", "/"),
+        ("runs", "/runs"),
+        ("sessions", "/sessions"),
+        ("gaps", "/gaps"),
+        ("environments", "/environments"),
+        ("adapters", "/adapters"),
+        ("not-found", "/run/none-such"),
+    ]:
+        page.goto(empty_server.url + path)
+        page.wait_for_load_state("load")
+        assert page.locator("[data-chart], .js-plotly-plot").count() == 0, name  # no axes
+        _check_layout(page, f"empty-{name}")
+    page.goto(empty_server.url + "/")
+    assert "tracegym demo --scripted" in page.inner_text("#chart-daily-empty")
+    page.goto(empty_server.url + "/runs")
+    assert "no runs yet" in page.inner_text("#runs-table")

@@ -65,7 +65,22 @@ const CHARTS = {
          yaxis: { title: { text: "runs" }, rangemode: "tozero", tickformat: ",d" },
          yaxis2: { title: { text: "success rate" }, overlaying: "y", side: "right",
                    range: [0, 1.02], tick0: 0, dtick: 0.2, tickformat: ".0%" },
+         bargap: d.days.length < 6 ? 0.6 : 0.2,
          legend: { orientation: "h", x: 0, y: 1.12 }, margin: { l: 60, r: 60, t: 36, b: 60 } }];
+  },
+  per_run(d) {
+    const r = d.per_run;
+    const colours = { success: "#2a7d46", failure: "#c0392b", unknown: "#9aa3b2" };
+    return [["success", "failure", "unknown"].map((kind) => {
+      const pick = r.outcome.map((o, i) => (o === kind ? i : -1)).filter((i) => i >= 0);
+      return { type: "bar", name: kind, x: pick.map((i) => r.labels[i]),
+               y: pick.map((i) => r.spans[i]), customdata: pick.map((i) => r.ids[i]),
+               marker: { color: colours[kind] }, hovertemplate: "%{x}: %{y} spans<extra></extra>" };
+    }), { xaxis: { type: "category", categoryorder: "array", categoryarray: r.labels,
+                   automargin: true, tickangle: -45 },
+          yaxis: { title: { text: "spans" }, rangemode: "tozero", tickformat: ",d" },
+          barmode: "overlay", legend: { orientation: "h", x: 0, y: 1.12 },
+          margin: { l: 60, r: 20, t: 36, b: 90 } }];
   },
   tools(d) {
     return [[
@@ -81,7 +96,7 @@ const CHARTS = {
       { type: "scatter", mode: "lines+markers", name: "gaps", x: d.nights, y: d.night_gaps },
       { type: "bar", name: "adapters trained", x: d.nights, y: d.night_trained },
       { type: "bar", name: "adapters promoted", x: d.nights, y: d.night_promoted },
-    ], { barmode: "group", xaxis: { type: "category" },
+    ], { barmode: "group", xaxis: { type: "category" }, bargap: d.nights.length < 6 ? 0.5 : 0.2,
          yaxis: { rangemode: "tozero", tickformat: ",d" },
          legend: { orientation: "h", x: 0, y: 1.15 }, margin: { l: 50, r: 20, t: 36, b: 40 } }];
   },
@@ -100,20 +115,29 @@ const CHARTS = {
          margin: { l: 10, r: 20, t: 30, b: 30 } }];
   },
   map(d) {
+    // Coloured by the gap whose signatures lie nearest; when no gap lists signatures, by
+    // group of similar signatures (the server says which in the note under the map).
     const groups = {};
     d.points.forEach((p) => {
-      const key = p.gap || "";
+      const key = p.gap ? "gap:" + p.gap : (p.group ? "group:" + p.group : "");
       (groups[key] = groups[key] || { x: [], y: [], ids: [] });
       groups[key].x.push(p.x);
       groups[key].y.push(p.y);
       groups[key].ids.push(p.gap || "");
     });
-    const traces = Object.keys(groups).sort().map((key) => ({
-      type: "scatter", mode: "markers", name: key ? esc(d.names[key] || key) : "no gap",
-      x: groups[key].x, y: groups[key].y, customdata: groups[key].ids,
-      marker: { size: 7, opacity: key ? 0.85 : 0.35, color: key ? undefined : "#999" },
-      hovertemplate: "%{fullData.name}<extra></extra>",
-    }));
+    const label = (key) => {
+      if (key.startsWith("gap:")) return esc(d.names[key.slice(4)] || key.slice(4));
+      if (key.startsWith("group:")) return "signature group " + key.slice(6);
+      return "no gap";
+    };
+    const order = (key) => (key.startsWith("group:") ? Number(key.slice(6)) : 0);
+    const traces = Object.keys(groups).sort((a, b) => order(a) - order(b) || (a < b ? -1 : 1))
+      .map((key) => ({
+        type: "scatter", mode: "markers", name: label(key),
+        x: groups[key].x, y: groups[key].y, customdata: groups[key].ids,
+        marker: { size: 7, opacity: key ? 0.85 : 0.35, color: key ? undefined : "#999" },
+        hovertemplate: "%{fullData.name}<extra></extra>",
+      }));
     traces.push({
       type: "scatter", mode: "markers+text", name: "gap signature",
       x: d.marks.map((m) => m.x), y: d.marks.map((m) => m.y), customdata: d.marks.map((m) => m.id),
@@ -121,7 +145,8 @@ const CHARTS = {
       marker: { size: 13, symbol: "star", color: "#222" },
     });
     return [traces, { xaxis: { title: { text: "PC 1" } }, yaxis: { title: { text: "PC 2" } },
-                      showlegend: true }];
+                      showlegend: true, legend: { orientation: "v", x: 1.02, y: 1 },
+                      margin: { l: 50, r: 10, t: 10, b: 40 } }];
   },
   adapters(d) {
     return [[
@@ -144,6 +169,12 @@ function drawCharts() {
     Plotly.newPlot(node, traces, Object.assign({}, LAYOUT, layout), CONFIG).then(() => {
       node.dataset.drawn = "1";
     });
+    if (node.dataset.chart === "per_run") {
+      node.on("plotly_click", (event) => {
+        const id = event.points && event.points[0] && event.points[0].customdata;
+        if (id) window.location.href = "/run/" + encodeURIComponent(id);
+      });
+    }
     if (node.dataset.chart === "map") {
       node.on("plotly_click", (event) => {
         const id = event.points && event.points[0] && event.points[0].customdata;
