@@ -14,6 +14,14 @@ a format error too, whichever importer meets it (`_convert`). Each
 source file then becomes one spool file, written atomically, named after the hash of its bytes,
 and remembered under `<home>/imports/`, so importing the same file twice adds nothing.
 Span and trace ids derive from the file hash and positions, so they are stable too.
+
+Nothing already in the store is written again, whatever brought it there (the tracer, the OTLP
+receiver, an earlier import): a span whose trace and span ids the store holds is skipped, and an
+outcome only when the store holds the same one (same ids, time and attributes: a later import
+with new labels reuses the outcome's ids, and its labels must still arrive). This is what makes
+`tracegym export otlp-json` output importable back into the home it came from. The check reads
+the store's views (lake and spool) where DuckDB is installed, else the spool alone (a lake is
+only ever written with DuckDB).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Any
 
 from tracegym.store.records import write_spool_file
 from tracegym.tracer.semconv import OUTCOME_SPAN_NAME as OUTCOME
+from tracegym.tracer.spool import iter_spool
 
 # Format name -> (module, file suffixes looked for when PATH is a folder).
 FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -67,7 +76,8 @@ class ImportReport:
     files: int = 0
     runs: int = 0
     spans: int = 0
-    repeated_runs: int = 0  # runs another file had already brought in
+    repeated_runs: int = 0  # runs another file, or the store, had already brought in whole
+    repeated_spans: int = 0  # spans (and outcomes) already in the store, not written again
     already_imported: list[Path] = field(default_factory=list)
     skipped: list[tuple[Path, str]] = field(default_factory=list)  # (file, why it holds no run)
     spool_files: list[Path] = field(default_factory=list)
@@ -142,6 +152,74 @@ def _known_traces(registry: Path) -> set[str]:
     return known
 
 
+def _stored(
+    home: Path, trace_ids: set[str]
+) -> tuple[set[tuple[str, str]], dict[tuple[str, str], list[tuple[Any, Any]]]]:
+    """What the store under `home` holds of `trace_ids`: the (trace id, span id) of its spans,
+    and per outcome's ids the (time, attributes) of each copy it holds."""
+    spans: set[tuple[str, str]] = set()
+    outcomes: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
+    if not trace_ids or not any((home / d).is_dir() for d in ("spool", "lake")):
+        return spans, outcomes
+    try:
+        from tracegym.store.store import Store
+    except ImportError:  # no DuckDB: no lake either, the spool is all there is
+        for record in iter_spool(home):
+            if record.get("trace_id") not in trace_ids:
+                continue
+            key = (record["trace_id"], record["span_id"])
+            if record.get("name") == OUTCOME:
+                outcomes.setdefault(key, []).append((record.get("start_ns"), record["attributes"]))
+            else:
+                spans.add(key)
+        return spans, outcomes
+    wanted = {"traces": sorted(trace_ids)}
+    with Store(home, compact_on_open=False) as store:
+        query = "SELECT trace_id, span_id FROM spans WHERE trace_id IN (SELECT unnest($traces))"
+        spans.update((r["trace_id"], r["span_id"]) for r in store.rows(query, wanted))
+        query = (
+            "SELECT trace_id, span_id, start_ns, attributes FROM _outcome_spans "
+            "WHERE trace_id IN (SELECT unnest($traces))"
+        )
+        for r in store.rows(query, wanted):
+            copy = (r["start_ns"], json.loads(r["attributes"] or "{}"))
+            outcomes.setdefault((r["trace_id"], r["span_id"]), []).append(copy)
+    return spans, outcomes
+
+
+def _new_in_store(
+    home: Path, pending: list[tuple[str, list[dict[str, Any]], set[str]]], report: ImportReport
+) -> list[tuple[str, list[dict[str, Any]], set[str]]]:
+    """`pending` less what the store already holds (see the module docstring); `report` counts
+    the records left out and corrects its run and span counts."""
+    traces = {r["trace_id"] for _, records, _ in pending for r in records}
+    spans, outcomes = _stored(home, traces)
+    if not spans and not outcomes:
+        return pending
+    kept = []
+    for digest, records, runs in pending:
+        counted = {r["trace_id"] for r in records if r["name"] != OUTCOME}
+        fresh = []
+        for r in records:
+            key = (r["trace_id"], r["span_id"])
+            if r["name"] == OUTCOME:
+                copy = (r["start_ns"], json.loads(json.dumps(r["attributes"], default=str)))
+                known = copy in outcomes.get(key, [])
+            else:
+                known = key in spans
+            if known:
+                report.repeated_spans += 1
+                if r["name"] != OUTCOME:
+                    report.spans -= 1
+            else:
+                fresh.append(r)
+        whole = counted - {r["trace_id"] for r in fresh if r["name"] != OUTCOME}
+        report.runs -= len(whole)
+        report.repeated_runs += len(whole)
+        kept.append((digest, fresh, runs))
+    return kept
+
+
 def import_path(
     fmt: str, path: Path | str, home: Path | str, *, labels: Path | str | None = None
 ) -> ImportReport:
@@ -149,7 +227,9 @@ def import_path(
 
     A file already imported (same format, bytes and labels) is skipped; a run already imported
     from another file (same trace id) is not written again, though its outcome is, so labels
-    given later still arrive (the latest outcome of a run wins in the views).
+    given later still arrive (the latest outcome of a run wins in the views). Spans the store
+    already holds (traced, received or imported) are not written again either; `repeated_spans`
+    counts them, and a run all of whose spans were there counts in `repeated_runs`.
     """
     convert = converter(fmt)
     path, home = Path(path), Path(home)
@@ -180,8 +260,10 @@ def import_path(
         report.files += 1
         report.spans += sum(1 for r in records if r["name"] != OUTCOME)
         report.runs += len(runs - repeated)
+    pending = _new_in_store(home, pending, report)
     registry.mkdir(parents=True, exist_ok=True)
     for digest, records, runs in pending:
-        report.spool_files.append(write_spool_file(home, records, f"import-{fmt}-{digest}"))
+        if records:  # a file whose every record the store holds adds no spool file
+            report.spool_files.append(write_spool_file(home, records, f"import-{fmt}-{digest}"))
         (registry / digest).write_text("\n".join([fmt, *sorted(runs)]) + "\n")
     return report
