@@ -211,7 +211,8 @@ def create_app(
 
     async def not_found(request: Request, exc: Exception) -> Response:
         """Unknown routes get the site's page (with its navigation), not a bare text."""
-        return render(request, "missing.html", "", 404, what=f"page {request.url.path}")
+        message = f"There is no page at {request.url.path}."
+        return render(request, "missing.html", "", 404, message=message)
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found})
     app.state.ctx = ctx

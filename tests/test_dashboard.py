@@ -789,7 +789,14 @@ def test_browser_sql_box_shows_rows_and_refuses_writes(page: Any, server: Server
     page.click("#sql-form button")
     page.wait_for_selector("#sql-result")
     assert "support-agent" in page.inner_text("#sql-result")
-    _shot(page, "runs-sql")
+    page.fill(
+        "#sql-form textarea",
+        "SELECT name, attributes, events FROM spans WHERE status = 'ERROR' LIMIT 3",
+    )
+    page.click("#sql-form button")
+    page.wait_for_selector("#sql-result pre.cell")
+    assert "\n" in page.locator("#sql-result pre.cell").first.inner_text()  # indented JSON
+    _check_layout(page, "runs-sql")  # wrapped in the page, not pushed off-screen
     page.fill("#sql-form textarea", "DROP VIEW spans")
     page.click("#sql-form button")
     page.wait_for_selector("#sql-error")
