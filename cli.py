@@ -30,11 +30,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from tracegym.cli_options import (
     HomeOption,
     existing_home,
     hide_flag_type,
     hide_flag_types,
+    table_console,
     writable_home,
 )
 from tracegym.tracer.config import resolve_home
@@ -147,7 +149,7 @@ def render_summary(
     stats: Any = None,
 ) -> None:
     """Print a `summarize` result (and, in-process, the tracer's stats) as Rich tables."""
-    console.print(f"[bold]tracegym store:[/] {home}")
+    console.print(f"[bold]tracegym store:[/] {escape(str(home))}")
     overview = Table(show_header=False)
     overview.add_column(style="bold")
     overview.add_column(justify="right")
@@ -162,7 +164,7 @@ def render_summary(
         f"{llm['calls']} / {llm['input_tokens']} / {llm['output_tokens']}",
     )
     services = ", ".join(f"{k} ({v})" for k, v in summary["services"].items()) or "-"
-    overview.add_row("services", services)
+    overview.add_row("services", Text(services))
     overview.add_row("first span", _when(summary["time"]["first_start_ns"]))
     overview.add_row("last span", _when(summary["time"]["last_end_ns"]))
     console.print(overview)
@@ -171,7 +173,7 @@ def render_summary(
     ops.add_column("gen_ai.operation.name")
     ops.add_column("spans", justify="right")
     for operation, count in summary["operations"].items():
-        ops.add_row(operation, str(count))
+        ops.add_row(Text(operation), str(count))
     console.print(ops)
 
     if summary["tools"]:
@@ -181,7 +183,7 @@ def render_summary(
         tools.add_column("errors", justify="right")
         for name, entry in summary["tools"].items():
             errors = entry["errors"]
-            tools.add_row(name, str(entry["calls"]), f"[red]{errors}[/]" if errors else "0")
+            tools.add_row(Text(name), str(entry["calls"]), f"[red]{errors}[/]" if errors else "0")
         console.print(tools)
 
     out = summary["outcomes"]
@@ -370,7 +372,7 @@ def _scripted_demo(target: Path, tasks: int, seed: int) -> None:
     from tracegym.examples.support_agent import run_demo
 
     spooled = tg.init(service="tracegym-demo", home=target, capture_messages=True)
-    console = Console()
+    console = table_console()
     if spooled is None:
         console.print(
             "[yellow]warning:[/] spans are not spooled (OTEL_SDK_DISABLED or TRACEGYM_SPOOL=0); "
@@ -402,7 +404,7 @@ def summary(
     if as_json:
         typer.echo(json.dumps({"home": str(target), **files, **result}, indent=2))
         return
-    render_summary(Console(), target, result, files)
+    render_summary(table_console(), target, result, files)
 
 
 def _labels(pairs: list[str]) -> dict[str, str]:
