@@ -578,6 +578,38 @@ def test_secrets_in_instrumented_spans_are_redacted(server, home, tracer_setup):
     assert "[REDACTED]" in row[0] and "where is my order" in row[0]
 
 
+@pytest.mark.parametrize("after_init", [False, True])
+def test_testing_capture_sees_instrumented_spans(server, home, tracer_setup, after_init):
+    """`tracegym.testing.capture()` records the instrumentors' spans with tracegym's, through
+    the same processors (bookkeeping, content policy, redaction), and nothing reaches the
+    installation `tracegym.init` made meanwhile."""
+    if after_init:
+        tracer_setup(home=home, capture_messages=True)
+    secret = "sk-proj-" + "Q7x2" * 10
+    with tg.testing.capture(capture_messages=True) as captured:
+        response = _one_openai_call(server, f"my key is {secret}, where is my order?")
+    (root,) = captured.by_operation(sc.OP_AGENT)
+    (chat,) = captured.by_operation(sc.OP_CHAT)  # the OpenInference LLM span, by the mapping
+    assert chat.name == "ChatCompletion" and captured.children(root) == [chat]
+    assert chat.attributes[sc.AGENT_NAME] == "policy"  # tracegym's run bookkeeping ran
+    assert chat.attributes[sc.STEP_INDEX] == 0
+    assert root.attributes[sc.USED_TOKENS] == response.usage.total_tokens  # charged to the run
+    assert captured.tree() == [("invoke_agent policy", [("ChatCompletion", [])])]
+    (record,) = [r for r in captured.records() if r["name"] == "ChatCompletion"]
+    attributes = record["attributes"]  # as the store would hold it
+    assert attributes[sc.INPUT_TOKENS] == response.usage.prompt_tokens
+    assert attributes[sc.REQUEST_MODEL] == "gpt-4o-mini-2024-08-06"  # llm.model_name
+    assert "where is my order" in attributes[sc.INPUT_MESSAGES]
+    assert secret not in json.dumps(record) and "[REDACTED]" in attributes[sc.INPUT_MESSAGES]
+    with tg.testing.capture(capture_messages=False) as quiet:  # the capture's content policy
+        _one_openai_call(server, "Pineapple-7731")
+    assert quiet.by_operation(sc.OP_CHAT) and "Pineapple" not in json.dumps(quiet.records())
+    if after_init:  # the calls made inside the captures went to the captures only
+        assert not [s for s in spans_of(home) if s["name"] == "ChatCompletion"]
+        _one_openai_call(server, "after the capture")
+        assert [s["name"] for s in spans_of(home)].count("ChatCompletion") == 1
+
+
 def test_long_values_are_cut_at_max_value_length(server, home, tracer_setup):
     tracer_setup(home=home, capture_messages=True, max_value_length=200)
     _one_openai_call(server, "word " * 400)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -61,6 +62,9 @@ class _Installation:
         self.provider: Any = None
         self.batches: list[CountingBatchSpanProcessor] = []
         self.atexit_registered = False
+        # `tracegym.testing.capture()`'s provider while a capture runs: where
+        # `installed_provider()` (so `tracegym.instrument`'s instrumentors) points meanwhile.
+        self.capturing: Any = None
 
 
 _installed = _Installation()
@@ -279,10 +283,23 @@ def stats() -> TracerStats:
 
 def installed_provider() -> Any:
     """The TracerProvider tracegym's processor is on; None before `init` or with tracing
-    disabled (OTEL_SDK_DISABLED). `tracegym.instrument`'s tracers start their spans on it."""
+    disabled (OTEL_SDK_DISABLED). `tracegym.instrument`'s tracers start their spans on it.
+    Inside `tracegym.testing.capture()`: the capture's provider."""
+    if _installed.capturing is not None:
+        return _installed.capturing
     if isinstance(state.tracer, trace.NoOpTracer):
         return None
     return _installed.provider
+
+
+@contextmanager
+def capturing_on(provider: Any) -> Iterator[None]:
+    """Point `installed_provider()` at `provider` for the block (`tracegym.testing.capture`)."""
+    saved, _installed.capturing = _installed.capturing, provider
+    try:
+        yield
+    finally:
+        _installed.capturing = saved
 
 
 def processors() -> list[SpanProcessor]:

@@ -4,8 +4,13 @@
         my_agent("task")
     assert captured.names() == ["execute_tool get_order", "invoke_agent support"]
 
-Spans go to memory through the same redaction processor as in production; the global
-OpenTelemetry provider is not touched.
+Spans go to memory through the same processors as in production: tracegym's own processor
+(the run/step bookkeeping and content policy other instrumentations' spans get,
+`tracer/foreign.py`), then redaction. Inside the block, `tracegym.instrument`'s instrumentors
+(OpenInference's OpenAI, Anthropic, LangChain ...) start their spans on the capture's provider
+too, so their spans are captured with tracegym's. The global OpenTelemetry provider, and the
+one `tracegym.init` installed on, are not touched. `records()` gives the spans as the store
+would hold them (other conventions mapped onto the GenAI keys, as the spool writes them).
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tracegym.tracer import semconv as sc
+from tracegym.tracer import setup
 from tracegym.tracer.config import Settings
 from tracegym.tracer.operations import state
+from tracegym.tracer.processors import FanOutSpanProcessor
 from tracegym.tracer.redact import RedactingSpanProcessor
+from tracegym.tracer.spool import span_record
 
 
 @dataclass
@@ -44,7 +52,15 @@ class Captured:
         return found[0]
 
     def by_operation(self, operation: str) -> list[ReadableSpan]:
-        return [s for s in self.spans if (s.attributes or {}).get(sc.OPERATION) == operation]
+        """Spans of `operation` (`chat`, `execute_tool` ...), other instrumentations' by the
+        mapping the store applies (an OpenInference LLM span is a `chat`)."""
+        from tracegym.store.otlp import operation_of
+
+        return [s for s in self.spans if operation_of(dict(s.attributes or {})) == operation]
+
+    def records(self) -> list[dict[str, Any]]:
+        """The spans as spool records: what the store would hold of them."""
+        return [span_record(s) for s in self.spans]
 
     def children(self, parent: ReadableSpan) -> list[ReadableSpan]:
         pid = parent.context.span_id
@@ -74,12 +90,16 @@ def capture(redact: bool = True, **settings: Any) -> Iterator[Captured]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     simple = SimpleSpanProcessor(exporter)
-    provider.add_span_processor(RedactingSpanProcessor([simple]) if redact else simple)
+    # As `tracegym.init` wires it: tracegym's processor first, redaction on the way out.
+    provider.add_span_processor(
+        FanOutSpanProcessor([RedactingSpanProcessor([simple]) if redact else simple])
+    )
     saved = state.tracer, state.settings
     state.tracer = provider.get_tracer(sc.INSTRUMENTATION_SCOPE)
     state.settings = Settings(**{**Settings.from_env().__dict__, **settings})
     try:
-        yield Captured(exporter)
+        with setup.capturing_on(provider):
+            yield Captured(exporter)
     finally:
         state.tracer, state.settings = saved
         provider.shutdown()
