@@ -268,14 +268,18 @@ def _request(
     root_input: str | None,
     chat_input: str | None,
 ) -> str | None:
+    given = _json(root_input) if root_input else None
+    if root_input and (given is None or isinstance(given, str)):  # the agent was given text
+        return given if isinstance(given, str) else root_input
     if role_user is not None and (role_user[0] or role_user[1]):
         return role_user[0] or role_user[1]
     return _root_request(root_input) or _first_user_message(chat_input) or root_input or None
 
 
 def request_text(steps: Sequence[Step]) -> str | None:
-    """What the user asked: the first user message span (imported runs), else the root span's
-    input (its longest text argument), else the first user message of the first LLM call."""
+    """What the user asked: the root span's input when it is text, else the first user
+    message span (imported runs), else the root input's longest text argument, else the first
+    user message of the first LLM call."""
     user = next((s for s in steps if s.attributes.get(MESSAGE_ROLE) == "user"), None)
     known = {s.span_id for s in steps}
     root = next((s for s in steps if s.parent_span_id not in known), None)

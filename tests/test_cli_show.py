@@ -199,6 +199,16 @@ def test_traces_lists_run_ids_requests_and_first_errors(home: Path, tmp_path: Pa
                                 "tracegym.run.id": "task-ok",
                                 "tracegym.input": '"what is free on monday?"'}),
         outcome_record("task-ok", time_ns=BASE, success=True, reward=1.0, source="test"),
+        # an imported run: the request is its first user message span, not the root's JSON
+        span_record(trace_id="12" * 16, span_id="0b" * 8, name="invoke_agent imported",
+                    start_ns=BASE - 20_000_000, end_ns=BASE - 19_000_000,
+                    attributes={"gen_ai.operation.name": "invoke_agent",
+                                "tracegym.run.id": "task-imported",
+                                "tracegym.input": '{"domain": "retail", "turns": 3}'}),
+        span_record(trace_id="12" * 16, span_id="0c" * 8, parent_span_id="0b" * 8,
+                    name="message user", start_ns=BASE - 19_500_000, end_ns=BASE - 19_400_000,
+                    attributes={"tracegym.message.role": "user",
+                                "tracegym.input": "I want to exchange my keyboard"}),
     ], "second")  # fmt: skip
     listed = _run(home, "traces")
     assert listed.exit_code == 0, listed.output
@@ -210,6 +220,8 @@ def test_traces_lists_run_ids_requests_and_first_errors(home: Path, tmp_path: Pa
     assert "move my booking" in failed
     assert "get_booking: KeyError: 'booking-9'" in failed
     assert "what is free on monday?" in _line(listed.stdout, "task-ok")
+    assert "I want to exchange my keyboard" in _line(listed.stdout, "task-imported")
+    assert "request: I want to exchange my keyboard" in _run(home, "show", "task-imported").stdout
     only_failed = _run(home, "traces", "--failed").stdout
     assert "task-9" in only_failed and "task-ok" not in only_failed
 
