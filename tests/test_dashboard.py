@@ -939,6 +939,7 @@ def test_screenshots_with_data_fit_the_viewport(page: Any, server: Server, home:
             page.wait_for_selector("#detail-pane")
             detail = page.locator("#detail-pane .detail:visible")
             assert detail.locator("pre.status-message").is_visible()
+            assert page.locator(".tree .node.target").count() == 1  # the last one named
             detail.locator('.tab[data-tab="events"]').click()
             stack = detail.locator('[data-panel="events"] pre').nth(2).inner_text()
             assert stack.startswith("Traceback") and len(stack.splitlines()) > 3
@@ -947,6 +948,28 @@ def test_screenshots_with_data_fit_the_viewport(page: Any, server: Server, home:
             detail = page.locator("#detail-pane .detail:visible")
             assert detail.locator(".chat .msg .who").count() >= 2
             _check_layout(page, "data-run-chat")
+
+
+def test_browser_runs_sort_by_a_column_and_filters_apply_on_change(page: Any, server: Server):
+    page.goto(server.url + "/runs")
+    page.wait_for_selector("#runs-table a.run-link")
+    headers = page.locator("#runs-table thead th")
+    column = [h.strip() for h in headers.all_inner_texts()].index("spans")
+
+    def spans() -> list[int]:
+        cells = page.locator(f"#runs-table tbody tr td:nth-child({column + 1})")
+        return [int(t) for t in cells.all_inner_texts()]
+
+    assert spans() != sorted(spans(), reverse=True)  # not already in that order
+    headers.nth(column).click()
+    assert spans() == sorted(spans(), reverse=True)
+    headers.nth(column).click()
+    assert spans() == sorted(spans())
+    with page.expect_navigation():
+        page.select_option("#run-filters select[name=outcome]", "failure")
+    assert "outcome=failure" in page.url
+    assert page.locator("#runs-table tr.run-row").count() == page.locator("tr.failed").count()
+    _clean(page)
 
 
 def test_browser_success_rate_axis_reads_round_percentages(page: Any, server: Server):

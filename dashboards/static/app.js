@@ -206,6 +206,9 @@ function openFragment() {
   const id = decodeURIComponent(window.location.hash.slice(1));
   if (!id) return;
   if (id.startsWith("span-") && selectSpan(id.slice(5), true)) {
+    document.querySelectorAll("#span-tree .node.target").forEach((n) => {
+      n.classList.remove("target");
+    });
     document.getElementById(id).classList.add("target");
     return;
   }
