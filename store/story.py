@@ -457,7 +457,9 @@ def _verdict(outcome: dict[str, Any] | None) -> Text:
     success = outcome.get("success")
     text = Text(*{True: ("success", "green"), False: ("failure", "red")}.get(
         success, ("unknown", "yellow")))  # fmt: skip
-    text.append(f", reward {outcome.get('reward')}, source {clean(str(outcome.get('source')))}")
+    reward = outcome.get("reward")
+    text.append(f", reward {'-' if reward is None else reward}, source ")
+    text.append(clean(str(outcome.get("source") or "-")))
     if outcome.get("labels"):
         text.append(f", labels {clip(str(outcome['labels']), 200)}")
     return text
