@@ -154,7 +154,11 @@ def render_summary(
     overview.add_column(style="bold")
     overview.add_column(justify="right")
     overview.add_row("store files", f"{files['files']} ({_bytes(files['bytes'])})")
-    overview.add_row("spans", str(summary["spans"]))
+    # The dashboard's overview counts the same way: spans plus outcome records.
+    recorded = summary["outcomes"]["recorded"]
+    overview.add_row(
+        "records", f"{summary['spans']} ({summary['spans'] - recorded} spans + {recorded} outcomes)"
+    )
     overview.add_row("traces", str(summary["traces"]))
     overview.add_row("runs", str(summary["runs"]))
     overview.add_row("spans with errors", str(summary["errors"]))
