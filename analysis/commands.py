@@ -159,9 +159,13 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         target = existing_home(home_of(ctx, home), fail)
         thresholds = Thresholds(min_coverage, min_delta, resamples, min_stability, seed)
         store_wide = not where and output is None
+        status = Console(stderr=True).status("analysing", spinner="dots")
         try:
-            result = run_analysis(target, thresholds=thresholds, where=where, write=store_wide,
-                                  extra_candidates=hook)  # fmt: skip
+            with status:
+                result = run_analysis(
+                    target, thresholds=thresholds, where=where, write=store_wide,
+                    extra_candidates=hook, progress=lambda stage: status.update(escape(stage)),
+                )  # fmt: skip
         except Exception as exc:
             fail(f"analysis failed: {exc}")
         document = result.gaps_document()

@@ -161,13 +161,18 @@ def analyze(
     where: str = "",
     write: bool = True,
     extra_candidates: Callable[[Sequence[Run]], Sequence[Candidate]] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Analysis:
     """Analyse the runs under `home` (or an open `store`) and write `<home>/gaps.json`.
     `extra_candidates`, given the loaded runs, adds candidates (an optional LLM judge's:
-    `analysis.judge.judge_hook`) scored and selected like the detectors' and clusters'."""
+    `analysis.judge.judge_hook`) scored and selected like the detectors' and clusters'.
+    `progress`, if given, is told each stage as it starts (the CLI shows it: a cold analysis
+    spends most of its time loading and running the embedding model)."""
     from tracegym.store.store import Store
 
+    say = progress or (lambda _stage: None)
     t = thresholds or Thresholds()
+    say("loading runs")
     timings: dict[str, float] = {}
     clock = time.perf_counter()
     own = store is None
@@ -179,6 +184,7 @@ def analyze(
             store.close()
     timings["load"] = time.perf_counter() - clock
 
+    say(f"running the detectors on {len(runs)} runs")
     clock = time.perf_counter()
     findings, errors = run_detectors(
         detectors if detectors is not None else default_detector_set(), runs
@@ -189,13 +195,16 @@ def analyze(
     embedder = embedder or Embedder(Path(store.home) / "cache")
     before = embedder.computed
     candidates = candidates_from_findings(f for fs in findings.values() for f in fs)
+    say("embedding and clustering failure signatures (the first time loads the model)")
     candidates += cluster_candidates(runs, findings, embedder, cluster_distance)
     timings["cluster"] = time.perf_counter() - clock
     if extra_candidates is not None:
+        say("asking the judge")
         clock = time.perf_counter()
         candidates += list(extra_candidates(runs))
         timings["extra"] = time.perf_counter() - clock
 
+    say(f"scoring {len(candidates)} candidates")
     clock = time.perf_counter()
     failed = [r.trace_id for r in runs if r.success is False]
     succeeded = [r.trace_id for r in runs if r.success is True]

@@ -70,8 +70,11 @@ def test_demo_flaws_come_back_as_gaps(demo_home: Path):
         for row in flawed
     ]
     assert len(flawed) >= 30 and sum(found) / len(found) >= 0.9
-    # Warm: embeddings come from the cache.
-    again = analyze(demo_home)
+    # Warm: embeddings come from the cache; the stages are reported as they start.
+    stages: list[str] = []
+    again = analyze(demo_home, progress=stages.append)
+    assert [s.split()[0] for s in stages] == ["loading", "running", "embedding", "scoring"]
+    assert f"on {len(again.runs)} runs" in stages[1]
     assert again.embedded == 0 and [g.id for g in again.gaps] == [g.id for g in result.gaps]
 
 
