@@ -20,11 +20,13 @@ settings are the same.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,8 +43,44 @@ from tracegym.examples.shop import (
 )
 
 # The base fine-tune's task mix: status and cancel requests are common, refunds and address
-# changes rare (the agent's uneven competence; nothing downstream is told).
+# changes rare (the agent's uneven competence; nothing downstream is told). `--mix` sets another.
 BASE_MIX = {"status": 0.4, "cancel": 0.4, "refund": 0.1, "address": 0.1}
+
+
+def normalise_mix(mix: dict[str, float]) -> dict[str, float]:
+    """A task mix over every request kind (in `KINDS` order, absent kinds 0), summing to 1
+    (rounded to 6 digits, so that `BASE_MIX` keys the same cached model as before). Raises
+    ValueError on an unknown kind, a weight that is negative or not finite, or an all-zero mix."""
+    unknown = [k for k in mix if k not in KINDS]
+    if unknown:
+        raise ValueError(f"unknown request kind {unknown[0]!r} (known: {', '.join(KINDS)})")
+    for kind, weight in mix.items():
+        if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"the weight of {kind!r} must be a finite number >= 0, not {weight!r}")
+    total = sum(mix.values())
+    if total <= 0:
+        raise ValueError("the mix needs at least one weight above 0")
+    return {k: round(mix.get(k, 0.0) / total, 6) for k in KINDS}
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """`status=0.1,cancel=0.4,refund=0.1,address=0.4` as a normalised mix (kinds not named get
+    0; weights need not sum to 1). Raises ValueError with a message fit for the command line."""
+    mix: dict[str, float] = {}
+    for item in text.split(","):
+        kind, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not kind:
+            raise ValueError(f"expected KIND=WEIGHT, got {item.strip()!r} (e.g. {_MIX_EXAMPLE})")
+        if kind in mix:
+            raise ValueError(f"{kind!r} is given twice")
+        try:
+            mix[kind] = float(value)
+        except ValueError:
+            raise ValueError(f"the weight of {kind!r} is not a number: {value!r}") from None
+    return normalise_mix(mix)
+
+
+_MIX_EXAMPLE = "status=0.1,cancel=0.4,refund=0.1,address=0.4"
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -69,6 +107,13 @@ class DemoConfig:
     nightly_router: bool = False
     base_train: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides
     adapter_train: dict[str, Any] = field(default_factory=dict)
+    mix: dict[str, float] = field(default_factory=lambda: dict(BASE_MIX))  # the base fine-tune's
+    # torch threads during the run; None: one for a tiny model (its matmuls are too small to
+    # share: on two busy cores two threads made its training 3-4x slower), else torch's default
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        self.mix = normalise_mix(self.mix)
 
     @classmethod
     def quick(cls, **overrides: Any) -> DemoConfig:
@@ -78,11 +123,56 @@ class DemoConfig:
         )  # fmt: skip
         return cls(**{**sizes, **overrides})
 
+    @classmethod
+    def tiny(cls, **overrides: Any) -> DemoConfig:
+        """The tiny random model's size: it learns nothing whatever the size, so the run only
+        has to show every stage working (seconds, not minutes), and the router needs no
+        embedding model."""
+        sizes = dict(
+            model="tiny", dev_tasks=24, heldout_tasks=24, base_demos=16, base_steps=8,
+            adapter_steps=6, adapter_train_seeds=8, eval_seeds=4, max_new_tokens=24,
+            embedder="hash",
+        )  # fmt: skip
+        return cls(**{**sizes, **overrides})
+
+    @classmethod
+    def for_model(cls, model: str, quick: bool = False, **overrides: Any) -> DemoConfig:
+        """The size `tracegym demo` runs: the tiny model's for a tiny model (with or without
+        --quick), else --quick's or the full one."""
+        if is_tiny(model):
+            return cls.tiny(model=model, **overrides)
+        return (cls.quick if quick else cls)(model=model, **overrides)
+
+    @property
+    def tiny_model(self) -> bool:
+        return is_tiny(self.model)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 DEV_SETTINGS = ("dev_tasks", "seed", "batch_size", "max_new_tokens")
+
+
+def is_tiny(model: str) -> bool:
+    """The tiny random test model (`tiny` or `tiny-SEED`), which learns nothing."""
+    return model == "tiny" or model.startswith("tiny-")
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `n` for the block (restored after); None: unchanged."""
+    if n is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _hash(data: Any) -> str:
@@ -110,22 +200,37 @@ def _tasks(seeds: tuple[int, int], n: int, seed: int, weights: Any = None) -> li
 
 
 # Stages ------------------------------------------------------------------------------------------
+def base_demos(config: DemoConfig) -> list[Any]:
+    """The base fine-tune's demonstration tasks, their kinds drawn with `config.mix`."""
+    return _tasks(DEMO_SEEDS, config.base_demos, config.seed, [config.mix[k] for k in KINDS])
+
+
+def base_settings(source: Path, config: DemoConfig) -> tuple[list[Any], dict[str, Any], str]:
+    """The base fine-tune's tasks, its TrainConfig overrides, and the cache key of its model
+    (the source weights, the mix, the settings and the demonstrations' seeds)."""
+    from tracegym.training.model import weights_hash
+
+    demo_tasks = base_demos(config)
+    train = {"steps": config.base_steps, "batch_size": 4, "max_length": 1024, "lr": 1e-3,
+             "layers": upper_layers(source)}  # fmt: skip
+    if config.tiny_model:
+        train["lr"] = 1e-2
+    train.update(config.base_train)
+    key = _hash({"base": weights_hash(source), "mix": config.mix, "train": train,
+                 "demos": [t.seed for t in demo_tasks]})  # fmt: skip
+    return demo_tasks, train, key
+
+
 def prepare_model(home: Path, config: DemoConfig, progress: Progress | None = None) -> Path:
-    """The base agent's model: `config.model` fine-tuned briefly on `BASE_MIX` demonstrations,
-    merged and saved once under <home>/models/shop-base-<key>/."""
-    from tracegym.training.model import ensure_model, load_policy, save_policy, weights_hash
+    """The base agent's model: `config.model` fine-tuned briefly on demonstrations drawn with
+    `config.mix` (`BASE_MIX` by default), merged and saved once under
+    <home>/models/shop-base-<key>/."""
+    from tracegym.training.model import ensure_model, load_policy, save_policy
     from tracegym.training.rollout import to_chat
     from tracegym.training.sft import TrainStep, default_config, train_adapter
 
     source = ensure_model(home, config.model)
-    demo_tasks = _tasks(DEMO_SEEDS, config.base_demos, config.seed, list(BASE_MIX.values()))
-    train = {"steps": config.base_steps, "batch_size": 4, "max_length": 1024, "lr": 1e-3,
-             "layers": upper_layers(source)}  # fmt: skip
-    if config.model.startswith("tiny"):
-        train["lr"] = 1e-2
-    train.update(config.base_train)
-    key = _hash({"base": weights_hash(source), "mix": BASE_MIX, "train": train,
-                 "demos": [t.seed for t in demo_tasks]})  # fmt: skip
+    demo_tasks, train, key = base_settings(source, config)
     target = home / "models" / f"shop-base-{key}"
     if (target / "tracegym_model.json").exists():
         return target
@@ -244,13 +349,23 @@ def run(
     stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run the demo under `home` (see the module docstring); returns the report's data."""
+    config = config or DemoConfig()
+    threads = config.threads if config.threads is not None else (1 if config.tiny_model else None)
+    with torch_threads(threads):
+        return _run(Path(home), config, progress, stage)
+
+
+def _run(
+    home: Path,
+    config: DemoConfig,
+    progress: Progress | None,
+    stage: Callable[[str], None] | None,
+) -> dict[str, Any]:
     import tracegym as tg
     from tracegym.examples.lm_agent import CustomerNotes
     from tracegym.training.model import load_policy
     from tracegym.training.nightly import NightlyConfig, nightly
 
-    home = Path(home)
-    config = config or DemoConfig()
     out = home / "demo"
     minutes: dict[str, float] = {}
 
@@ -294,7 +409,7 @@ def run(
     dev_results = timed("dev", dev)
     tg.flush()
     trace()
-    lr = 1e-2 if config.model.startswith("tiny") else 1e-3
+    lr = 1e-2 if config.tiny_model else 1e-3
     train = {"steps": config.adapter_steps, "train_seeds": config.adapter_train_seeds,
              "batch_size": 4, "max_length": 1024, "layers": upper_layers(folder), "lr": lr,
              **config.adapter_train}  # fmt: skip
@@ -373,6 +488,7 @@ def build_report(
     disjoint = after["ci95"][0] > before["ci95"][1] if after.get("ci95") else False
     return {
         "config": config.to_dict(),
+        "note": TINY_NOTE if config.tiny_model else None,
         "model": str(folder),
         "minutes": minutes,
         "dev": {"success": rate_row(dev), "by_kind": by_kind(dev)},
@@ -420,6 +536,23 @@ def build_report(
     }
 
 
+TINY_NOTE = (
+    "This run used the tiny random test model: it learns nothing, so it shows the pipeline "
+    "working end to end (tracing, compaction, analysis, synthesis, training when there is an "
+    "environment, evaluation, routing), not a gain. Its success rates say nothing about "
+    "tracegym's loop: `tracegym demo --quick` or `tracegym demo` (SmolLM2) measure that."
+)
+
+
+def _mix_line(mix: dict[str, float] | None) -> str:
+    mix = mix or BASE_MIX
+    shares = ", ".join(f"{k} {v:.0%}" for k, v in mix.items())
+    return (
+        f"Base fine-tune's request mix: {shares} (shapes the base agent only; nothing "
+        "downstream is told)."
+    )
+
+
 def _pct(row: dict[str, Any]) -> str:
     if not row.get("n"):
         return "n/a"
@@ -431,6 +564,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     """The report a person reads (report.md)."""
     h = report["heldout"]
     lines = ["# tracegym demo", ""]
+    if report.get("note"):
+        lines += [f"**Note:** {report['note']}", ""]
     lines += [
         f"Held-out success: base {_pct(h['base'])} -> routed {_pct(h['routed'])}: "
         f"{h['gain'] * 100:+.1f} points (p={h['p_value']:.3g}; intervals "
@@ -442,6 +577,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     for kind in KINDS:
         base, routed = h["by_kind"]["base"][kind], h["by_kind"]["routed"][kind]
         lines.append(f"| {kind} | {_pct(base)} | {_pct(routed)} |")
+    lines += ["", _mix_line(report.get("config", {}).get("mix"))]
     lines += ["", f"## Gaps found in {report['dev']['success']['n']} development runs", ""]
     if not report["gaps"]:
         lines.append("No gap passed the thresholds.")
@@ -460,7 +596,14 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += [
         f"- `{e['env_id']}` ({e['family']}) for {e.get('gap_name')}" for e in report["environments"]
     ]
+    if not report["environments"]:
+        lines.append(
+            "None: synthesis built no environment (the nightly report says why, gap by gap), "
+            "so there was nothing to train an adapter on."
+        )
     lines += ["", "## Adapters", ""]
+    if not report["adapters"]:
+        lines.append("None.")
     for a in report["adapters"]:
         state = "promoted" if a["promoted"] else "not promoted"
         lines.append(f"- `{a['adapter_id']}` ({a['capability']}): {state}: {a['promotion']}")

@@ -18,8 +18,10 @@ pytest.importorskip("peft")
 pytest.importorskip("duckdb")
 
 import tracegym as tg
+from tracegym.cli import app
+from tracegym.examples import demo as demo_module
 from tracegym.examples import lm_agent
-from tracegym.examples.demo import DemoConfig, run
+from tracegym.examples.demo import BASE_MIX, DemoConfig, parse_mix, run
 from tracegym.examples.shop import (
     KINDS,
     RULES,
@@ -35,9 +37,10 @@ from tracegym.synthesis import registry
 from tracegym.testing import capture
 from tracegym.training import adapters
 from tracegym.training.rollout import format_call
+from typer.testing import CliRunner
 
 # Trains or runs real models: out of the quick loop (`pytest -m "not slow"`).
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
 
 
 # The shop ----------------------------------------------------------------------------------------
@@ -142,6 +145,7 @@ def demo_home(tmp_path_factory):
         setup._installed.batches = []
 
 
+@slow
 def test_every_stage_ran_and_left_valid_artifacts(demo_home):
     home, config, report, stages = demo_home
     assert stages == ["prepare", "dev", "nightly", "heldout-base", "heldout-routed"]
@@ -222,12 +226,14 @@ def test_notes_are_read_back_when_a_customer_returns(tmp_path):
     assert len(spans.by_operation("search_memory")) == 2
 
 
+@slow
 def test_the_report_is_written_and_the_runs_are_queryable(demo_home):
     from tracegym.store.store import Store
 
     home, _, report, _ = demo_home
     text = (home / "demo" / "report.md").read_text()
     assert "Held-out success" in text and "## Gaps found" in text
+    assert report["note"] and "learns nothing" in text  # the tiny model shows no gain
     assert json.loads((home / "demo" / "report.json").read_text())["heldout"] == report["heldout"]
     with Store(home) as store:
         rows = store.sql(
@@ -239,6 +245,7 @@ def test_the_report_is_written_and_the_runs_are_queryable(demo_home):
     assert {"find_user", "get_order"} <= tools
 
 
+@slow
 def test_a_second_run_reuses_the_model_and_the_dev_runs(demo_home, monkeypatch):
     home, config, report, _ = demo_home
     # (tg.init is still the fixture's, on its private provider)
@@ -250,3 +257,120 @@ def test_a_second_run_reuses_the_model_and_the_dev_runs(demo_home, monkeypatch):
     again = run(home, config)
     assert again["model"] == report["model"]
     assert again["dev"] == report["dev"]
+
+
+# The base fine-tune's mix -------------------------------------------------------------------------
+def test_a_mix_is_parsed_normalised_and_completed():
+    assert parse_mix("status=0.1,cancel=0.4,refund=0.1,address=0.4") == {
+        "status": 0.1, "cancel": 0.4, "refund": 0.1, "address": 0.4,
+    }  # fmt: skip
+    # weights need not sum to 1; kinds not named get 0; spaces are fine
+    assert parse_mix(" cancel = 3 , refund=1") == {
+        "status": 0.0, "cancel": 0.75, "refund": 0.25, "address": 0.0,
+    }  # fmt: skip
+    assert DemoConfig().mix == BASE_MIX
+    assert DemoConfig(mix={"address": 2}).mix["address"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("status=0.5,billing=0.5", "unknown request kind 'billing'"),
+        ("status=-0.1,cancel=1", "must be a finite number >= 0"),
+        ("status=nan", "must be a finite number >= 0"),
+        ("status=inf", "must be a finite number >= 0"),
+        ("status=0,cancel=0", "at least one weight above 0"),
+        ("status=lots", "not a number"),
+        ("status", "expected KIND=WEIGHT"),
+        ("", "expected KIND=WEIGHT"),
+        ("status=0.5,,cancel=0.5", "expected KIND=WEIGHT"),
+        ("status=0.5,status=0.5", "given twice"),
+    ],
+)
+def test_a_bad_mix_is_refused_with_a_clear_error(text, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        parse_mix(text)
+    # the command line says the same in one line, exit code 2, before anything runs
+    result = CliRunner().invoke(app, ["--home", str(tmp_path / "h"), "demo", "--mix", text])
+    assert result.exit_code == 2, result.output
+    assert "--mix" in result.output and message.split("'")[0] in result.output
+    assert not (tmp_path / "h").exists()
+
+
+def test_the_mix_is_part_of_the_model_cache_key(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    keys = {
+        text: demo_module.base_settings(tmp_path, DemoConfig(mix=parse_mix(text)))[2]
+        for text in ("status=0.4,cancel=0.4,refund=0.1,address=0.1", "status=4,cancel=4,refund=1,"
+                     "address=1", "status=0.1,cancel=0.4,refund=0.1,address=0.4")
+    }  # fmt: skip
+    default = demo_module.base_settings(tmp_path, DemoConfig())[2]
+    values = list(keys.values())
+    assert values[0] == values[1] == default  # the same mix, however written: the same model
+    assert values[2] != default
+
+
+@slow
+def test_the_mix_reaches_the_base_fine_tunes_task_draw(tmp_path, monkeypatch):
+    """prepare_model draws its demonstrations with the mix (and nothing else is told)."""
+    drawn: list[str] = []
+    real = demo_module.demonstration
+
+    def recording(task):
+        drawn.append(task.kind)
+        return real(task)
+
+    class Stop(Exception):
+        pass
+
+    def no_training(policy, conversations, *args, **kwargs):
+        assert len(conversations) == len(drawn)
+        raise Stop
+
+    monkeypatch.setattr(demo_module, "demonstration", recording)
+    monkeypatch.setattr("tracegym.training.sft.train_adapter", no_training)
+    counts = {}
+    for text in ("cancel=1", "status=0.1,cancel=0.4,refund=0.1,address=0.4"):
+        drawn.clear()
+        config = DemoConfig(model="tiny", base_demos=200, mix=parse_mix(text))
+        with pytest.raises(Stop):
+            demo_module.prepare_model(tmp_path, config)
+        counts[text] = {k: drawn.count(k) for k in KINDS}
+    assert counts["cancel=1"] == {"status": 0, "cancel": 200, "refund": 0, "address": 0}
+    uneven = counts["status=0.1,cancel=0.4,refund=0.1,address=0.4"]
+    assert sum(uneven.values()) == 200
+    # 80 expected of cancel and of address, 20 of status and of refund
+    assert min(uneven["cancel"], uneven["address"]) > 2 * max(uneven["status"], uneven["refund"])
+
+
+def test_the_tiny_model_gets_the_tiny_size_and_says_it_learns_nothing():
+    config = DemoConfig.for_model("tiny-3", quick=True, dev_tasks=5)
+    assert config.model == "tiny-3" and config.tiny_model and config.dev_tasks == 5
+    assert config.base_steps < DemoConfig.quick().base_steps and config.embedder == "hash"
+    assert not DemoConfig.for_model("smollm2").tiny_model
+    assert DemoConfig.for_model("smollm2", quick=True) == DemoConfig.quick()
+    report = {
+        "note": demo_module.TINY_NOTE, "config": config.to_dict(), "gaps": [],
+        "environments": [], "adapters": [], "minutes": {}, "nightly": {"dir": "x"},
+        "dev": {"success": {"n": 5}},
+        "heldout": {
+            "base": {"n": 0}, "routed": {"n": 0}, "gain": 0.0, "p_value": 1.0,
+            "intervals_disjoint": False,
+            "by_kind": {side: {k: {"n": 0} for k in KINDS} for side in ("base", "routed")},
+        },
+    }  # fmt: skip
+    text = demo_module.render_markdown(report)
+    assert "learns nothing" in text and "not a gain" in text
+    assert "nothing to train an adapter on" in text
+
+
+def test_torch_threads_are_set_for_the_block_and_restored():
+    import torch
+
+    before = torch.get_num_threads()
+    with demo_module.torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with demo_module.torch_threads(None):
+        assert torch.get_num_threads() == before
