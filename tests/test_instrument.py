@@ -523,7 +523,8 @@ def _one_openai_call(server: FakeLLMServer, content: str) -> Any:
     ("settings", "messages_kept"),
     [
         ({"capture_content": False}, False),
-        ({}, False),  # message capture is off by default, as for tracegym's own llm spans
+        ({}, True),  # captured by default for the local store, as for tracegym's own llm spans
+        ({"capture_messages": False}, False),
         ({"capture_messages": True}, True),
     ],
 )

@@ -110,7 +110,7 @@ def test_nested_sync_tree_and_attributes(cap):
     assert chat[sc.RESPONSE_MODEL] == "gpt-4o-2024-08-06"
     assert chat[sc.INPUT_TOKENS] == 12
     assert chat[sc.OUTPUT_TOKENS] == 5
-    assert sc.INPUT_MESSAGES not in chat  # messages are opt-in
+    assert json.loads(chat[sc.INPUT_MESSAGES])[0]["role"] == "user"  # captured by default
 
     write = a(cap.one("update_memory notes"))
     assert write[sc.OPERATION] == "update_memory"
@@ -571,12 +571,12 @@ def test_token_usage_shapes_are_charged_to_the_agent(cap):
     assert a(cap.one("invoke_agent spender"))[sc.USED_TOKENS] == 120 + 7 + 1001 + 17
 
 
-def test_llm_messages_are_opt_in(cap):
-    @tg.llm(model="m1")
+def test_llm_messages_are_captured_by_default_and_can_be_switched_off(cap):
+    @tg.llm(model="m1", capture_messages=False)
     def plain(messages):
         return {"content": "answer"}
 
-    @tg.llm(model="m2", capture_messages=True)
+    @tg.llm(model="m2")
     def with_messages(messages):
         return {"content": "answer"}
 
@@ -603,6 +603,10 @@ def test_llm_messages_global_switch():
         {"role": "user", "parts": [{"type": "text", "content": "hello"}]}
     ]
     assert sc.OUTPUT_MESSAGES in chat
+    with tg.testing.capture(capture_messages=False) as cap:
+        call_model([{"role": "user", "content": "hello"}])
+    chat = a(cap.one("chat gpt-4o"))
+    assert sc.INPUT_MESSAGES not in chat and sc.OUTPUT_MESSAGES not in chat
 
 
 def test_llm_model_argument_overrides_request_model(cap):

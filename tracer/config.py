@@ -16,6 +16,18 @@ def _env_bool(name: str, default: bool) -> bool:
     return raw.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _messages_from_env() -> tuple[bool, bool]:
+    """(capture, export) of LLM messages from TRACEGYM_CAPTURE_MESSAGES, else the GenAI
+    convention's OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT: either set true captures
+    and exports them, false neither; unset: captured for the local store only."""
+    for name in ("TRACEGYM_CAPTURE_MESSAGES", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"):
+        raw = (os.environ.get(name) or "").strip()
+        if raw:
+            on = raw.lower() in {"1", "true", "yes", "on"}
+            return on, on
+    return True, False
+
+
 def _env_level(name: str, default: str) -> str:
     """An OpenInference level: off (0, false, no), kinds, full (1, true, yes, on)."""
     raw = (os.environ.get(name) or "").strip().lower()
@@ -50,7 +62,10 @@ class Settings:
     """What the hot path reads on every span; replaced as a whole by `tracegym.init`."""
 
     capture_content: bool = True
-    capture_messages: bool = False
+    # LLM messages: captured (for the local store) by default; sent to OTLP and the
+    # application's exporters only when asked for (`capture_messages=True`, or the variables).
+    capture_messages: bool = True
+    export_messages: bool = False
     # OpenInference attributes alongside the GenAI ones, for Phoenix (tracer/openinference.py):
     # "kinds" (the span kind only), "full" (also input/output values, model, tokens) or "off".
     # What an OTLP export carries, not what the spool keeps.
@@ -64,12 +79,11 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
+        capture_messages, export_messages = _messages_from_env()
         return cls(
             capture_content=_env_bool("TRACEGYM_CAPTURE_CONTENT", True),
-            capture_messages=_env_bool(
-                "TRACEGYM_CAPTURE_MESSAGES",
-                _env_bool("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", False),
-            ),
+            capture_messages=capture_messages,
+            export_messages=export_messages,
             openinference=_env_level("TRACEGYM_OPENINFERENCE", "kinds"),
             max_value_length=max(64, _env_int("TRACEGYM_MAX_VALUE_LENGTH", 8192)),
             home=resolve_home(),

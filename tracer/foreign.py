@@ -13,8 +13,8 @@ add its own; either way their spans pass through tracegym's one processor
 - at its end, an LLM span's token usage is charged to the run's and subtasks' budgets and an LLM
   or tool span counts as a step of them (framework plumbing, chains and graph nodes, does not);
   then the content policy: with content capture off (`capture_content=False`) inputs, outputs,
-  tool arguments, retrieved text and messages are dropped; with message capture off (the
-  default, `capture_messages`) the messages of LLM spans (and messages other spans carry) are;
+  tool arguments, retrieved text and messages are dropped; with message capture off
+  (`capture_messages=False`) the messages of LLM spans (and messages other spans carry) are;
   strings longer than `max_value_length` are cut as tracegym cuts its own.
 
 Secret redaction needs nothing here: it runs on every span of tracegym's pipelines on the export
@@ -211,9 +211,33 @@ def apply_policy(
 ) -> ReadableSpan:
     """`span` itself when the policy changes nothing, else a copy without what it drops."""
     settings = state.settings
-    content = settings.capture_content
-    messages = content and settings.capture_messages
-    limit = settings.max_value_length
+    kept = filter_span(
+        span,
+        operation,
+        attributes,
+        content=settings.capture_content,
+        messages=settings.capture_messages,
+        limit=settings.max_value_length,
+    )
+    if kept is not span:
+        internal.add("foreign_spans_filtered")
+    return kept
+
+
+def filter_span(
+    span: ReadableSpan,
+    operation: str | None,
+    attributes: Mapping[str, Any] | None = None,
+    *,
+    content: bool,
+    messages: bool,
+    limit: int | None,
+) -> ReadableSpan:
+    """`span` less its content (`content=False`) or messages (`messages=False`: the messages
+    of LLM spans, their input/output values, message events), strings cut at `limit` (None:
+    not cut); `span` itself when that changes nothing. The content policy, and what the OTLP
+    pipeline leaves out of tracegym's own spans too when messages stay local (`setup.py`)."""
+    messages = content and messages
     if attributes is None:
         attributes = attributes_of(span)
     # Whether each category is dropped here.
@@ -231,7 +255,7 @@ def apply_policy(
             if changed is None:
                 changed = dict(attributes)
             del changed[key]
-        elif type(value) is str and len(value) > limit:
+        elif limit is not None and type(value) is str and len(value) > limit:
             if changed is None:
                 changed = dict(attributes)
             changed[key] = truncate(value, limit)
@@ -242,7 +266,6 @@ def apply_policy(
             events = kept
     if changed is None and events is None:
         return span
-    internal.add("foreign_spans_filtered")
     return replace_span(span, attributes=changed, events=events)
 
 

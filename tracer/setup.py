@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.config import Settings, _env_bool, _env_float, resolve_home
+from tracegym.tracer.export_filter import MessageFilteringExporter
 from tracegym.tracer.operations import state
 from tracegym.tracer.processors import (
     CountingBatchSpanProcessor,
@@ -127,9 +128,16 @@ def init(
 ) -> Path | None:
     """Start tracing this process. Returns the data directory spans are spooled to (or None).
 
+    LLM messages (prompts, completions, system instructions) are captured by default for the
+    local store (the spool), redacted and truncated like every value, and left out of what goes
+    to OTLP or `exporters`, as the GenAI convention keeps their export opt-in;
+    `capture_messages=True` captures and exports them, `capture_messages=False` captures them
+    nowhere.
+
     Defaults come from the environment: TRACEGYM_HOME (else ./.tracegym), TRACEGYM_SPOOL,
     TRACEGYM_CAPTURE_CONTENT, TRACEGYM_CAPTURE_MESSAGES (or the GenAI convention's
-    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT), TRACEGYM_MAX_VALUE_LENGTH,
+    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT; true: as `capture_messages=True`,
+    false: as `capture_messages=False`), TRACEGYM_MAX_VALUE_LENGTH,
     TRACEGYM_FLUSH_INTERVAL_S, TRACEGYM_MAX_QUEUE_SIZE, TRACEGYM_SHUTDOWN_TIMEOUT_S (how long exit
     waits for the last exports, default 3 s), and the usual OTEL_* variables
     (service name, resource attributes, OTLP endpoint and headers, OTEL_SDK_DISABLED).
@@ -163,8 +171,8 @@ def _init(
     settings.home = resolve_home(home)
     if capture_content is not None:
         settings.capture_content = capture_content
-    if capture_messages is not None:
-        settings.capture_messages = capture_messages
+    if capture_messages is not None:  # explicit: everywhere, or nowhere
+        settings.capture_messages = settings.export_messages = bool(capture_messages)
     if max_value_length is not None:
         settings.max_value_length = max(64, int(max_value_length))
     if flush_interval_s is not None:
@@ -186,9 +194,19 @@ def _init(
         named.append(("otlp", _otlp_exporter(otlp_endpoint, otlp_headers)))
     named.extend((type(e).__name__, e) for e in exporters)
     redactor = Redactor(redact_patterns) if redact else None
+    # Messages are kept in the local store; other destinations get them only when asked for.
+    local_only = settings.capture_content and settings.capture_messages
+    local_only = local_only and not settings.export_messages
+
+    def pipeline(exporter: SpanExporter) -> SpanExporter:
+        wrapped = RedactingSpanExporter(exporter, redactor) if redactor else exporter
+        if local_only and not isinstance(exporter, SpoolSpanExporter):
+            wrapped = MessageFilteringExporter(wrapped)
+        return wrapped
+
     batches = [
         CountingBatchSpanProcessor(
-            RedactingSpanExporter(exporter, redactor) if redactor else exporter,
+            pipeline(exporter),
             name,
             max_queue_size=settings.max_queue_size,
             schedule_delay_millis=settings.flush_interval_s * 1000,

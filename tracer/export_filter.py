@@ -1,0 +1,55 @@
+"""Messages stay in the local store unless the application asks to export them.
+
+tracegym captures LLM messages by default for its own store (the spool), as peers do, with
+redaction and truncation applied; the GenAI convention keeps sending them to a backend opt-in
+(`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`). `MessageFilteringExporter` wraps every
+other pipeline's exporter (OTLP, the application's own) and leaves out what message capture
+adds: `gen_ai.input.messages`, `gen_ai.output.messages`, `gen_ai.system_instructions`, the
+input/output values of LLM spans (OpenInference's `input.value`/`output.value`, OpenLLMetry's
+`traceloop.entity.input/output`), OpenInference's flattened `llm.input_messages.*` /
+`llm.output_messages.*`, OpenLLMetry's `gen_ai.prompt.*` / `gen_ai.completion.*`, and message
+events: the same keys the content policy drops with `capture_messages=False`
+(`foreign.filter_span`). It runs on the pipeline's export thread, never on the agent's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from tracegym.tracer import internal
+from tracegym.tracer.foreign import attributes_of, filter_span
+
+
+def without_messages(span: ReadableSpan) -> ReadableSpan:
+    """`span` less its messages; `span` itself when it carries none."""
+    from tracegym.store.otlp import operation_of
+
+    attributes = attributes_of(span)
+    return filter_span(
+        span, operation_of(attributes), attributes, content=True, messages=False, limit=None
+    )
+
+
+class MessageFilteringExporter(SpanExporter):
+    """Exports each span without its messages (see the module docstring)."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        kept = []
+        for span in spans:
+            try:
+                kept.append(without_messages(span))
+            except Exception as exc:  # never send a span whose messages we could not remove
+                internal.report_error("export_filter", exc)
+                internal.add("spans_failed.message_filter")
+        return self.exporter.export(kept) if kept else SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
