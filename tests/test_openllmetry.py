@@ -103,6 +103,33 @@ def paths(tmp_path: Path, tracer_setup: Callable[..., Any]) -> Iterator[TwoPaths
             yield TwoPaths(tmp_path / "local", tmp_path / "remote", receiver, provider)
         finally:
             instrumentor.uninstrument()
+            _unwrap_openllmetry()
+
+
+def _openllmetry_wrappers() -> Iterator[tuple[type, str, Any]]:
+    """(class, attribute, wrapper) of each `openai` method OpenLLMetry's wrappers hold."""
+    import inspect
+    import sys
+
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("openai.resources") or module is None:
+            continue
+        for cls in [v for v in vars(module).values() if inspect.isclass(v)]:
+            for attribute, value in list(vars(cls).items()):
+                wrapper = getattr(value, "_self_wrapper", None)
+                if getattr(wrapper, "__module__", "").startswith(openllmetry.__name__):
+                    yield cls, attribute, value
+
+
+def _unwrap_openllmetry() -> None:
+    """Undo what `OpenAIInstrumentor().uninstrument()` leaves wrapped: 0.62.4 calls
+    `unwrap("openai.resources.chat.completions", "Completions.create")`, which
+    opentelemetry-instrumentation 0.66's `unwrap` reads as attribute "Completions.create" of
+    module `openai.resources.chat`, so nothing is unwrapped, and later tests in the process
+    would still get OpenLLMetry's spans."""
+    for cls, attribute, value in list(_openllmetry_wrappers()):
+        setattr(cls, attribute, value.__wrapped__)
+    assert not list(_openllmetry_wrappers())
 
 
 def client(server: FakeLLMServer) -> Any:
