@@ -19,17 +19,20 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from tracegym.tracer import internal
-from tracegym.tracer.foreign import attributes_of, filter_span
+from tracegym.tracer import semconv as sc
+from tracegym.tracer.foreign import _otlp, attributes_of, filter_span, is_foreign
 
 
 def without_messages(span: ReadableSpan) -> ReadableSpan:
     """`span` less its messages; `span` itself when it carries none."""
-    from tracegym.store.otlp import operation_of
-
     attributes = attributes_of(span)
-    return filter_span(
-        span, operation_of(attributes), attributes, content=True, messages=False, limit=None
-    )
+    if not is_foreign(span):  # tracegym's own: only its LLM spans carry messages
+        if attributes.get(sc.OPERATION) != sc.OP_CHAT:
+            return span
+        operation: str | None = sc.OP_CHAT
+    else:
+        operation = _otlp().operation_of(attributes)
+    return filter_span(span, operation, attributes, content=True, messages=False, limit=None)
 
 
 class MessageFilteringExporter(SpanExporter):
