@@ -10,6 +10,18 @@ Measured in one run, alternating rounds of:
 Prints the per-call overhead of each over `plain`, and tracegym's as a ratio to raw_sdk's.
 Goal: ratio <= 1.2. Then 50,000 decorated calls in a tight loop: nothing may be dropped.
 
+Then the counting-exporter configuration (issue 18's, the one peers are compared in), alternating
+rounds of:
+  plain       as above;
+  raw_sdk4    the call inside a hand-written OTel SDK span with 4 attributes (operation, tool
+              name, JSON arguments, JSON result), under a hand-written agent span, through a
+              BatchSpanProcessor into an exporter that only counts;
+  tracegym    @tg.tool under @tg.agent, content capture on, the same batch settings, the same
+              counting exporter (no spool), redaction on as by default.
+Each is timed by the wall clock and by the calling thread's CPU clock (the export thread's
+work, the same for both exporters, and a loaded machine's waits are left out). Goal: ratio of
+the overheads <= 1.2.
+
 Then auto-instrumentation (needs `openai` and `openinference-instrumentation-openai`): one
 OpenAI chat completion against a loopback fake server (tests/fixtures/fake_llm_server.py), in
 alternating rounds of:
@@ -24,7 +36,7 @@ instrumentor's. The instrumentor is a singleton, so each round installs its own 
 outside the timed region.
 
     .venv/bin/python benchmarks/tracer_overhead.py [--calls 5000] [--rounds 9]
-        [--llm-calls 300] [--llm-rounds 7]
+        [--llm-calls 300] [--llm-rounds 7] [--only spool|counting|llm]
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -43,7 +56,7 @@ from typing import Any
 import tracegym as tg
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.spool import SpoolSpanExporter, iter_spool
@@ -102,6 +115,117 @@ def traced_round(calls: int) -> float:
     start = time.perf_counter()
     traced_agent(calls)
     return time.perf_counter() - start
+
+
+def raw4_round(tracer: trace.Tracer, calls: int) -> None:
+    with tracer.start_as_current_span(
+        "invoke_agent bench", attributes={sc.OPERATION: sc.OP_AGENT, sc.AGENT_NAME: "bench"}
+    ):
+        for i in range(calls):
+            order_id = KEYS[i & 63]
+            with tracer.start_as_current_span(
+                "execute_tool get_order",
+                attributes={
+                    sc.OPERATION: sc.OP_TOOL,
+                    sc.TOOL_NAME: "get_order",
+                    sc.TOOL_ARGUMENTS: _dumps({"order_id": order_id}),
+                },
+            ) as span:
+                result = get_order(order_id)
+                span.set_attribute(sc.TOOL_RESULT, _dumps(result))
+
+
+class CountingExporter(SpanExporter):
+    """Counts what it is given: the exporter's own cost out of the comparison."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+        self.attributes = 0
+        self.keep: list[Any] | None = None  # a list: keep what is exported
+
+    def export(self, spans: Any) -> SpanExportResult:
+        self.spans += len(spans)
+        self.attributes += sum(len(s.attributes or ()) for s in spans)
+        if self.keep is not None:
+            self.keep.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def counting_section(tmp: Path, tg_provider: TracerProvider, calls: int, rounds: int) -> None:
+    """tracegym against a 4-attribute hand-written span, both into a counting exporter."""
+    raw_exporter, tg_exporter = CountingExporter(), CountingExporter()
+    raw_provider = TracerProvider()
+    raw_provider.add_span_processor(
+        BatchSpanProcessor(raw_exporter, max_queue_size=65536, schedule_delay_millis=1000)
+    )
+    raw_tracer = raw_provider.get_tracer("bench")
+    tg.init(service="bench", home=tmp / "counting", provider=tg_provider, spool=False,
+            exporters=[tg_exporter], capture_content=True, max_queue_size=65536,
+            flush_interval_s=1.0)  # fmt: skip
+    variants: list[tuple[str, Callable[[int], None]]] = [
+        ("plain", plain_round),
+        ("raw_sdk4", lambda n: raw4_round(raw_tracer, n)),
+        ("tracegym", traced_agent),
+    ]
+    for _ in range(2):  # warm-up
+        for _, run in variants:
+            run(200)
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in variants}
+    for _ in range(rounds):
+        for name, run in variants:
+            samples[name].append(_clocks(lambda run=run: run(calls), calls))  # type: ignore[misc]
+            raw_provider.force_flush()  # export outside the timed region, for both
+            tg.flush()
+    raw_provider.shutdown()
+    print(f"counting exporter (median of {rounds} rounds x {calls} calls):")
+    print("  variant     wall us/call   CPU us/call (calling thread)")
+    medians = {}
+    for name, values in samples.items():
+        medians[name] = (statistics.median(v[0] for v in values),
+                         statistics.median(v[1] for v in values))  # fmt: skip
+        print(f"  {name:10s} {medians[name][0]:10.2f}   {medians[name][1]:10.2f}")
+    for clock, i in (("wall", 0), ("CPU", 1)):
+        raw = medians["raw_sdk4"][i] - medians["plain"][i]
+        own = medians["tracegym"][i] - medians["plain"][i]
+        print(f"overhead ({clock}): raw_sdk4 {raw:.2f} us, tracegym {own:.2f} us, "
+              f"ratio {own / raw:.3f}  (goal <= 1.2)")  # fmt: skip
+    per_tool = tg_exporter.attributes / max(1, tg_exporter.spans)
+    print(f"spans exported: raw_sdk4 {raw_exporter.spans}, tracegym {tg_exporter.spans} "
+          f"({per_tool:.1f} attributes per span on average, agent spans included)")  # fmt: skip
+    export_thread(tg_exporter, raw_exporter)
+
+
+def export_thread(tg_exporter: CountingExporter, raw_exporter: CountingExporter) -> None:
+    """The export thread's work per span (thread CPU, best of 9): tracegym's pipeline in front
+    of the counting exporter (redaction, ...) against the counting exporter alone. It runs
+    beside the agent, but holds the GIL while it does: on a busy machine it adds to the wall
+    clock above, not to the calling thread's CPU."""
+    from tracegym.tracer import setup
+
+    tg_exporter.keep = []
+    traced_agent(511)
+    tg.flush()
+    spans, tg_exporter.keep = tg_exporter.keep[:512], None
+    chain = setup.processors()[0].counting
+
+    def best(exporter: SpanExporter) -> float:
+        times = []
+        for _ in range(9):
+            start = time.thread_time()
+            for _ in range(20):
+                exporter.export(spans)
+            times.append((time.thread_time() - start) / 20 / len(spans) * 1e6)
+        return min(times)
+
+    names, node = [], chain
+    while node is not None:
+        names.append(type(node).__name__)
+        node = getattr(node, "exporter", None)
+    print(f"export thread per span: tracegym {best(chain):.2f} us ({' -> '.join(names)}), "
+          f"the counting exporter alone {best(raw_exporter):.2f} us")  # fmt: skip
 
 
 def _clocks(run: Callable[[], None], calls: int) -> tuple[float, float]:
@@ -209,7 +333,10 @@ def main() -> None:
     parser.add_argument("--tight-loop", type=int, default=50_000)
     parser.add_argument("--llm-calls", type=int, default=300, help="OpenAI calls per round")
     parser.add_argument("--llm-rounds", type=int, default=7, help="0: skip the OpenAI section")
+    parser.add_argument("--only", choices=("spool", "counting", "llm"), default=None)
     args = parser.parse_args()
+    sections = {args.only} if args.only else {"spool", "counting", "llm"}
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
     with tempfile.TemporaryDirectory() as tmp:
         raw_provider = TracerProvider()
@@ -222,55 +349,65 @@ def main() -> None:
         )
         raw_tracer = raw_provider.get_tracer("bench")
         tg_provider = TracerProvider()
-        tg.init(service="bench", home=Path(tmp) / "tracegym", provider=tg_provider)
-
-        samples: dict[str, list[float]] = {"plain": [], "raw_sdk": [], "tracegym": []}
-        for _ in range(2):  # warm-up
-            plain_round(200), raw_round(raw_tracer, 200), traced_round(200)
-        for _ in range(args.rounds):
-            for name, run in (
-                ("plain", lambda: plain_round(args.calls)),
-                ("raw_sdk", lambda: raw_round(raw_tracer, args.calls)),
-                ("tracegym", lambda: traced_round(args.calls)),
-            ):
-                gc.collect()
-                gc.disable()  # as timeit does: no collector pauses inside a timed round
-                try:
-                    samples[name].append(run() / args.calls * 1e6)
-                finally:
-                    gc.enable()
-                raw_provider.force_flush()  # export outside the timed region, for both
-                tg.flush()
-
-        per_call = {name: statistics.median(v) for name, v in samples.items()}
-        raw_overhead = per_call["raw_sdk"] - per_call["plain"]
-        tg_overhead = per_call["tracegym"] - per_call["plain"]
-        print(f"per call (median of {args.rounds} rounds x {args.calls} calls):")
-        for name, value in per_call.items():
-            print(f"  {name:9s} {value:8.2f} us")
-        print(f"overhead raw_sdk   {raw_overhead:8.2f} us/call")
-        print(f"overhead tracegym  {tg_overhead:8.2f} us/call")
-        ratio = tg_overhead / raw_overhead
-        print(f"ratio tracegym/raw_sdk overhead: {ratio:.3f}  (goal <= 1.2)")
-
-        internal.reset()
-        home = Path(tmp) / "tight"
-        tg.init(service="bench", home=home, provider=tg_provider)
-        start = time.perf_counter()
-        traced_agent(args.tight_loop)
-        elapsed = time.perf_counter() - start
-        tg.flush()
-        stats = tg.stats()
-        spans = sum(1 for r in iter_spool(home) if r["name"] == "execute_tool get_order")
-        print(
-            f"tight loop: {args.tight_loop} calls in {elapsed:.2f} s, "
-            f"{spans} tool spans in the spool, dropped {stats.spans_dropped}, "
-            f"failed {stats.spans_failed}, internal errors {stats.internal_errors}"
-        )
-        if args.llm_rounds > 0:
+        if "spool" in sections:
+            spool_section(Path(tmp), raw_tracer, raw_provider, tg_provider, args)
+        if "counting" in sections:
+            counting_section(Path(tmp), tg_provider, args.calls, args.rounds)
+        if "llm" in sections and args.llm_rounds > 0:
             llm_section(Path(tmp), tg_provider, args.llm_calls, args.llm_rounds)
         tg.shutdown()
         raw_provider.shutdown()
+
+
+def spool_section(
+    tmp: Path, raw_tracer: trace.Tracer, raw_provider: TracerProvider,
+    tg_provider: TracerProvider, args: argparse.Namespace,
+) -> None:  # fmt: skip
+    """tracegym against the same attributes by hand, both into the spool; then a tight loop."""
+    tg.init(service="bench", home=tmp / "tracegym", provider=tg_provider)
+    samples: dict[str, list[float]] = {"plain": [], "raw_sdk": [], "tracegym": []}
+    for _ in range(2):  # warm-up
+        plain_round(200), raw_round(raw_tracer, 200), traced_round(200)
+    for _ in range(args.rounds):
+        for name, run in (
+            ("plain", lambda: plain_round(args.calls)),
+            ("raw_sdk", lambda: raw_round(raw_tracer, args.calls)),
+            ("tracegym", lambda: traced_round(args.calls)),
+        ):
+            gc.collect()
+            gc.disable()  # as timeit does: no collector pauses inside a timed round
+            try:
+                samples[name].append(run() / args.calls * 1e6)
+            finally:
+                gc.enable()
+            raw_provider.force_flush()  # export outside the timed region, for both
+            tg.flush()
+
+    per_call = {name: statistics.median(v) for name, v in samples.items()}
+    raw_overhead = per_call["raw_sdk"] - per_call["plain"]
+    tg_overhead = per_call["tracegym"] - per_call["plain"]
+    print(f"per call (median of {args.rounds} rounds x {args.calls} calls):")
+    for name, value in per_call.items():
+        print(f"  {name:9s} {value:8.2f} us")
+    print(f"overhead raw_sdk   {raw_overhead:8.2f} us/call")
+    print(f"overhead tracegym  {tg_overhead:8.2f} us/call")
+    ratio = tg_overhead / raw_overhead
+    print(f"ratio tracegym/raw_sdk overhead: {ratio:.3f}  (goal <= 1.2)")
+
+    internal.reset()
+    home = tmp / "tight"
+    tg.init(service="bench", home=home, provider=tg_provider)
+    start = time.perf_counter()
+    traced_agent(args.tight_loop)
+    elapsed = time.perf_counter() - start
+    tg.flush()
+    stats = tg.stats()
+    spans = sum(1 for r in iter_spool(home) if r["name"] == "execute_tool get_order")
+    print(
+        f"tight loop: {args.tight_loop} calls in {elapsed:.2f} s, "
+        f"{spans} tool spans in the spool, dropped {stats.spans_dropped}, "
+        f"failed {stats.spans_failed}, internal errors {stats.internal_errors}"
+    )
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ from tracegym.tracer import internal
 from tracegym.tracer import messages as genai
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.context import Budget, Run, Scope, current
-from tracegym.tracer.openinference import OFF as _OI_OFF
-from tracegym.tracer.openinference import SPAN_KINDS, TEXT, attributes_for, wants_values
+from tracegym.tracer.openinference import FULL as _OI_FULL
+from tracegym.tracer.openinference import TEXT, attributes_for, wants_values
 from tracegym.tracer.operations import Handle, Operation, _caught, _record_usage, state
 from tracegym.tracer.serialize import content_hash, to_json
 
@@ -56,17 +56,13 @@ def _text(value: Any) -> str | None:
 
 
 def _openinference(handle: Handle) -> None:
-    """The span's OpenInference attributes (openinference.py) as it ends: its kind, and at
-    level full what `attributes_for` derives from its other attributes."""
-    setting = state.settings.openinference
-    if setting in _OI_OFF:
+    """At level full, the span's OpenInference attributes (openinference.py) as it ends: what
+    `attributes_for` derives from its other attributes. (Its kind, a constant of the
+    operation, is among the attributes it starts with, `Operation.begin`: one dict entry
+    instead of a locked `set_attribute` call at the end.)"""
+    if state.settings.openinference not in _OI_FULL:
         return
     span = handle.span
-    if not wants_values(setting):
-        kind = SPAN_KINDS.get(handle.op.operation)
-        if kind is not None:
-            span.set_attribute(sc.OI_SPAN_KIND, kind)
-        return
     attrs = getattr(span, "attributes", None)
     if attrs:
         derived = attributes_for(attrs)

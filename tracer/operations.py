@@ -26,6 +26,8 @@ from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.config import settings as _default_settings
 from tracegym.tracer.context import Scope
+from tracegym.tracer.openinference import OFF as _OI_OFF
+from tracegym.tracer.openinference import SPAN_KINDS
 from tracegym.tracer.serialize import truncate
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -233,13 +235,18 @@ class Operation:
         """Start and activate the span; None (counted) if tracegym itself failed."""
         try:
             arguments = self._binder(args, kwargs or {}) if self._binder else self.call
-            capture = self._capture()
+            settings = state.settings
+            capture = settings.capture_content if self.capture is None else self.capture
             parent = scope_context.current.get()
             attrs = dict(self._static)
             if self.takes_step and parent is not None:
                 attrs[sc.STEP_INDEX] = scope_context.next_step(parent)
                 attrs[sc.AGENT_NAME] = parent.agent
             self.call_attributes(attrs, arguments, capture)
+            if settings.openinference not in _OI_OFF:  # (level kinds or full)
+                kind = SPAN_KINDS.get(self.operation)
+                if kind is not None:
+                    attrs[sc.OI_SPAN_KIND] = kind
             span = self.start_span(attrs, parent)
         except BaseException as exc:
             _caught(f"begin.{self.operation}", exc)

@@ -210,21 +210,31 @@ def _small(value: Any, max_length: int) -> bool:
 
     Anything bigger or deeper takes the bounded walk, so a 3-million-row argument costs a
     summary, not a full encode on the agent's thread; and with no third level there can be no
-    cycle, so the encoder needs no cycle bookkeeping.
+    cycle, so the encoder needs no cycle bookkeeping. (`_small_scalar` is inlined: this runs
+    on the agent's thread for every argument and result.)
     """
     items = value.values() if type(value) is dict else value
     if len(items) > _SMALL_ITEMS:
         return False
     for item in items:
         kind = type(item)
-        if kind is dict or kind is list or kind is tuple:
+        if kind is str:
+            if len(item) > max_length:
+                return False
+        elif kind is dict or kind is list or kind is tuple:
             inner = item.values() if kind is dict else item
             if len(inner) > _SMALL_ITEMS:
                 return False
             for leaf in inner:
-                if not _small_scalar(leaf, max_length):
+                leaf_kind = type(leaf)
+                if leaf_kind is str:
+                    if len(leaf) > max_length:
+                        return False
+                elif not (
+                    leaf_kind is int or leaf_kind is float or leaf_kind is bool or leaf is None
+                ):
                     return False
-        elif not _small_scalar(item, max_length):
+        elif not (kind is int or kind is float or kind is bool or item is None):
             return False
     return True
 
