@@ -169,3 +169,22 @@ def test_instrumented_llm_spans_follow_the_same_default(tmp_path, tracer_setup):
     assert "Pineapple" not in json.dumps(attributes)
     assert not [k for k in attributes if k.startswith(("llm.input_messages", "llm.output_messages",
                                                        "input.value", "output.value"))]  # fmt: skip
+
+
+def test_one_function_asking_for_messages_keeps_them_local(tmp_path, tracer_setup):
+    """`@tg.llm(capture_messages=True)` under a global off: captured, and still not exported."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    @tg.llm(model="gpt-test", capture_messages=True)
+    def chatty(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"choices": [{"message": {"role": "assistant", "content": "ok"}}]}
+
+    memory = InMemorySpanExporter()
+    tracer_setup(home=tmp_path, exporters=[memory], capture_messages=False)
+    chatty([{"role": "user", "content": "Pineapple-7731"}])
+    assert tg.flush(10)
+    (sent,) = memory.get_finished_spans()
+    assert sc.INPUT_MESSAGES not in (sent.attributes or {})
+    with Store(tmp_path) as store:
+        ((messages,),) = store.sql("SELECT input_messages FROM llm_calls").fetchall()
+    assert "Pineapple-7731" in messages

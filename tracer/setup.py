@@ -195,8 +195,8 @@ def _init(
     named.extend((type(e).__name__, e) for e in exporters)
     redactor = Redactor(redact_patterns) if redact else None
     # Messages are kept in the local store; other destinations get them only when asked for.
-    local_only = settings.capture_content and settings.capture_messages
-    local_only = local_only and not settings.export_messages
+    # (also when message capture is off: `tg.llm(capture_messages=True)` keeps them local)
+    local_only = settings.capture_content and not settings.export_messages
 
     def pipeline(exporter: SpanExporter) -> SpanExporter:
         wrapped = RedactingSpanExporter(exporter, redactor) if redactor else exporter
