@@ -315,6 +315,11 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 if report.repeated_runs
                 else ""
             )
+            + (
+                f"; {report.repeated_spans} spans already in the store"
+                if report.repeated_spans
+                else ""
+            )
         )
         for skipped, reason in report.skipped:
             typer.echo(f"skipped {skipped}: {reason}")
