@@ -15,12 +15,36 @@ events: the same keys the content policy drops with `capture_messages=False`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter, methodcaller
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
-from tracegym.tracer.foreign import _otlp, attributes_of, filter_span, is_foreign
+from tracegym.tracer.foreign import (
+    OWN_SCOPE,
+    _otlp,
+    attribute_maps,
+    attributes_of,
+    filter_span,
+    is_foreign,
+)
+
+_SCOPE = attrgetter("_instrumentation_scope")  # the SDK's field: the property is a call
+_OPERATION = methodcaller("get", sc.OPERATION)
+
+
+def carries_no_messages(spans: Sequence[ReadableSpan]) -> bool:
+    """True when `without_messages` would hand back every span of the batch as it is: all are
+    tracegym's own and none is an LLM span. Walked in C: it runs per span on the export thread."""
+    try:
+        each = list(map(_SCOPE, spans))
+        scopes = dict(zip(map(id, each), each, strict=True)).values()  # each distinct scope once
+    except AttributeError:
+        scopes = [span.instrumentation_scope for span in spans]
+    if not all(scope is not None and scope.name == OWN_SCOPE for scope in scopes):
+        return False
+    return sc.OP_CHAT not in map(_OPERATION, attribute_maps(spans))
 
 
 def without_messages(span: ReadableSpan) -> ReadableSpan:
@@ -42,6 +66,13 @@ class MessageFilteringExporter(SpanExporter):
         self.exporter = exporter
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            unchanged = carries_no_messages(spans)  # the common case: no LLM span in the batch
+        except Exception as exc:  # fall through to the span-by-span path
+            internal.report_error("export_filter.batch", exc)
+            unchanged = False
+        if unchanged:
+            return self.exporter.export(spans)
         kept = []
         for span in spans:
             try:
