@@ -23,7 +23,8 @@ thread. Spans outside any run stay traces of their own, without a run id.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from opentelemetry import trace
@@ -89,6 +90,22 @@ def attributes_of(span: ReadableSpan) -> Mapping[str, Any]:
     the agent's thread)."""
     inner = getattr(getattr(span, "_attributes", None), "_dict", None)
     return inner if isinstance(inner, dict) else (span.attributes or {})
+
+
+_SDK_ATTRIBUTES = attrgetter("_attributes._dict")
+
+
+def attribute_maps(spans: Sequence[ReadableSpan]) -> list[Mapping[str, Any]]:
+    """`attributes_of` of each span, walked in C for a batch of the SDK's own ended spans (the
+    export thread's per-span cost); span by span when one of them is not (a copy from
+    `replace_span`, another library's `ReadableSpan`)."""
+    try:
+        maps: list[Any] = list(map(_SDK_ATTRIBUTES, spans))
+    except AttributeError:
+        return [attributes_of(span) for span in spans]
+    if all(map(dict.__instancecheck__, maps)):
+        return maps
+    return [attributes_of(span) for span in spans]
 
 
 _otlp_module: Any = None

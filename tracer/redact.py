@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from itertools import chain
+from operator import attrgetter, methodcaller
 from typing import Any
 
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Status
 from tracegym.tracer import internal
+from tracegym.tracer.foreign import attribute_maps, replace_span
 from tracegym.tracer.foreign import attributes_of as _attributes_of
-from tracegym.tracer.foreign import replace_span
 from tracegym.tracer.processors import FanOutSpanProcessor
 from tracegym.tracer.serialize import TRUNCATION_MARKER
 
@@ -139,6 +141,14 @@ _SECRET_KEY = re.compile(
 )
 
 
+# The batch walk's pieces, all called from C.
+_KEYS = methodcaller("keys")
+_VALUES = methodcaller("values")
+_EVENTS = attrgetter("_events")  # the SDK's list itself: `events` copies it into a tuple
+_DESCRIPTION = attrgetter("_status._description")
+_STR = frozenset({str})
+_SCALARS = frozenset({str, int, float, bool})
+
 _CUT_RE = re.compile(_CUT)
 _CUT_START = TRUNCATION_MARKER.split("{}")[0]
 _CUT_PREFIX = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, _TOKEN_PREFIXES)) + ")")
@@ -196,6 +206,7 @@ class Redactor:
         # Extra patterns have no known trigger, so they disable the cheap pre-check.
         self._always = bool(extra_patterns)
         self._key_cache: dict[str, bool] = {}
+        self._innocent_keys: set[str] = set()  # keys `_secret_key` found innocent
 
     def might_hold_secret(self, text: str) -> bool:
         """Cheap pre-check: False means `text` certainly holds no built-in secret shape."""
@@ -226,28 +237,45 @@ class Redactor:
 
     def batch_is_clean(self, spans: Sequence[ReadableSpan]) -> bool:
         """True when no span of the batch can hold a secret: every attribute key is innocent
-        and one scan over all their text (events and status messages too) finds no trigger."""
+        and one scan over all their distinct text (events and status messages too) finds no
+        trigger. The batch is walked in C (map, chain, set) where it can be: this runs on the
+        export thread, which holds the GIL beside the agent."""
         if self._always:
             return False
-        cache = self._key_cache
-        texts: list[str] = []
-        append = texts.append
-        for span in spans:
-            for attributes in (_attributes_of(span), *(e.attributes for e in span.events)):
-                for key, value in (attributes or {}).items():
-                    secret_key = cache.get(key)
-                    if secret_key is None:
-                        secret_key = self._secret_key(key)
-                    if secret_key:
-                        return False
-                    kind = type(value)
-                    if kind is str:
-                        append(value)
-                    elif kind is tuple or kind is list:
-                        texts.extend(v for v in value if type(v) is str)
-            description = span.status.description
-            if description:
-                append(description)
+        maps = attribute_maps(spans)
+        try:
+            descriptions = list(filter(None, map(_DESCRIPTION, spans)))
+            with_events = any(map(_EVENTS, spans))
+        except AttributeError:  # not the SDK's spans: the public properties
+            descriptions = [s.status.description for s in spans if s.status.description]
+            with_events = any(span.events for span in spans)
+        if with_events:
+            maps += [e.attributes or {} for span in spans for e in span.events]
+        innocent = self._innocent_keys
+        keys = chain.from_iterable(map(_KEYS, maps))
+        if not innocent.issuperset(keys):
+            for key in set(chain.from_iterable(map(_KEYS, maps))) - innocent:
+                if self._secret_key(key):
+                    return False
+                if len(innocent) < 4096:
+                    innocent.add(key)
+        values: Iterable[Any] = chain.from_iterable(map(_VALUES, maps))
+        try:
+            values = set(values)  # the same text twice (names, operations) is scanned once
+        except TypeError:  # an unhashable value (a list, in a span not made by the SDK)
+            values = list(chain.from_iterable(map(_VALUES, maps)))
+        kinds = set(map(type, values))
+        if kinds.issubset(_SCALARS):
+            texts = [v for v in values if type(v) is str] if kinds != _STR else list(values)
+        else:
+            texts = []
+            for value in values:
+                kind = type(value)
+                if kind is str:
+                    texts.append(value)
+                elif kind is tuple or kind is list:
+                    texts.extend(v for v in value if type(v) is str)
+        texts += descriptions
         return not self.might_hold_secret("\n".join(texts))
 
     def redact_attributes(self, attributes: Any) -> dict[str, Any] | None:

@@ -1,0 +1,142 @@
+"""The export thread's batch fast paths (walked in C, distinct values scanned once) still catch
+every secret shape of the corpus wherever a span carries it, and fall back to the careful path
+for spans that are not the SDK's own; the message filter's batch check passes only batches it
+would not change."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
+from tracegym.tracer import semconv as sc
+from tracegym.tracer.export_filter import MessageFilteringExporter, carries_no_messages
+from tracegym.tracer.foreign import attribute_maps, replace_span
+from tracegym.tracer.redact import RedactingSpanExporter, Redactor
+
+from tests.chaos.secret_corpus import INNOCENT, SECRETS
+
+CLEAN = {
+    sc.OPERATION: sc.OP_TOOL,
+    sc.TOOL_NAME: "get_order",
+    sc.STEP_INDEX: 3,
+    "tracegym.budget.seconds_used": 0.25,
+    "flag": True,
+    sc.TOOL_ARGUMENTS: '{"order_id":"W000001"}',
+}
+
+
+def _batch(secret_at: dict, n: int = 40, scope: str = sc.INSTRUMENTATION_SCOPE) -> list:
+    """`n` clean spans of one provider; span 7 also gets what `secret_at` says."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer(scope)
+    for i in range(n):
+        span = tracer.start_span(f"s{i}", attributes={**CLEAN, sc.TOOL_CALL_ID: f"call_{i}"})
+        if i == 7:
+            if "attributes" in secret_at:
+                span.set_attributes(secret_at["attributes"])
+            if "event" in secret_at:
+                span.add_event("note", secret_at["event"])
+            if "status" in secret_at:
+                span.set_status(Status(StatusCode.ERROR, secret_at["status"]))
+        span.end()
+    return list(memory.get_finished_spans())
+
+
+def _exported(spans: list) -> list:
+    out = InMemorySpanExporter()
+    RedactingSpanExporter(out).export(spans)
+    return list(out.get_finished_spans())
+
+
+def _where(text: str) -> dict[str, dict]:
+    return {
+        "string": {"attributes": {sc.TOOL_RESULT: text}},
+        "tuple": {"attributes": {"tags": ("x", text, "y")}},
+        "event": {"event": {"message": text}},
+        "status": {"status": text},
+    }
+
+
+@pytest.mark.parametrize("name,text,secret", SECRETS, ids=[s[0] for s in SECRETS])
+def test_every_secret_shape_makes_its_batch_dirty_wherever_it_sits(name, text, secret):
+    for where, secret_at in _where(text).items():
+        spans = _batch(secret_at)
+        assert not Redactor().batch_is_clean(spans), (name, where)
+        exported = _exported(spans)
+        span = exported[7]
+        seen = [str(v) for v in span.attributes.values()]
+        seen += [str(v) for e in span.events for v in e.attributes.values()]
+        seen.append(span.status.description or "")
+        assert not any(secret in s for s in seen), (name, where)
+        assert all(exported[i] is spans[i] for i in range(len(spans)) if i != 7), (name, where)
+
+
+@pytest.mark.parametrize("name,text,secret", SECRETS[:12], ids=[s[0] for s in SECRETS[:12]])
+def test_a_secret_repeated_in_every_span_is_redacted_in_each(name, text, secret):
+    """Distinct values are scanned once: the same secret in every span is still each span's."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer(sc.INSTRUMENTATION_SCOPE)
+    for i in range(20):
+        tracer.start_span(f"s{i}", attributes={**CLEAN, sc.TOOL_RESULT: text}).end()
+    spans = list(memory.get_finished_spans())
+    assert not Redactor().batch_is_clean(spans)
+    for span in _exported(spans):
+        assert secret not in span.attributes[sc.TOOL_RESULT]
+
+
+def test_secret_named_key_is_caught_after_innocent_keys_were_learnt():
+    redactor = Redactor()
+    assert redactor.batch_is_clean(_batch({}))  # learns the clean keys
+    assert redactor.batch_is_clean(_batch({}))
+    assert not redactor.batch_is_clean(_batch({"attributes": {"db.password": "hunter2"}}))
+    assert not redactor.batch_is_clean(_batch({"event": {"api_key": "x"}}))
+
+
+@pytest.mark.parametrize("text", INNOCENT)
+def test_innocent_text_is_judged_as_the_string_check_judges_it_and_left_unchanged(text):
+    spans = _batch({"attributes": {sc.TOOL_RESULT: text}})
+    redactor = Redactor()
+    assert redactor.batch_is_clean(spans) is not redactor.might_hold_secret(text)
+    assert _exported(spans)[7].attributes[sc.TOOL_RESULT] == text
+    clean = _batch({})
+    assert redactor.batch_is_clean(clean)
+    assert all(a is b for a, b in zip(_exported(clean), clean, strict=True))
+
+
+def test_spans_not_made_by_the_sdk_take_the_span_by_span_walk():
+    """A copy from `replace_span` holds a mapping proxy, not the SDK's dict: still checked."""
+    text, secret = SECRETS[0][1], SECRETS[0][2]
+    spans = _batch({"attributes": {sc.TOOL_RESULT: text}})
+    copies = [replace_span(span) for span in spans]
+    assert [dict(m) for m in attribute_maps(copies)] == [dict(s.attributes) for s in spans]
+    assert not Redactor().batch_is_clean(copies)
+    assert secret not in _exported(copies)[7].attributes[sc.TOOL_RESULT]
+    assert Redactor().batch_is_clean([replace_span(s) for s in _batch({})])
+
+
+def test_message_filter_batch_check():
+    clean = _batch({})
+    assert carries_no_messages(clean)
+    out = InMemorySpanExporter()
+    MessageFilteringExporter(out).export(clean)
+    assert all(a is b for a, b in zip(out.get_finished_spans(), clean, strict=True))
+
+    messages = '[{"role":"user","parts":[{"type":"text","content":"hi"}]}]'
+    chat = _batch({"attributes": {sc.OPERATION: sc.OP_CHAT, sc.INPUT_MESSAGES: messages}})
+    assert not carries_no_messages(chat)
+    out = InMemorySpanExporter()
+    MessageFilteringExporter(out).export(chat)
+    assert sc.INPUT_MESSAGES not in out.get_finished_spans()[7].attributes
+    assert out.get_finished_spans()[0] is chat[0]
+
+    foreign = _batch({"attributes": {"llm.input_messages.0.message.content": "hi"}}, scope="oi")
+    assert not carries_no_messages(foreign)
+    out = InMemorySpanExporter()
+    MessageFilteringExporter(out).export(foreign)
+    assert "llm.input_messages.0.message.content" not in out.get_finished_spans()[7].attributes
