@@ -140,3 +140,52 @@ def test_message_filter_batch_check():
     out = InMemorySpanExporter()
     MessageFilteringExporter(out).export(foreign)
     assert "llm.input_messages.0.message.content" not in out.get_finished_spans()[7].attributes
+
+
+# The triggers as they stood before they were filed by character: the filing must keep each.
+_FLAT_TRIGGERS = (
+    "sk-", r"k_(?:live|test)_", "whsec_", r"gh[pousr]_", "github_pat_", r"gl(?:pat|dt|rt|ptt)-",
+    "xox", "xapp-", r"hooks\.slack\.com", r"ya29\.", "q~", "sig=", "npm_", "hf_", "api_org_",
+    "gsk_", "lsv2_", r"hvs\.", "pmak-", "_v1_", "xai-", "eyj", "private key",
+    "putty-user-key-file", "bearer", "://", r"pass(?:word|wd|phrase)", "pwd", "secret",
+    "credential", "authorization", "aws", r"token[\"'=:\\ \t]", r"key[\"'=:\\ \t]",
+)  # fmt: skip
+_FLAT_CASED = (r"A(?:KIA|SIA|BIA|CCA|3T|Iza)", "GOCSPX-", r"SK[0-9a-fA-F]{32}", r"SG\.", "pypi-")
+
+
+def _top_level_literals(pattern: str) -> set[str]:
+    """Characters every match of `pattern` contains (its literals outside any branch/class)."""
+    parser = pytest.importorskip("re._parser", reason="the regex parser of CPython 3.11+")
+    return {chr(arg) for op, arg in parser.parse(pattern) if op == parser.LITERAL}
+
+
+def test_filed_triggers_are_the_same_triggers_and_hold_their_character():
+    from tracegym.tracer import redact
+
+    for filed, flat in ((redact._TRIGGERS, _FLAT_TRIGGERS), (redact._CASED_TRIGGERS, _FLAT_CASED)):
+        assert sorted(p for ps in filed.values() for p in ps) == sorted(flat)
+        for char, patterns in filed.items():
+            for pattern in patterns:
+                assert char == "" or char in _top_level_literals(pattern), pattern
+
+
+@pytest.mark.parametrize("pattern", _FLAT_TRIGGERS + _FLAT_CASED)
+def test_each_trigger_alone_still_trips_the_check(pattern):
+    """One example match of each trigger, in otherwise clean text, in a batch and alone."""
+    import re
+
+    examples = {
+        r"k_(?:live|test)_": "k_live_", r"gh[pousr]_": "ghs_", r"gl(?:pat|dt|rt|ptt)-": "glptt-",
+        r"hooks\.slack\.com": "hooks.slack.com", r"ya29\.": "ya29.", r"hvs\.": "hvs.",
+        r"pass(?:word|wd|phrase)": "passphrase", r"token[\"'=:\\ \t]": "token\t",
+        r"key[\"'=:\\ \t]": 'key"', r"A(?:KIA|SIA|BIA|CCA|3T|Iza)": "A3T",
+        r"SK[0-9a-fA-F]{32}": "SK" + "aF09" * 8, r"SG\.": "SG.",
+    }  # fmt: skip
+    example = examples.get(pattern, pattern)
+    assert re.search(pattern, example if pattern in _FLAT_CASED else example.lower())
+    for text in (example, f"order W1 {example} shipped", example.upper()):
+        if pattern in _FLAT_CASED and text != example and example not in text:
+            continue
+        assert Redactor().might_hold_secret(text), text
+    spans = _batch({"attributes": {sc.TOOL_RESULT: f"x {example} y"}})
+    assert not Redactor().batch_is_clean(spans)
