@@ -14,11 +14,13 @@ events: the same keys the content policy drops with `capture_messages=False`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from operator import attrgetter, methodcaller
+from collections.abc import Iterable, Sequence
+from itertools import repeat
+from operator import attrgetter
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.foreign import (
@@ -31,7 +33,6 @@ from tracegym.tracer.foreign import (
 )
 
 _SCOPE = attrgetter("_instrumentation_scope")  # the SDK's field: the property is a call
-_OPERATION = methodcaller("get", sc.OPERATION)
 
 
 def carries_no_messages(spans: Sequence[ReadableSpan]) -> bool:
@@ -39,12 +40,15 @@ def carries_no_messages(spans: Sequence[ReadableSpan]) -> bool:
     tracegym's own and none is an LLM span. Walked in C: it runs per span on the export thread."""
     try:
         each = list(map(_SCOPE, spans))
-        scopes = dict(zip(map(id, each), each, strict=True)).values()  # each distinct scope once
+        if len(set(map(id, each))) == 1:  # one tracer's spans: one scope
+            scopes: Iterable[InstrumentationScope | None] = each[:1]
+        else:
+            scopes = dict(zip(map(id, each), each, strict=True)).values()  # each distinct once
     except AttributeError:
         scopes = [span.instrumentation_scope for span in spans]
     if not all(scope is not None and scope.name == OWN_SCOPE for scope in scopes):
         return False
-    return sc.OP_CHAT not in map(_OPERATION, attribute_maps(spans))
+    return sc.OP_CHAT not in map(dict.get, attribute_maps(spans), repeat(sc.OPERATION))
 
 
 def without_messages(span: ReadableSpan) -> ReadableSpan:

@@ -95,17 +95,17 @@ def attributes_of(span: ReadableSpan) -> Mapping[str, Any]:
 _SDK_ATTRIBUTES = attrgetter("_attributes._dict")
 
 
-def attribute_maps(spans: Sequence[ReadableSpan]) -> list[Mapping[str, Any]]:
-    """`attributes_of` of each span, walked in C for a batch of the SDK's own ended spans (the
-    export thread's per-span cost); span by span when one of them is not (a copy from
-    `replace_span`, another library's `ReadableSpan`)."""
+def attribute_maps(spans: Sequence[ReadableSpan]) -> list[dict[str, Any]]:
+    """Each span's attributes as a dict: the SDK's own dicts, gathered in C, for a batch of the
+    SDK's ended spans (the export thread's per-span cost); copies, span by span, when one of
+    them is not (a copy from `replace_span`, another library's `ReadableSpan`)."""
     try:
         maps: list[Any] = list(map(_SDK_ATTRIBUTES, spans))
     except AttributeError:
-        return [attributes_of(span) for span in spans]
-    if all(map(dict.__instancecheck__, maps)):
+        maps = []
+    if len(maps) == len(spans) and all(map(dict.__instancecheck__, maps)):
         return maps
-    return [attributes_of(span) for span in spans]
+    return [dict(attributes_of(span)) for span in spans]
 
 
 _otlp_module: Any = None

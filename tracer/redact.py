@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from itertools import chain
-from operator import attrgetter, methodcaller
+from operator import attrgetter
 from typing import Any
 
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
@@ -158,9 +158,8 @@ _SECRET_KEY = re.compile(
 
 
 # The batch walk's pieces, all called from C.
-_KEYS = methodcaller("keys")
-_VALUES = methodcaller("values")
-_EVENTS = attrgetter("_events")  # the SDK's list itself: `events` copies it into a tuple
+_SDK_EVENTS = attrgetter("_events._dq")  # the SDK's deque: `events` copies it into a tuple
+_EVENTS = attrgetter("events")
 _DESCRIPTION = attrgetter("_status._description")
 _STR = frozenset({str})
 _SCALARS = frozenset({str, int, float, bool})
@@ -268,25 +267,27 @@ class Redactor:
         maps = attribute_maps(spans)
         try:
             descriptions = list(filter(None, map(_DESCRIPTION, spans)))
-            with_events = any(map(_EVENTS, spans))
-        except AttributeError:  # not the SDK's spans: the public properties
+        except AttributeError:  # not the SDK's spans: the public property
             descriptions = [s.status.description for s in spans if s.status.description]
-            with_events = any(span.events for span in spans)
+        try:
+            with_events = any(map(_SDK_EVENTS, spans))
+        except AttributeError:
+            with_events = any(map(_EVENTS, spans))
         if with_events:
-            maps += [e.attributes or {} for span in spans for e in span.events]
+            maps += [dict(e.attributes or {}) for span in spans for e in span.events]
         innocent = self._innocent_keys
-        keys = chain.from_iterable(map(_KEYS, maps))
+        keys = chain.from_iterable(map(dict.keys, maps))
         if not innocent.issuperset(keys):
-            for key in set(chain.from_iterable(map(_KEYS, maps))) - innocent:
+            for key in set(chain.from_iterable(map(dict.keys, maps))) - innocent:
                 if self._secret_key(key):
                     return False
                 if len(innocent) < 4096:
                     innocent.add(key)
-        values: Iterable[Any] = chain.from_iterable(map(_VALUES, maps))
+        values: Iterable[Any] = chain.from_iterable(map(dict.values, maps))
         try:
             values = set(values)  # the same text twice (names, operations) is scanned once
         except TypeError:  # an unhashable value (a list, in a span not made by the SDK)
-            values = list(chain.from_iterable(map(_VALUES, maps)))
+            values = list(chain.from_iterable(map(dict.values, maps)))
         kinds = set(map(type, values))
         if kinds.issubset(_SCALARS):
             texts = [v for v in values if type(v) is str] if kinds != _STR else list(values)
