@@ -189,3 +189,31 @@ def test_each_trigger_alone_still_trips_the_check(pattern):
         assert Redactor().might_hold_secret(text), text
     spans = _batch({"attributes": {sc.TOOL_RESULT: f"x {example} y"}})
     assert not Redactor().batch_is_clean(spans)
+
+
+@pytest.mark.parametrize("dirty", [[0], [199], [63, 64], [5, 120, 198], list(range(200))])
+def test_a_dirty_batch_is_split_and_only_its_secrets_change(dirty, monkeypatch):
+    from tracegym.tracer import redact
+
+    text, secret = SECRETS[0][1], SECRETS[0][2]
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer(sc.INSTRUMENTATION_SCOPE)
+    for i in range(200):
+        result = text if i in dirty else f'{{"order_id":"W{i:06d}"}}'
+        tracer.start_span(f"s{i}", attributes={**CLEAN, sc.TOOL_RESULT: result}).end()
+    spans = list(memory.get_finished_spans())
+    walked = []
+    real = redact.redact_span
+    monkeypatch.setattr(redact, "redact_span", lambda s, r: walked.append(s) or real(s, r))
+    exported = _exported(spans)
+    assert [s.name for s in exported] == [f"s{i}" for i in range(200)]
+    for i, (out, span) in enumerate(zip(exported, spans, strict=True)):
+        if i in dirty:
+            assert secret not in out.attributes[sc.TOOL_RESULT]
+        else:
+            assert out is span
+    if len(dirty) == 1:  # one secret: only a small slice around it is walked span by span
+        assert len(walked) <= 16
+    assert {s.name for s in walked} >= {f"s{i}" for i in dirty}

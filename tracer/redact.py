@@ -373,6 +373,9 @@ def redact_span(span: ReadableSpan, redactor: Redactor) -> ReadableSpan:
     return replace_span(span, attributes=attributes, events=events, status=status)
 
 
+_SPLIT_MIN = 16  # a dirty batch this small is redacted span by span
+
+
 class RedactingSpanExporter(SpanExporter):
     """Redacts each span, then hands the batch to the exporter it wraps.
 
@@ -392,14 +395,39 @@ class RedactingSpanExporter(SpanExporter):
             clean_batch = False
         if clean_batch:
             return self.exporter.export(spans)
-        clean = []
+        clean: list[ReadableSpan] = []
+        self._redact_dirty(list(spans), clean)
+        return self.exporter.export(clean) if clean else SpanExportResult.SUCCESS
+
+    def _redact_dirty(self, spans: list[ReadableSpan], clean: list[ReadableSpan]) -> None:
+        """Append `spans` (a batch found dirty), redacted, to `clean`, in order. While only one
+        half of it is dirty the clean half passes as it is and the dirty one is split again, so
+        one secret in a large batch costs about two more batch scans, not a walk of every span;
+        once both halves are dirty, span by span."""
+        while len(spans) > _SPLIT_MIN:
+            mid = len(spans) // 2
+            left, right = spans[:mid], spans[mid:]
+            try:
+                left_clean = self.redactor.batch_is_clean(left)
+                right_clean = not left_clean and self.redactor.batch_is_clean(right)
+            except Exception as exc:  # the careful path for all of it
+                internal.report_error("redact.batch", exc)
+                break
+            if left_clean:
+                clean += left
+                spans = right
+            elif right_clean:
+                self._redact_dirty(left, clean)
+                clean += right
+                return
+            else:
+                break
         for span in spans:
             try:
                 clean.append(redact_span(span, self.redactor))
             except Exception as exc:  # never export a span we failed to check
                 internal.report_error("redact", exc)
                 internal.add("spans_failed.redaction")
-        return self.exporter.export(clean) if clean else SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
         self.exporter.shutdown()
