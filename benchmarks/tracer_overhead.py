@@ -27,13 +27,15 @@ two runs each, the commit before 2c99051 vs 2c99051): calling-thread CPU 1.25-1.
 wall 1.37-1.39x -> 1.33-1.35x (raw_sdk4 about 19-21 us, tracegym 27 us). The wall's remaining
 gap is the export thread: 3.2-3.4 us per span for tracegym's pipeline (redaction, message
 filter) against 0.2 us for the counting exporter alone, run under the GIL beside the agent.
-Then (load 2.1-2.2, three alternating runs each, 8a0ec8f vs 0d2b089: the export thread walks each
-batch in C and scans its distinct text once, each redaction trigger behind a memchr of a rare
-character it holds): export thread 3.27-3.39 -> 1.03-1.06 us per span (0.2 of it the counting
-exporter), wall 1.34-1.43x -> 1.16-1.22x, calling-thread CPU 1.20-1.26x -> 1.16-1.20x (not
-changed by this: run-to-run noise; raw_sdk4 about 20-23 us, tracegym 25.7-27.3 us). This
-benchmark's arguments and results repeat (64 orders), which the scan of distinct text profits
-from; with every value distinct the export thread is 3.4-3.5 -> 1.7 us per span.
+Then (load 2.1-2.6, five alternating runs each, 8a0ec8f vs 0d2b089/7da3490: the export thread
+walks each batch in C and scans its distinct text once, each redaction trigger behind a memchr
+of a rare character it holds): export thread 3.27-3.39 -> 1.00-1.06 us per span (0.2 of it the
+counting exporter), wall 1.34-1.47x (median 1.43x) -> 1.13-1.32x (median 1.22x), calling-thread
+CPU 1.19-1.26x -> 1.15-1.20x (that thread's code did not change: run-to-run noise; raw_sdk4
+about 20-23 us). The wall is the noisy clock on a shared machine; the export thread's number is
+the steady one. This benchmark's arguments and results repeat (64 orders), which the scan of
+distinct text profits from; with every value distinct the export thread is 3.4-3.5 -> 1.7 us
+per span, and a batch of 512 holding one URL (a trigger) 9.8 -> 4.6 us (7da3490).
 Under callgrind (instructions of the calling thread per call, deterministic): raw_sdk4 233k,
 the same span by hand with tracegym's 8 attributes 255k, tracegym 264k (273k before): the
 attributes the views read (step index, agent, call id) and the OpenInference kind are most of
