@@ -217,3 +217,18 @@ def test_a_dirty_batch_is_split_and_only_its_secrets_change(dirty, monkeypatch):
     if len(dirty) == 1:  # one secret: only a small slice around it is walked span by span
         assert len(walked) <= 16
     assert {s.name for s in walked} >= {f"s{i}" for i in dirty}
+
+
+class _Text(str):
+    """A str subclass (a StrEnum member behaves the same): the SDK stores it as it is."""
+
+
+@pytest.mark.parametrize("shape", ["string", "tuple"])
+def test_a_secret_in_a_str_subclass_is_redacted(shape: str):
+    _, text, secret = SECRETS[0]
+    value = _Text(text) if shape == "string" else ("x", _Text(text))
+    spans = _batch({"attributes": {sc.TOOL_RESULT: value}})
+    exported = _exported(spans)[7].attributes[sc.TOOL_RESULT]
+    texts = [exported] if shape == "string" else list(exported)
+    assert all(secret not in t for t in texts), texts
+    assert any("[REDACTED]" in t for t in texts)

@@ -304,12 +304,11 @@ class Redactor:
             texts = list(filter(str.__instancecheck__, values))  # no subclass among them
         else:
             texts = []
-            for value in values:
-                kind = type(value)
-                if kind is str:
+            for value in values:  # str subclasses (a StrEnum) are text too
+                if isinstance(value, str):
                     texts.append(value)
-                elif kind is tuple or kind is list:
-                    texts.extend(v for v in value if type(v) is str)
+                elif isinstance(value, (tuple, list)):
+                    texts.extend(v for v in value if isinstance(v, str))
         texts += descriptions
         return not self.might_hold_secret("\n".join(texts))
 
@@ -326,11 +325,10 @@ class Redactor:
                 secret_key = self._secret_key(key)
             if secret_key:
                 break
-            kind = type(value)
-            if kind is str:
+            if isinstance(value, str):
                 texts.append(value)
-            elif kind is tuple or kind is list:
-                texts.extend(v for v in value if type(v) is str)
+            elif isinstance(value, (tuple, list)):
+                texts.extend(v for v in value if isinstance(v, str))
         else:
             if not self.might_hold_secret("\n".join(texts)):
                 return None
@@ -339,10 +337,10 @@ class Redactor:
             new = value
             if self._secret_key(key):
                 new = REDACTED
-            elif type(value) is str:
+            elif isinstance(value, str):
                 new = self.redact(value)
             elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-                items = [self.redact(v) if type(v) is str else v for v in value]
+                items = [self.redact(v) if isinstance(v, str) else v for v in value]
                 if items != list(value):
                     new = tuple(items)
             if new is not value and new != value:
