@@ -415,17 +415,7 @@ def map_batched(
     """`[fn(lane, item) for item in items]`, run `batch_size` at a time in threads that share
     batched generation. Results keep the order of `items`; an exception in `fn` is raised after
     its wave finishes. `compact` and `share_prefix` are `Wave`'s; `stats`, when given, adds up
-    the waves' `Wave.stats`. With `TRACEGYM_ENGINE=ct2` the waves decode with CTranslate2
-    instead (`training.ct2_engine`, optional; PyTorch stays the default and the reference)."""
-    from tracegym.training import ct2_engine
-
-    quantization = ct2_engine.selected()
-    if quantization is not None:
-        engine = ct2_engine.engine_for(policy, quantization)
-        return ct2_engine.map_batched(
-            engine, fn, items, batch_size=batch_size, temperature=temperature, seed=seed,
-            on_done=on_done, stats=stats,
-        )  # fmt: skip
+    the waves' `Wave.stats`."""
     items = list(items)
     results: list[Any] = [None] * len(items)
     for start in range(0, len(items), max(1, batch_size)):
