@@ -111,6 +111,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--max-turns", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2, help="torch and CTranslate2 threads")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="engines run in turn this many times (load drifts)"
+    )
     parser.add_argument("--json", default=None, help="also write the numbers here")
     args = parser.parse_args()
 
@@ -136,46 +139,54 @@ def main() -> None:
         f"{'passed':>7} {'same chat':>9} {'same 1st':>8}  load 1-min before/after"
     )
     report: list[dict[str, Any]] = []
-    reference: dict[str, Any] | None = None
-    for name in engines:
-        try:
-            run = run_engine(name, folder, agent, tasks, args)
-        except ImportError as exc:
-            print(f"{name:<12} skipped: {exc}")
-            continue
-        results: list[TaskResult] = run["results"]
-        reference = reference or run
-        ref: list[TaskResult] = reference["results"]
-        tokens = sum(r.generated_tokens for r in results)
-        same_chat = sum(a.messages == b.messages for a, b in zip(results, ref, strict=True))
-        same_first = sum(
-            replies(a)[:1] == replies(b)[:1] for a, b in zip(results, ref, strict=True)
-        )
-        passed = sum(r.passed for r in results)
-        row = {
-            "engine": name,
-            "seconds": round(run["seconds"], 2),
-            "tokens": tokens,
-            "tokens_per_s": round(tokens / run["seconds"], 1),
-            "speedup": round(reference["seconds"] / run["seconds"], 2),
-            "passed": passed,
-            "tasks": len(results),
-            "same_chat": same_chat,
-            "same_first_reply": same_first,
-            "load_before": [round(x, 2) for x in run["load"][0]],
-            "load_after": [round(x, 2) for x in run["load"][1]],
-        }
-        report.append(row)
-        print(
-            f"{name:<12} {row['seconds']:>8.1f} {tokens:>7} {row['tokens_per_s']:>7.1f} "
-            f"{row['speedup']:>7.2f}x {passed:>3}/{len(results):<3} "
-            f"{same_chat:>4}/{len(results):<4} {same_first:>3}/{len(results):<4} "
-            f"{run['load'][0][0]:.2f} / {run['load'][1][0]:.2f}",
-            flush=True,
-        )
+    first: dict[str, Any] | None = None  # torch's first run: the replies to agree with
+    for round_ in range(1, args.rounds + 1):
+        torch_run: dict[str, Any] | None = None  # this round's torch run: the speed to beat
+        for name in engines:
+            try:
+                run = run_engine(name, folder, agent, tasks, args)
+            except ImportError as exc:
+                print(f"{name:<12} skipped: {exc}")
+                continue
+            first = first or run
+            torch_run = torch_run or run
+            report.append(summarise(name, round_, run, first, torch_run))
     if args.json:
         data = {"model": policy.name, "folder": str(folder), "threads": args.threads}
         Path(args.json).write_text(json.dumps(data | {"runs": report}, indent=2) + "\n")
+
+
+def summarise(name: str, round_: int, run: dict, first: dict, torch_run: dict) -> dict[str, Any]:
+    """One engine's row, printed: speed against this round's torch run, replies against the
+    first torch run's."""
+    results: list[TaskResult] = run["results"]
+    ref: list[TaskResult] = first["results"]
+    tokens = sum(r.generated_tokens for r in results)
+    same_chat = sum(a.messages == b.messages for a, b in zip(results, ref, strict=True))
+    same_first = sum(replies(a)[:1] == replies(b)[:1] for a, b in zip(results, ref, strict=True))
+    passed = sum(r.passed for r in results)
+    row = {
+        "engine": name,
+        "seconds": round(run["seconds"], 2),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / run["seconds"], 1),
+        "speedup": round(torch_run["seconds"] / run["seconds"], 2),
+        "round": round_,
+        "passed": passed,
+        "tasks": len(results),
+        "same_chat": same_chat,
+        "same_first_reply": same_first,
+        "load_before": [round(x, 2) for x in run["load"][0]],
+        "load_after": [round(x, 2) for x in run["load"][1]],
+    }
+    print(
+        f"{name:<12} {row['seconds']:>8.1f} {tokens:>7} {row['tokens_per_s']:>7.1f} "
+        f"{row['speedup']:>7.2f}x {passed:>3}/{len(results):<3} "
+        f"{same_chat:>4}/{len(results):<4} {same_first:>3}/{len(results):<4} "
+        f"{run['load'][0][0]:.2f} / {run['load'][1][0]:.2f}",
+        flush=True,
+    )
+    return row
 
 
 if __name__ == "__main__":

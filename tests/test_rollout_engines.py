@@ -10,6 +10,8 @@ pytest.importorskip(
     "ctranslate2", reason="the CTranslate2 engine is optional (pip install ctranslate2)"
 )
 
+import itertools
+
 from tracegym.examples.lm_agent import ShopAgent
 from tracegym.examples.shop import make_task
 from tracegym.training import ct2_engine
@@ -107,19 +109,19 @@ def test_conversion_is_cached_and_redone_when_the_weights_change(folder, tmp_pat
     assert json.loads(marker.read_text())["source"] != "another model"
 
 
-def _replies(policy, prompts, encoder):
+def _replies(policy, prompts, encoder, engine=None):
     def one(lane, ids):
         return lane.generate(ids, 12, encoder.end_id)[0]
 
+    if engine is not None:
+        return ct2_engine.map_batched(engine, one, prompts, batch_size=len(prompts))
     return map_batched(policy, one, prompts, batch_size=len(prompts))
 
 
-def test_the_environment_variable_routes_map_batched_with_adapters_merged(
-    policy, monkeypatch, tmp_path
-):
-    """`TRACEGYM_ENGINE=ct2-float32`: batching.map_batched decodes with CTranslate2, with the
-    PeftModel's active LoRA adapter merged into the converted weights (and none when its
-    adapter layers are disabled), giving PyTorch's greedy replies in each state."""
+def test_engine_for_merges_the_active_adapter(policy, monkeypatch, tmp_path):
+    """`engine_for`: the PeftModel's active LoRA adapter merged into the converted weights (and
+    none when its adapter layers are disabled), giving PyTorch's greedy replies in each state;
+    one conversion per distinct weights."""
     import copy
 
     import torch
@@ -136,14 +138,27 @@ def test_the_environment_variable_routes_map_batched_with_adapters_merged(
     peft_model = get_peft_model(copy.deepcopy(policy.model), config)
     adapted = type(policy)(peft_model, policy.tokenizer, "tiny-3-lora")
 
-    monkeypatch.delenv(ct2_engine.ENGINE_VARIABLE, raising=False)
     with_adapter = _replies(adapted, prompts, encoder)
     with peft_model.disable_adapter():
         without = _replies(adapted, prompts, encoder)
     assert with_adapter != without  # the adapter changes the replies, so merging is tested
 
-    monkeypatch.setenv(ct2_engine.ENGINE_VARIABLE, "ct2-float32")
-    assert _replies(adapted, prompts, encoder) == with_adapter
+    assert _replies(adapted, prompts, encoder, ct2_engine.engine_for(adapted)) == with_adapter
     with peft_model.disable_adapter():
-        assert _replies(adapted, prompts, encoder) == without
+        assert _replies(adapted, prompts, encoder, ct2_engine.engine_for(adapted)) == without
+    assert ct2_engine.engine_for(adapted) is ct2_engine.engine_for(adapted)  # kept
     assert len(list((tmp_path / "tracegym-ct2").glob("model-*.ct2-float32"))) == 2
+
+
+@pytest.mark.parametrize(
+    "lengths", [[0, 20, 38, 50, 65, 80, 94, 108], [0, 3, 2, 2, 2, 0, 2, 2], [0, 200, 5, 210], [7]]
+)
+def test_buckets_split_every_row_once_by_length(lengths):
+    parts = ct2_engine._buckets(lengths, 48)
+    assert sorted(i for part in parts for i in part) == list(range(len(lengths)))
+    spans = [(min(lengths[i] for i in p), max(lengths[i] for i in p)) for p in parts]
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))  # in length order
+    if max(lengths) - min(lengths) <= 5:
+        assert len(parts) == 1  # near-equal prompts stay one batch
+    if lengths == [0, 200, 5, 210]:
+        assert sorted(map(sorted, parts)) == [[0, 2], [1, 3]]  # far apart: two batches

@@ -3,20 +3,21 @@
 PyTorch (`training.batching`) stays the default and the reference. This module gives the same
 interface (`Lane.generate(ids, max_new_tokens, stop_id) -> (new ids, context full)`, a wave of
 lanes decoding in lockstep, `map_batched(engine, fn, items)`), so an episode written for
-`batching.map_batched` runs unchanged; with `TRACEGYM_ENGINE=ct2` `batching.map_batched` itself
-hands its waves to this module (`engine_for`: the policy's weights, a PeftModel's active LoRA
-adapter merged into a copy, saved and converted once per distinct weights).
+`batching.map_batched` runs unchanged. `engine_for(policy)` converts a policy's current weights
+(a PeftModel's active LoRA adapter merged into a copy) once per distinct weights. Not wired into
+the demo: measured at 1.5-2x PyTorch's speed on the shop tasks (docs/demo.md, "Rollout engines,
+measured"), short of the clear win that would justify a second path.
 
     from tracegym.training.ct2_engine import Ct2Engine, map_batched
     engine = Ct2Engine.from_folder(folder)            # converts once to <folder>.ct2-float32
     results = map_batched(engine, lambda lane, task: agent.run(task, lane=lane), tasks)
 
-Why it is faster on a CPU: fused kernels and no Python per layer (measured 3.5x on the demo's
-SmolLM2 shop model, docs/demo.md). float32 by default: its greedy replies are PyTorch's (all 32
-shop chats token for token); int8 weights were faster per token but cost the fine-tuned model
-most of its passes. What it gives up: no KV cache across an episode's turns (each reply re-reads
-the conversation; the prefix all lanes share, the system message, is CTranslate2's cached
-`static_prompt`), and sampling uses CTranslate2's own generator (not PyTorch's draws).
+Why it is faster on a CPU: fused kernels and no Python per layer. float32 by default: its
+greedy replies are PyTorch's (all 32 shop chats token for token); int8 weights cost the
+fine-tuned model most of its passes. What it gives up: no KV cache across an episode's turns
+(each reply re-reads the conversation; the prefix all lanes share, the system message, is
+CTranslate2's cached `static_prompt`; rows are batched by similar length, see `_buckets`), and
+sampling uses CTranslate2's own generator (not PyTorch's draws).
 Needs `pip install ctranslate2` (CPU wheels on the index).
 """
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
@@ -41,17 +41,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 MARKER = "tracegym_ct2.json"
-ENGINE_VARIABLE = "TRACEGYM_ENGINE"  # "ct2" (or "ct2-float32") routes map_batched here
-
-
-def selected() -> str | None:
-    """The CTranslate2 quantization `$TRACEGYM_ENGINE` asks for ("ct2": float32, "ct2-int8"),
-    or None for PyTorch (the default and the reference). float32 by default: its greedy replies
-    are PyTorch's, while int8 weights cost the shop model most of its passes (docs/demo.md)."""
-    value = os.environ.get(ENGINE_VARIABLE, "").strip().lower()
-    if not value.startswith("ct2"):
-        return None
-    return value.removeprefix("ct2").lstrip("-") or "float32"
 
 
 def convert(
@@ -209,8 +198,10 @@ class Ct2Wave(Wave):
         seed: int = 0,
         max_length: int | None = None,
         min_prefix: int = 16,
+        buckets: bool = True,
     ) -> None:
         self.engine = engine
+        self.buckets = buckets
         self.size = size
         self.temperature = temperature
         self.seed = seed
@@ -241,7 +232,6 @@ class Ct2Wave(Wave):
                 results[slot] = ([], True)
             else:
                 groups.setdefault((min(max_new, room), stop_id), []).append(slot)
-        convert = self.engine.tokenizer.convert_ids_to_tokens
         for (limit, stop_id), slots in groups.items():
             # the shared prefix only when every row has it and a token of its own after it
             use = bool(prefix) and all(
@@ -249,30 +239,72 @@ class Ct2Wave(Wave):
                 for s in slots
             )
             cut = len(prefix) if use else 0
-            sampling = (
-                {"sampling_topk": 0, "sampling_temperature": self.temperature}
-                if self.temperature and self.temperature > 0
-                else {"sampling_topk": 1}
-            )
-            out = self.engine.generator.generate_batch(
-                [convert(pending[s][0][cut:]) for s in slots],
-                max_length=limit,
-                end_token=[stop_id],
-                return_end_token=True,
-                include_prompt_in_result=False,
-                static_prompt=convert(prefix) if use else None,
-                **sampling,
-            )
-            self.stats["forwards"] += 1
-            for slot, result in zip(slots, out, strict=True):
-                new = list(result.sequences_ids[0])
-                ids, max_new, _ = pending[slot]
-                self.stats["tokens"] += len(ids) - cut + len(new)
-                self.stats["shared"] += cut
-                stopped = bool(new) and new[-1] == stop_id
-                full = not stopped and len(new) < max_new and len(ids) + len(new) >= self.max_length
-                results[slot] = (new, full)
+            lengths = [len(pending[s][0]) - cut for s in slots]
+            for part in _buckets(lengths, limit) if self.buckets else [list(range(len(slots)))]:
+                rows = [slots[i] for i in part]
+                results.update(self._generate(pending, rows, limit, stop_id, prefix[:cut]))
         return results
+
+    def _generate(
+        self,
+        pending: dict[int, tuple[list[int], int, int]],
+        slots: list[int],
+        limit: int,
+        stop_id: int,
+        prefix: list[int],
+    ) -> dict[int, tuple[list[int], bool]]:
+        """One `generate_batch` call for `slots`, `prefix` (maybe empty) as the static prompt."""
+        convert = self.engine.tokenizer.convert_ids_to_tokens
+        cut = len(prefix)
+        sampling = (
+            {"sampling_topk": 0, "sampling_temperature": self.temperature}
+            if self.temperature and self.temperature > 0
+            else {"sampling_topk": 1}
+        )
+        out = self.engine.generator.generate_batch(
+            [convert(pending[s][0][cut:]) for s in slots],
+            max_length=limit,
+            end_token=[stop_id],
+            return_end_token=True,
+            include_prompt_in_result=False,
+            static_prompt=convert(prefix) if prefix else None,
+            **sampling,
+        )
+        self.stats["forwards"] += 1
+        results = {}
+        for slot, result in zip(slots, out, strict=True):
+            new = list(result.sequences_ids[0])
+            ids, max_new, _ = pending[slot]
+            self.stats["tokens"] += len(ids) - cut + len(new)
+            self.stats["shared"] += cut
+            stopped = bool(new) and new[-1] == stop_id
+            full = not stopped and len(new) < max_new and len(ids) + len(new) >= self.max_length
+            results[slot] = (new, full)
+        return results
+
+
+def _buckets(lengths: list[int], tail: int, step_rows: float = 8.0) -> list[list[int]]:
+    """Indexes of `lengths` split into groups of similar prompt length, each one
+    `generate_batch` call. CTranslate2 prefills a batch up to its shortest prompt and feeds the
+    rest one token a step, so a group costs about (spread + tail) steps of (step_rows + rows)
+    row-costs (a CPU step's fixed cost is about 8 rows' on SmolLM2); the split minimising the
+    sum is found exactly over the lengths in order."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    n = len(order)
+    best = [0.0] + [float("inf")] * n
+    start = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            spread = lengths[order[j - 1]] - lengths[order[i]]
+            cost = best[i] + (spread + tail) * (step_rows + j - i)
+            if cost < best[j]:
+                best[j], start[j] = cost, i
+    parts: list[list[int]] = []
+    j = n
+    while j > 0:
+        parts.append(order[start[j] : j])
+        j = start[j]
+    return parts[::-1]
 
 
 def map_batched(
@@ -319,4 +351,4 @@ def map_batched(
     return results
 
 
-__all__ = ["Ct2Engine", "Ct2Wave", "convert", "engine_for", "map_batched", "selected"]
+__all__ = ["Ct2Engine", "Ct2Wave", "convert", "engine_for", "map_batched"]
