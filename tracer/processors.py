@@ -208,8 +208,11 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
             BatchSpanProcessor.shutdown(self)
 
     def finish_shutdown(self, running: Background, deadline: float) -> int:
-        """Wait for `running` until `deadline`; count what it did not export. Returns that."""
-        if running.wait(deadline):
+        """Wait for `running` until `deadline`; count what it did not export. Returns that.
+
+        The SDK's shutdown gets the same timeout and may return just before the deadline with
+        an export still hanging: what is queued or in an export then is lost too."""
+        if running.wait(deadline) and not self.queued() and not self.exporting():
             return 0
         inner = getattr(self, "_batch_processor", None)
         if inner is not None and hasattr(inner, "_shutdown_timeout_exceeded"):

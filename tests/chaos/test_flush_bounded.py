@@ -155,3 +155,31 @@ def test_repeated_flushes_do_not_pile_up_and_late_exports_are_not_counted_twice(
     counters = tg.stats().counters  # the export ended after all: exported, no longer lost
     assert counters["spans_exported.Hanging"] == 10
     assert counters["spans_dropped.shutdown_timeout.Hanging"] == 0
+
+
+def test_a_shutdown_that_returns_with_an_export_still_hanging_counts_its_spans():
+    """The SDK's shutdown gets our timeout too, and may give up on its worker just before our
+    deadline: its thread has ended, yet an export still holds spans that will never leave."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from tracegym.tracer import internal
+    from tracegym.tracer.processors import Background, CountingBatchSpanProcessor
+
+    hanging = Hanging()
+    batch = CountingBatchSpanProcessor(hanging, "hung", max_queue_size=64, schedule_delay_millis=10)
+    tracer = TracerProvider().get_tracer("t")
+    for i in range(5):
+        span = tracer.start_span(f"s{i}")
+        span.end()
+        batch.on_end(span)
+    deadline = time.monotonic() + 5
+    while batch.exporting() < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    before = internal.snapshot()[0].get("spans_dropped.shutdown_timeout.hung", 0)
+    try:
+        returned = Background(lambda: None, "sdk-shutdown-gave-up")  # ends at once
+        assert batch.finish_shutdown(returned, time.monotonic() + 1) == 5
+        after = internal.snapshot()[0]["spans_dropped.shutdown_timeout.hung"]
+        assert after - before == 5
+    finally:
+        hanging.release.set()
+        batch.shutdown(1000)
