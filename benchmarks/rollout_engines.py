@@ -5,6 +5,7 @@ turns) solves the same tasks (`examples.shop.make_task`, seeds from 1000) throug
 one run, batch 8 as the demo does:
 
 - torch: today's path, `training.batching.map_batched` over the PyTorch model (the reference);
+- torch-bf16: the same in bfloat16 weights and activations;
 - torch-int8: the same with `torch.ao.quantization.quantize_dynamic` (int8 Linear layers but
   the output head);
 - ct2-float32, ct2-int8: `training.ct2_engine.map_batched`, the model converted once with
@@ -42,7 +43,7 @@ from tracegym.examples.shop import make_task
 from tracegym.training.batching import map_batched
 from tracegym.training.model import ensure_model, load_policy
 
-ENGINES = ("torch", "torch-int8", "ct2-float32", "ct2-int8")
+ENGINES = ("torch", "torch-bf16", "torch-int8", "ct2-float32", "ct2-int8")
 
 
 def find_model(home: Path) -> Path:
@@ -72,6 +73,8 @@ def run_engine(name: str, folder: Path, agent: ShopAgent, tasks: list[Any], args
             )
     else:
         policy = load_policy(folder, device="cpu")
+        if name == "torch-bf16":
+            policy.model = policy.model.to(torch.bfloat16)
         if name == "torch-int8":
             # every Linear but the output head (tied to the embeddings: int8 there, per tensor,
             # left the shop model passing nothing)
