@@ -13,7 +13,12 @@ from typing import Any
 
 import pytest
 import tracegym as tg
-from tracegym.tests.fixtures.fake_llm_server import TOOL_CALL_ID, FakeLLMServer
+from tracegym.tests.fixtures.fake_llm_server import (
+    ORDER_TOOL,
+    TOOL_CALL_ID,
+    FakeLLMServer,
+    order_agent,
+)
 from tracegym.tracer import integrations
 from tracegym.tracer import semconv as sc
 
@@ -21,19 +26,6 @@ pytest.importorskip("duckdb", reason="the store needs tracegym[analysis]")
 from tracegym.store.store import Store
 
 pytestmark = pytest.mark.timeout(120)
-
-ORDER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_order",
-        "description": "Look up an order by id.",
-        "parameters": {
-            "type": "object",
-            "properties": {"order_id": {"type": "string"}},
-            "required": ["order_id"],
-        },
-    },
-}
 
 
 @pytest.fixture(scope="module")
@@ -90,21 +82,7 @@ def test_openai_calls_nest_under_the_agent_and_fill_llm_and_tool_calls(server, h
     client = openai.OpenAI(base_url=server.openai_url, api_key="test-key", max_retries=0)
     usages = []
 
-    @tg.agent("support")
-    def support(question: str) -> str:
-        messages: list[Any] = [{"role": "user", "content": question}]
-        first = client.chat.completions.create(
-            model="gpt-4o-mini", messages=messages, tools=[ORDER_TOOL]
-        )
-        usages.append(first.usage)
-        call = first.choices[0].message.tool_calls[0]
-        with tg.tool("get_order", call_id=call.id, arguments=json.loads(call.function.arguments)):
-            result = "shipped"
-        messages += [first.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": result}]  # fmt: skip
-        second = client.chat.completions.create(model="gpt-4o-mini", messages=messages)
-        usages.append(second.usage)
-        return second.choices[0].message.content
+    support = order_agent(client, usages)
 
     with integrations.instrumenting("openai") as active:
         assert "openai" in active

@@ -32,7 +32,13 @@ import tracegym as tg
 from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.sdk.trace import Span, SpanProcessor
-from tracegym.tests.fixtures.fake_llm_server import REPLY, TOOL_CALL_ID, FakeLLMServer
+from tracegym.tests.fixtures.fake_llm_server import (
+    ORDER_TOOL,
+    REPLY,
+    TOOL_CALL_ID,
+    FakeLLMServer,
+    order_agent,
+)
 
 openai = pytest.importorskip("openai", reason="needs the openai client")
 openllmetry = pytest.importorskip(
@@ -45,18 +51,6 @@ from tracegym.store.store import Store  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
-ORDER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_order",
-        "description": "Look up an order by id.",
-        "parameters": {
-            "type": "object",
-            "properties": {"order_id": {"type": "string"}},
-            "required": ["order_id"],
-        },
-    },
-}
 LLM_SQL = (
     "SELECT trace_id, span_id, agent, model, input_tokens, output_tokens, step_index, "
     "input_messages, output_messages, status FROM llm_calls ORDER BY start_time"
@@ -140,21 +134,7 @@ def test_openllmetry_chat_spans_fill_the_same_rows_in_process_and_over_otlp(serv
     llm = client(server)
     usages = []
 
-    @tg.agent("support")
-    def support(question: str) -> str:
-        messages: list[Any] = [{"role": "user", "content": question}]
-        first = llm.chat.completions.create(
-            model="gpt-4o-mini", messages=messages, tools=[ORDER_TOOL]
-        )
-        usages.append(first.usage)
-        call = first.choices[0].message.tool_calls[0]
-        with tg.tool("get_order", call_id=call.id, arguments=json.loads(call.function.arguments)):
-            result = "shipped"
-        messages += [first.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": result}]  # fmt: skip
-        second = llm.chat.completions.create(model="gpt-4o-mini", messages=messages)
-        usages.append(second.usage)
-        return second.choices[0].message.content
+    support = order_agent(llm, usages)
 
     assert support("where is order A1?") == REPLY  # the user's code saw the real reply
 
