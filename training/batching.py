@@ -416,20 +416,34 @@ def map_batched(
     batched generation. Results keep the order of `items`; an exception in `fn` is raised after
     its wave finishes. `compact` and `share_prefix` are `Wave`'s; `stats`, when given, adds up
     the waves' `Wave.stats`."""
+    return run_waves(
+        lambda start, n: Wave(
+            policy, n, temperature=temperature, seed=seed + start, compact=compact,
+            share_prefix=share_prefix,
+        ),
+        fn, items, batch_size=batch_size, on_done=on_done, stats=stats,
+    )  # fmt: skip
+
+
+def run_waves(
+    make_wave: Callable[[int, int], Any],
+    fn: Callable[[Lane, T], R],
+    items: Iterable[T],
+    *,
+    batch_size: int,
+    on_done: Callable[[R], None] | None = None,
+    stats: dict[str, int] | None = None,
+) -> list[R]:
+    """`[fn(lane, item) for item in items]` in waves of `batch_size` threads, each wave from
+    `make_wave(start, n)` (anything with `lanes` and `stats`: `Wave`, or another engine's), so
+    every engine shares one ordering, error and stats rule."""
     items = list(items)
     results: list[Any] = [None] * len(items)
     for start in range(0, len(items), max(1, batch_size)):
         wave_items = items[start : start + batch_size]
-        wave = Wave(
-            policy,
-            len(wave_items),
-            temperature=temperature,
-            seed=seed + start,
-            compact=compact,
-            share_prefix=share_prefix,
-        )
+        wave = make_wave(start, len(wave_items))
 
-        def run(index: int, wave: Wave = wave, wave_items: list[T] = wave_items) -> R:
+        def run(index: int, wave: Any = wave, wave_items: list[T] = wave_items) -> R:
             lane = wave.lanes[index]
             try:
                 return fn(lane, wave_items[index])
@@ -450,4 +464,4 @@ def map_batched(
     return results
 
 
-__all__ = ["Lane", "Wave", "map_batched"]
+__all__ = ["Lane", "Wave", "map_batched", "run_waves"]

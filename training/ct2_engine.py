@@ -29,12 +29,11 @@ import json
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tracegym.training.batching import Lane, Wave, _common_prefix
+from tracegym.training.batching import Lane, Wave, _common_prefix, run_waves
 from tracegym.training.model import weights_hash
 
 T = TypeVar("T")
@@ -322,33 +321,12 @@ def map_batched(
     `batch_size` at a time in threads, results in the order of `items`."""
     import ctranslate2
 
-    items = list(items)
-    results: list[Any] = [None] * len(items)
     if temperature and temperature > 0:
         ctranslate2.set_random_seed(seed)
-    for start in range(0, len(items), max(1, batch_size)):
-        wave_items = items[start : start + batch_size]
-        wave = Ct2Wave(engine, len(wave_items), temperature=temperature, seed=seed + start)
-
-        def run(index: int, wave: Ct2Wave = wave, wave_items: list[T] = wave_items) -> R:
-            lane = wave.lanes[index]
-            try:
-                return fn(lane, wave_items[index])
-            finally:
-                lane.close()
-
-        try:
-            with ThreadPoolExecutor(max_workers=len(wave_items)) as pool:
-                futures = [pool.submit(run, i) for i in range(len(wave_items))]
-                for offset, future in enumerate(futures):
-                    results[start + offset] = future.result()
-                    if on_done is not None:
-                        on_done(results[start + offset])
-        finally:
-            if stats is not None:
-                for key, value in wave.stats.items():
-                    stats[key] = stats.get(key, 0) + value
-    return results
+    return run_waves(
+        lambda start, n: Ct2Wave(engine, n, temperature=temperature, seed=seed + start),
+        fn, items, batch_size=batch_size, on_done=on_done, stats=stats,
+    )  # fmt: skip
 
 
 __all__ = ["Ct2Engine", "Ct2Wave", "convert", "engine_for", "map_batched"]
