@@ -81,28 +81,21 @@ def _block(value: Any, depth: int) -> str:
     """YAML-like indented text, used when some string spans lines (JSON would escape them)."""
     pad = "  " * depth
     if isinstance(value, dict):
-        lines = []
-        for key, item in value.items():
-            if isinstance(item, (dict, list)) and item:
-                lines.append(f"{pad}{key}:\n{_block(item, depth + 1)}")
-            elif isinstance(item, str) and "\n" in item:
-                body = "\n".join(pad + "  " + line for line in item.rstrip("\n").split("\n"))
-                lines.append(f"{pad}{key}: |\n{body}")
-            else:
-                lines.append(f"{pad}{key}: {_scalar(item)}")
-        return "\n".join(lines)
-    if isinstance(value, list):
-        lines = []
-        for item in value:
-            if isinstance(item, (dict, list)) and item:
-                lines.append(f"{pad}-\n{_block(item, depth + 1)}")
-            elif isinstance(item, str) and "\n" in item:
-                body = "\n".join(pad + "  " + line for line in item.rstrip("\n").split("\n"))
-                lines.append(f"{pad}- |\n{body}")
-            else:
-                lines.append(f"{pad}- {_scalar(item)}")
-        return "\n".join(lines)
-    return pad + _scalar(value)
+        entries = [(f"{key}:", item) for key, item in value.items()]
+    elif isinstance(value, list):
+        entries = [("-", item) for item in value]
+    else:
+        return pad + _scalar(value)
+    lines = []
+    for label, item in entries:
+        if isinstance(item, (dict, list)) and item:
+            lines.append(f"{pad}{label}\n{_block(item, depth + 1)}")
+        elif isinstance(item, str) and "\n" in item:
+            body = "\n".join(pad + "  " + line for line in item.rstrip("\n").split("\n"))
+            lines.append(f"{pad}{label} |\n{body}")
+        else:
+            lines.append(f"{pad}{label} {_scalar(item)}")
+    return "\n".join(lines)
 
 
 def _scalar(value: Any) -> str:
