@@ -79,3 +79,61 @@ def test_tracer_works_with_heavy_packages_missing(run_python):
 def test_testing_helper_importable_by_its_public_name(run_python):
     result = run_python("from tracegym.testing import capture\nprint(capture.__name__)")
     assert result.returncode == 0, result.stderr
+
+
+def test_public_names_resolve_lazily_to_the_tracer_api(run_python):
+    """`import tracegym` loads no OpenTelemetry SDK; each public name resolves on first use to
+    the object its module defines, `__all__` lists exactly the resolvable names, and an unknown
+    name still raises AttributeError."""
+    script = """
+import importlib, json, sys
+import tracegym, tracegym.tracer as tracer
+loaded = "opentelemetry.sdk.trace" in sys.modules
+pairs = []
+for name in tracer.__all__:
+    value = getattr(tracegym, name)
+    module = importlib.import_module(value.__module__)
+    pairs.append([name, getattr(module, name) is value, name in dir(tracegym)])
+try:
+    tracegym.no_such_name
+    missing = "no error"
+except AttributeError as error:
+    missing = str(error)
+print(json.dumps({"loaded": loaded, "pairs": pairs, "missing": missing,
+                  "all": sorted(tracegym.__all__), "version": tracegym.__version__}))
+"""
+    result = run_python(script)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["loaded"] is False
+    assert len(report["pairs"]) == 28
+    assert all(same and listed for _, same, listed in report["pairs"])
+    assert "no_such_name" in report["missing"]
+    assert {"init", "agent", "tool", "__version__", "testing"} <= set(report["all"])
+    assert report["version"]
+
+
+def test_the_light_commands_do_not_load_the_tracer_api(run_python, tmp_path):
+    """`traces` never traces: the CLI and the store read the tracer's light modules (spool,
+    semconv) but not its API, setup and integrations (~0.15 s of each light command's start-up
+    before they were imported lazily)."""
+    home = str(tmp_path / "home")
+    made = run_python(
+        "import tracegym as tg\n"
+        f"tg.init(home={home!r}, service='s')\n"
+        "tg.agent(name='a')(lambda: tg.tool(lambda: 1)())()\n"
+        "tg.shutdown()"
+    )
+    assert made.returncode == 0, made.stderr
+    script = f"""
+import sys
+from typer.testing import CliRunner
+from tracegym.cli import app
+result = CliRunner().invoke(app, ["--home", {home!r}, "traces"])
+api = sorted(m for m in ("tracegym.tracer.api", "tracegym.tracer.setup",
+                         "tracegym.tracer.integrations") if m in sys.modules)
+print(result.exit_code, " a " in result.output, api)
+"""
+    result = run_python(script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "True", "[]"]
