@@ -26,6 +26,7 @@ WRONG_AMOUNT = "wrong_amount"
 WRONG_LIST = "wrong_list"
 UNKNOWN_VALUE = "unknown_value"
 MISSED_REQUEST = "missed_request"
+WRONG_CHOICE = "wrong_choice"
 # Not a detector of the registry: the name of the optional LLM judge's candidates
 # (`analysis/judge.py`, keys "judge:<capability>").
 JUDGE = "judge"
@@ -44,6 +45,7 @@ BUILT_IN: tuple[str, ...] = (
     WRONG_LIST,
     UNKNOWN_VALUE,
     MISSED_REQUEST,
+    WRONG_CHOICE,
 )
 # Detectors that measure spending (calls, steps, tokens): their contrast is drawn against
 # successful runs serving the same kind of request (see `analysis.gaps.like_with_like`).
@@ -89,6 +91,7 @@ __all__ = [
     "UNKNOWN_VALUE",
     "UNSERVED_REQUEST",
     "WRONG_AMOUNT",
+    "WRONG_CHOICE",
     "WRONG_LIST",
     "WRONG_TOOL_ORDER",
     "is_symptom",

@@ -62,7 +62,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / ".." / "shared" / "data"
 ACTION_FINDINGS = (
-    "forbidden_action", "wrong_amount", "wrong_list", "unknown_value", "wrong_tool_order"
+    "forbidden_action", "wrong_amount", "wrong_list", "unknown_value", "wrong_tool_order",
+    "wrong_choice",
 )  # fmt: skip
 
 
@@ -188,10 +189,13 @@ def score_set(
     expected: Callable[[Any], Expected | None],
     show: int,
     brief: bool = False,
+    only: Callable[[Any], bool] | None = None,
 ) -> dict[str, Any]:
     """Fit the detectors on `runs`, score them and the baselines, print the table (`brief`:
-    only detectors with findings, and the every-write baseline)."""
+    only detectors with findings, and the every-write baseline; `only`: score just the runs it
+    keeps, the detectors still fitted on all of `runs`, as `analyze` fits them)."""
     from tracegym.analysis.detectors.amounts import WrongAmount
+    from tracegym.analysis.detectors.choice import WrongChoice
     from tracegym.analysis.detectors.list_args import WrongListArgument
     from tracegym.analysis.detectors.missed_action import MissedAction
     from tracegym.analysis.detectors.missed_request import MissedRequest
@@ -204,8 +208,9 @@ def score_set(
     detectors = [d.fit(runs) for d in (ForbiddenAction(), MissedAction(), WrongAmount(),
                                        WrongListArgument(), UnknownValue(),
                                        WrongToolOrder(), MissedRequest(),
-                                       UnservedRequest())]  # fmt: skip
-    failed = [r for r in runs if r.success is False]
+                                       UnservedRequest(), WrongChoice())]  # fmt: skip
+    scored = [r for r in runs if only is None or only(r)]
+    failed = [r for r in scored if r.success is False]
     labelled = [(r, expected(r)) for r in failed]
     labelled = [(r, e) for r, e in labelled if e is not None]
     wrong_runs = sum(
@@ -214,7 +219,7 @@ def score_set(
         if any(not m for m in e.actions.values())
         or any(e.unwanted(s.tool or s.name) for s in r.steps if is_write(s))
     )
-    print(f"\n{name}: {len(runs)} runs, {len(failed)} failed ({len(labelled)} with expected "
+    print(f"\n{name}: {len(scored)} runs, {len(failed)} failed ({len(labelled)} with expected "
           f"actions; {wrong_runs} with an expected action not matched or a write not "
           "expected)")  # fmt: skip
     scores: list[Score] = []
@@ -236,7 +241,7 @@ def score_set(
             for f, h in zip(findings, hits, strict=True):
                 if len(score.examples) < show:
                     score.examples.append(f"{'HIT ' if h else 'MISS'} {run.run_id}: {f.message}")
-        for run in runs:
+        for run in scored:
             flagged = any(_counted(detector.name, f) for f in detector.detect(run))
             score.success_runs += run.success is True and flagged
         if detector.name == "wrong_tool_order":
@@ -259,7 +264,7 @@ def score_set(
             score.findings += len(tools)
             score.hits += sum(hits)
             score.hit_runs += any(hits)
-        for run in runs:
+        for run in scored:
             if run.success is True and pick([s for s in run.steps if is_write(s)]):
                 score.success_runs += 1
         scores.append(score)
@@ -279,6 +284,11 @@ def score_set(
             "rules": rules, "scores": [asdict(s) for s in scores]}  # fmt: skip
 
 
+def _task_parity(run: Any) -> int | None:
+    task = str(_source(run, "task_id"))
+    return int(task) % 2 if task.isdigit() else None
+
+
 def agentrx_categories(runs: Sequence[Any], labels: Path) -> None:
     """Per detector, the AgentRx root-cause categories of the failed runs it flags."""
     from tracegym.analysis.detectors.registry import make_detector
@@ -292,7 +302,7 @@ def agentrx_categories(runs: Sequence[Any], labels: Path) -> None:
     print("  AgentRx root-cause category of the labelled failed runs each detector flags:")
     print(f"    all labelled failed runs: {dict(Counter(truth.values()).most_common())}")
     for name in ("forbidden_action", "missed_action", "wrong_amount", "wrong_list",
-                 "unknown_value"):  # fmt: skip
+                 "unknown_value", "wrong_choice"):  # fmt: skip
         detector = make_detector(name).fit(runs)
         flagged = Counter(
             truth[str(_source(r, "task_id"))]
@@ -417,6 +427,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         results.append(score_set("AgentRx tau-retail [reported]", runs,
                                  tau_expected(_raw_tau(agentrx)), args.show))  # fmt: skip
         agentrx_categories(runs, agentrx.parent / "tau_ground_truth.json")
+        for parity, split in ((0, "development"), (1, "reported")):
+            results.append(score_set(
+                f"AgentRx tau-retail, {('even', 'odd')[parity]} task ids [{split}]", runs,
+                tau_expected(_raw_tau(agentrx)), args.show,
+                only=lambda r, p=parity: _task_parity(r) == p,
+            ))  # fmt: skip
     else:
         print(f"skipped AgentRx: {agentrx} is absent")
     planted = {}
