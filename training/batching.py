@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tracegym.training import tokens
 from tracegym.training.model import Policy
 
 T = TypeVar("T")
@@ -270,6 +271,8 @@ class Wave:
             self._cache = DynamicCache()
         self.stats["forwards"] += 1
         self.stats["tokens"] += new_mask.numel()
+        real = int(new_mask.sum().item())
+        tokens.add(fed=real, padded=new_mask.numel() - real)
         out = model(
             input_ids=torch.tensor(chunk, device=device),
             attention_mask=self._mask,
@@ -312,8 +315,10 @@ class Wave:
                 probs = torch.softmax(logits[row] / self.temperature, dim=-1).cpu()
                 token = torch.multinomial(probs, 1, generator=self.generators[slot])
                 picks[slot] = int(token.item())
+            tokens.add(generated=len(rows))
             return picks
         best = torch.argmax(logits, dim=-1).tolist()
+        tokens.add(generated=len(rows))
         return {slot: best[row] for slot, row in rows.items()}
 
     def _step(

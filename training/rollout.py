@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tracegym.training import tokens
 from tracegym.training.model import IM_END, IM_START, Policy
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
@@ -206,6 +207,7 @@ class Session:
 
             self.past = DynamicCache()
         new = self.ids[self.cached :]
+        tokens.add(fed=len(new))
         kwargs = {_cache_argument(model): self.past}
         out = model(
             input_ids=torch.tensor([new], device=device), use_cache=True, logits_to_keep=1, **kwargs
@@ -237,6 +239,7 @@ class Session:
                     token = int(torch.argmax(logits).item())
                 self.ids.append(token)
                 out.append(token)
+                tokens.add(generated=1)
                 if token == stop_id:
                     break
         return out, False

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tracegym.training import tokens as counters
 from tracegym.training.model import Policy
 from tracegym.training.rollout import (
     ChatEncoder,
@@ -319,6 +320,8 @@ def train_adapter(
         losses.append(float(loss.detach()))
         tokens += sum(len(ids) for ids, _ in batch)
         trained += sum(sum(mask) for _, mask in batch)
+        counters.add(trained=sum(len(ids) for ids, _ in batch),
+                     loss=sum(sum(mask) for _, mask in batch))  # fmt: skip
         if progress is not None:
             progress(step, losses[-1])
         if on_step is not None:
@@ -501,6 +504,7 @@ def train_grpo(
                 optimizer.zero_grad(set_to_none=True)
                 tokens += sum(len(ids) for ids, _ in batch)
                 trained += int(mask.sum())
+                counters.add(trained=sum(len(ids) for ids, _ in batch), loss=int(mask.sum()))
             loss_value = float(loss.detach())
             losses.append(loss_value)
         if on_step is not None:
