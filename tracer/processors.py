@@ -18,7 +18,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from tracegym.tracer import internal
-from tracegym.tracer.foreign import ForeignSpans, is_foreign
+from tracegym.tracer.foreign import OWN_SCOPE, ForeignSpans
 
 
 class Background:
@@ -146,20 +146,22 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         self._dropped_key = f"spans_dropped.{name}"
         # The SDK keeps its queue private; if a future release renames it we stop counting
         # drops rather than break the agent.
-        inner = getattr(self, "_batch_processor", None)
-        self._queue = getattr(inner, "_queue", None)
+        self._inner = getattr(self, "_batch_processor", None)
+        self._queue = getattr(self._inner, "_queue", None)
         self._capacity = max_queue_size
 
     def on_end(self, span: ReadableSpan) -> None:
         queue = self._queue
-        if (queue is not None and len(queue) >= self._capacity) or self.done:
+        if (queue is not None and len(queue) >= self._capacity) or getattr(
+            self._inner, "_shutdown", False
+        ):
             internal.add(self._dropped_key)
-        super().on_end(span)
+        BatchSpanProcessor.on_end(self, span)
 
     @property
     def done(self) -> bool:
         """True once shut down: later spans are dropped (and counted)."""
-        return bool(getattr(getattr(self, "_batch_processor", None), "_shutdown", False))
+        return bool(getattr(self._inner, "_shutdown", False))
 
     def queued(self) -> int:
         """Spans waiting in the queue right now."""
@@ -258,6 +260,14 @@ def shutdown_all(processors: Sequence[SpanProcessor], timeout_s: float) -> int:
     return lost
 
 
+_NO_OP_STARTS = (SpanProcessor.on_start, BatchSpanProcessor.on_start)
+
+
+def _starts_nothing(processor: SpanProcessor) -> bool:
+    """True when `processor.on_start` is one of the SDK's no-ops (the batch processor's)."""
+    return getattr(type(processor), "on_start", None) in _NO_OP_STARTS
+
+
 class FanOutSpanProcessor(SpanProcessor):
     """tracegym's one processor on a provider: hands spans to its pipelines, which a second
     `tracegym.init` swaps in place instead of stacking new processors on the provider. Spans of
@@ -271,8 +281,9 @@ class FanOutSpanProcessor(SpanProcessor):
         shutdown_timeout_s: float = 3.0,
         foreign: bool = True,
     ) -> None:
-        self._processors = tuple(processors)
-        self._closed = False
+        self._processors: tuple[SpanProcessor, ...] = ()
+        self._starting: tuple[SpanProcessor, ...] = ()
+        self.replace(processors)
         self.shutdown_timeout_s = shutdown_timeout_s
         # Other instrumentations' spans get the run bookkeeping and content policy here (in
         # tracegym's own processor only: a span must claim its step once).
@@ -280,33 +291,40 @@ class FanOutSpanProcessor(SpanProcessor):
 
     def replace(self, processors: Sequence[SpanProcessor]) -> None:
         self._processors = tuple(processors)
+        # Only those with an on_start of their own are called as a span starts (the batch
+        # processors' is the SDK's no-op: a call per processor per span saved).
+        self._starting = tuple(p for p in self._processors if not _starts_nothing(p))
         self._closed = False
 
     def close(self) -> None:
         """After `tracegym.shutdown`: spans still ending are dropped, and counted."""
-        self._processors = ()
+        self._processors = self._starting = ()
         self._closed = True
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        if self._foreign is not None and is_foreign(span):
-            try:
-                self._foreign.on_start(span, parent_context)
-            except Exception as exc:  # the span goes on without the bookkeeping
-                internal.report_error("foreign.start", exc)
-        for processor in self._processors:
+        if self._foreign is not None:
+            scope = span.instrumentation_scope  # `foreign.is_foreign`, inlined: runs per span
+            if scope is None or scope.name != OWN_SCOPE:
+                try:
+                    self._foreign.on_start(span, parent_context)
+                except Exception as exc:  # the span goes on without the bookkeeping
+                    internal.report_error("foreign.start", exc)
+        for processor in self._starting:
             processor.on_start(span, parent_context=parent_context)
 
     def on_end(self, span: ReadableSpan) -> None:
         if self._closed:
             internal.add("spans_dropped.after_shutdown")
             return
-        if self._foreign is not None and is_foreign(span):
-            try:
-                span = self._foreign.on_end(span)
-            except Exception as exc:  # never pass on a span the content policy did not check
-                internal.report_error("foreign.end", exc)
-                internal.add("spans_dropped.content_policy")
-                return
+        if self._foreign is not None:
+            scope = span.instrumentation_scope
+            if scope is None or scope.name != OWN_SCOPE:
+                try:
+                    span = self._foreign.on_end(span)
+                except Exception as exc:  # never pass on a span the policy did not check
+                    internal.report_error("foreign.end", exc)
+                    internal.add("spans_dropped.content_policy")
+                    return
         for processor in self._processors:
             processor.on_end(span)
 
