@@ -53,6 +53,8 @@ from tracegym.analysis.runs import Run, Step, parse_json
 
 MIN_VALUE, MAX_VALUE = 3, 40  # characters of a record's text value that can be scored
 MAX_DIGITS = 4  # a text with more digits is an id, a phone or a zip, not a described property
+COMMON_RUNS = 10  # a word is common ("yes") when users say it in this many runs, and more than
+# `max_common` of them
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,23 @@ def candidate_sets(earlier: Sequence[Read]) -> list[list[Candidate]]:
                                    found.flags, found.schema, read, found.label))  # fmt: skip
         sets.append(group)
     return sets
+
+
+_FIELDS: dict[str, frozenset[str]] = {}
+
+
+def _fields(read: Read) -> frozenset[str]:
+    """The `words` texts of a read result's field values (not the elements of a list of plain
+    values: a list of ids is a listing, not a record naming one)."""
+    key = read.observed
+    if key not in _FIELDS:
+        if len(_FIELDS) > 1 << 14:
+            _FIELDS.clear()
+        _FIELDS[key] = frozenset(
+            words(str(v)) for path, v in _leaves(read.parsed)
+            if isinstance(v, (str, int)) and not isinstance(v, bool) and not path.endswith("[]")
+        )  # fmt: skip
+    return _FIELDS[key]
 
 
 def _scalars(value: Any, path: str = "", depth: int = 0) -> Iterator[tuple[str, str, str]]:
@@ -252,10 +271,16 @@ def choices(
         tool = step.tool or step.name
         seen: set[tuple[str, str]] = set()
         for candidates in candidate_sets(earlier):
+            start = min(c.read.step.position for c in candidates)
+            same = {c.read.key for c in candidates} | {c.read.tool for c in candidates[1:2]}
+            before = [r for r in earlier if r.step.position < start
+                      and r.key not in same and r.tool not in same]  # fmt: skip
             for arg, value, raw in scalars:
                 holding = [c for c in candidates if value in c.identity]
                 if len(holding) != 1 or (arg, value) in seen:
                     continue
+                if any(value in _fields(r) for r in before):
+                    continue  # a record the run had already found elsewhere, not chosen here
                 seen.add((arg, value))
                 chosen = holding[0]
                 others = [c for c in candidates if c is not chosen]
@@ -311,11 +336,13 @@ class WrongChoice(Detector):
         self.flagged_: Counter[tuple[str, str]] = Counter()
 
     def common(self, value: str) -> bool:
-        """Whether users say `value` in more than `max_common` of the runs (whatever they
-        want: "yes", "no"); never, before `fit`."""
+        """Whether users say `value` in more than `max_common` of the runs, and in at least
+        `COMMON_RUNS` (whatever they want: "yes", "no"); never, before `fit`."""
         if value not in self._common:
             found = sum(f" {value} " in t for t in self.texts_)
-            self._common[value] = bool(self.texts_) and found / len(self.texts_) > self.max_common
+            self._common[value] = (
+                found >= COMMON_RUNS and found / len(self.texts_) > self.max_common
+            )
         return self._common[value]
 
     def fit(self, runs: Sequence[Run]) -> WrongChoice:
