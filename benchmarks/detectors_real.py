@@ -289,6 +289,106 @@ def _task_parity(run: Any) -> int | None:
     return int(task) % 2 if task.isdigit() else None
 
 
+# How far the user's words can take wrong_choice ----------------------------------------------
+ExpectedCalls = Callable[[Any], "list[tuple[str, dict[str, Any]]] | None"]
+
+
+def tau2_expected_calls(run: Any) -> list[tuple[str, dict[str, Any]]] | None:
+    """The expected calls of a tau2-bench run, with their arguments."""
+    info = _source(run, "reward_info")
+    info = json.loads(info) if isinstance(info, str) else info
+    if not isinstance(info, dict):
+        return None
+    actions = [c.get("action") or {} for c in info.get("action_checks") or []]
+    return [(a["name"], a.get("arguments") or {}) for a in actions if a.get("name")]
+
+
+def tau_expected_calls(raw: dict[tuple[str, str], list[dict[str, Any]]]) -> ExpectedCalls:
+    """The expected calls of a tau-bench run (`info.task.actions`), with their arguments."""
+
+    def expected(run: Any) -> list[tuple[str, dict[str, Any]]] | None:
+        found = raw.get((str(_source(run, "task_id")), str(_source(run, "trial"))))
+        if not found or len(found) != 1:
+            return None
+        actions = (found[0].get("info") or {}).get("task", {}).get("actions") or []
+        return [(a["name"], a.get("kwargs") or {}) for a in actions if a.get("name")]
+
+    return expected
+
+
+def choice_bound(
+    name: str, runs: Sequence[Any], expected: ExpectedCalls, only: Callable[[Any], bool] | None
+) -> dict[str, int]:
+    """For every write argument value of a failed run that differs from the expected call's
+    (the closest call of the same tool), what the user's words say: whether the value was a
+    choice among records the run looked up, whether the expected record was among them and a
+    rival, and whether the user's words favour it over the one chosen. An upper bound for
+    `wrong_choice` (which must also find the rival without knowing it); labels used only here."""
+    from tracegym.analysis.detectors.choice import WrongChoice, choices, words
+    from tracegym.analysis.detectors.state import is_write
+    from tracegym.analysis.runs import parse_json
+
+    def values(value: Any) -> set[str]:
+        items = value if isinstance(value, list) else [value]
+        return {words(str(v)) for v in items if v is not None and not isinstance(v, (dict, bool))}
+
+    detector = WrongChoice().fit(runs)
+    counts: Counter[str] = Counter()
+    write_tools = {s.tool or s.name for r in runs for s in r.steps if is_write(s)}
+    for run in runs:
+        if run.success is not False or (only is not None and not only(run)):
+            continue
+        calls = expected(run)
+        if calls is None:
+            continue
+        writes = [s for s in run.steps if is_write(s)]
+        made = [(s, parse_json(s.input)) for s in writes]
+        made = [(s, a) for s, a in made if isinstance(a, dict)]
+        found = list(choices(run, detector.never_, detector.common))
+        for tool, kwargs in calls:
+            same = [(s, a) for s, a in made if (s.tool or s.name) == tool]
+            if not same or not isinstance(kwargs, dict):
+                counts["an expected write never made"] += not same and tool in write_tools
+                continue
+            if any(_norm(a) == _norm(kwargs) for _, a in same):
+                continue
+            step, args = max(same, key=lambda sa: sum(_norm(sa[1].get(k)) == _norm(v)
+                                                      for k, v in kwargs.items()))  # fmt: skip
+            for arg, want in kwargs.items():
+                got = values(args.get(arg))
+                wanted = values(want)
+                for value in sorted(got - wanted):
+                    choice = next((c for c in found if c.step is step and c.arg == arg
+                                   and words(c.value) == value), None)  # fmt: skip
+                    if choice is None:
+                        counts["a wrong value, not a choice among records looked up"] += 1
+                        continue
+                    right = [c for c in choice.candidates if c.identity & (wanted - got)]
+                    if not right:
+                        counts["a choice; the expected record not among the candidates"] += 1
+                        continue
+                    if right[0] not in choice.rivals:
+                        counts["a choice; the expected record no rival (the call names it, "
+                               "another write acts on it, a state never chosen)"] += 1  # fmt: skip
+                        continue
+                    said = choice.rival_said[choice.rivals.index(right[0])]
+                    if choice.named_by_user:
+                        counts["a choice; the user named the chosen record"] += 1
+                    elif len(said) > len(choice.matched):
+                        counts["a choice; the user's words favour the expected record"] += 1
+                        flagged = choice.wrong and (tool, arg) not in detector.disabled_
+                        counts["  ... and wrong_choice flags the call"] += flagged
+                    elif len(said) == len(choice.matched):
+                        counts["a choice; the user's words tie"] += 1
+                    else:
+                        counts["a choice; the user's words favour the chosen record"] += 1
+    print(f"\n{name}: wrong write argument values of failed runs, by what the user said "
+          "(labels used to find them)")  # fmt: skip
+    for key, n in counts.items():
+        print(f"  {n:>4}  {key}")
+    return dict(counts)
+
+
 def agentrx_categories(runs: Sequence[Any], labels: Path) -> None:
     """Per detector, the AgentRx root-cause categories of the failed runs it flags."""
     from tracegym.analysis.detectors.registry import make_detector
@@ -391,6 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT.parent))
     args.cache.mkdir(parents=True, exist_ok=True)
     results = []
+    bounds: dict[str, dict[str, int]] = {}
     tau2 = args.data / "tau2-retail-telecom"
     if tau2.is_dir():
         runs = _load("tau2-bench", tau2, args.cache)
@@ -398,6 +499,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             chosen = [r for r in runs if _source(r, "domain") == domain]
             results.append(score_set(f"tau2-bench {domain} [{split}]", chosen, tau2_expected,
                                      args.show))  # fmt: skip
+            if domain == "retail":
+                bounds["tau2-retail"] = choice_bound(f"tau2-bench {domain} [{split}]", chosen,
+                                                     tau2_expected_calls, None)  # fmt: skip
         print("\nper results file (one model and setting each; fitted on that file's runs):")
         for file in sorted(tau2.glob("*.json")):
             chosen = _load("tau2-bench", file, args.cache)
@@ -419,6 +523,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     run.success = bool(components["base_success"])
         results.append(score_set("tau-bench grok-3 retail [reported]", runs,
                                  tau_expected(_raw_tau(grok)), args.show))  # fmt: skip
+        bounds["grok-3"] = choice_bound("tau-bench grok-3 retail [reported]", runs,
+                                        tau_expected_calls(raw), None)  # fmt: skip
     else:
         print(f"skipped grok-3: {grok} is absent")
     agentrx = args.data / "agentrx-tau-retail" / "tau_dataset_full.json"
@@ -433,6 +539,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tau_expected(_raw_tau(agentrx)), args.show,
                 only=lambda r, p=parity: _task_parity(r) == p,
             ))  # fmt: skip
+            bounds[f"agentrx-{split}"] = choice_bound(
+                f"AgentRx tau-retail, {('even', 'odd')[parity]} task ids [{split}]", runs,
+                tau_expected_calls(_raw_tau(agentrx)), lambda r, p=parity: _task_parity(r) == p,
+            )  # fmt: skip
     else:
         print(f"skipped AgentRx: {agentrx} is absent")
     planted = {}
@@ -445,7 +555,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _seeds(args.planted), args.cache, f"{args.planted} [reported]"
         )
     if args.json:
-        args.json.write_text(json.dumps({"sets": results, "planted": planted}, indent=2))
+        args.json.write_text(json.dumps({"sets": results, "planted": planted,
+                                         "choice_bounds": bounds}, indent=2))  # fmt: skip
     return 0
 
 

@@ -193,13 +193,12 @@ def words(text: str) -> str:
 
 def user_text(run: Run, before: int, after: int = -1) -> str:
     """What the user said between positions `after` and `before`, loosely normalised and
-    padded: the messages with role user; the run input when there are none."""
-    texts = [
-        s.input or s.output or ""
-        for s in run.steps
-        if after < s.position < before and s.role == "user" and not is_tool(s)
-    ]
-    if not texts and run.root is not None:
+    padded: the messages with role user; the run input only in a run without any (where the
+    run has user messages, its input may be what the user was told, not what they said: the
+    instruction of a simulated user)."""
+    messages = [s for s in run.steps if s.role == "user" and not is_tool(s)]
+    texts = [s.input or s.output or "" for s in messages if after < s.position < before]
+    if not messages and run.root is not None and after < run.root.position < before:
         texts = [run.root.input or ""]
     return " " + " ".join(words(t) for t in texts) + " "
 
@@ -219,6 +218,8 @@ class Choice:
     best: Candidate | None  # the rival matching the user's words best
     best_matched: frozenset[tuple[str, str]]
     deciding: frozenset[tuple[str, str]]  # the rival's, where the chosen one's are not said
+    candidates: tuple[Candidate, ...] = ()  # the whole collection, the chosen record included
+    rival_said: tuple[frozenset[tuple[str, str]], ...] = ()  # per rival, its values said
 
     @property
     def wrong(self) -> bool:
@@ -305,7 +306,8 @@ def choices(
                 deciding = frozenset((p, v) for p, v in matched if p not in said_paths)
                 named_by_user = any(f" {i} " in told for i in chosen.identity)
                 yield Choice(step, tool, arg, raw, chosen, rivals, named_by_user, mine,
-                             best, matched, deciding)  # fmt: skip
+                             best, matched, deciding, tuple(candidates),
+                             tuple(t[0] for t in scored))  # fmt: skip
 
 
 class WrongChoice(Detector):
