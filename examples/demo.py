@@ -278,47 +278,60 @@ def run_agent(
     return [r.to_dict() for r in results]
 
 
-def run_routed(
+def run_heldout(
     home: Path, folder: Path, tasks: list[Any], config: DemoConfig, embedder: Any,
-    progress: Progress | None = None, notes: Any = None, competent: list[str] | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
-    """The routed agent: promoted adapters chosen per task by the router (one, a weighted
-    combination, or none when nothing matches, or when the request is closer to `competent`,
-    the requests the base agent passed in dev, than to any adapter's)."""
+    notes_file: Path, competent: list[str], progress: Progress | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
+    """The base agent and the routed agent on the same held-out tasks: (base results, routed
+    results, routing). The routed agent uses the promoted adapters, chosen per task by the
+    router (one, a weighted combination, or none when nothing matches, or when the request is
+    closer to `competent`, the requests the base agent passed in dev, than to any adapter's).
+    Both agents' episodes share batched waves, each lane decoding with its own adapter or none
+    (`batching.map_batched(adapter_of=...)`); both start from the dev notes in `notes_file`."""
+    from tracegym.examples.lm_agent import CustomerNotes, ShopAgent
     from tracegym.training import adapters
+    from tracegym.training.batching import map_batched
     from tracegym.training.model import load_policy
-    from tracegym.training.router import Router, apply_weights, rounded
+    from tracegym.training.router import COMBINED, Router, apply_weights, rounded
 
     policy = load_policy(folder)
     promoted = [a["adapter_id"] for a in adapters.list_adapters(home) if a.get("promoted")]
-    routes: dict[str, dict[str, float]] = {}
-    if not promoted:
-        results = run_agent(home, policy, tasks, config, "heldout-routed", progress=progress,
-                            label="held-out, routed", notes=notes)  # fmt: skip
-        return results, {"promoted": [], "routes": {t.task_id: {} for t in tasks}}
-    model = adapters.load_adapters(policy.model, home, promoted)
-    policy.model = model
-    router = Router.from_registry(home, embedder, promoted_only=True, competent=competent or ())
-    # tasks routed to the same mixture (weights rounded to 0.1) run together as one batch
-    groups: dict[tuple[tuple[str, float], ...], list[Any]] = {}
-    for task in tasks:
-        weights = rounded(router.weights(task.request))
-        routes[task.task_id] = weights
-        groups.setdefault(tuple(weights.items()), []).append(task)
-    by_id: dict[str, dict[str, Any]] = {}
-    done = 0
-    for key, group in groups.items():
-        use = apply_weights(model, dict(key))
+    routes: dict[str, dict[str, float]] = {t.task_id: {} for t in tasks}
+    use: dict[str, str | None] = {t.task_id: None for t in tasks}
+    if promoted:
+        policy.model = adapters.load_adapters(policy.model, home, promoted)
+        router = Router.from_registry(home, embedder, promoted_only=True, competent=competent)
+        # one adapter per mixture (weights rounded to 0.1), made before the waves start
+        mixtures: dict[tuple[tuple[str, float], ...], str | None] = {}
+        for task in tasks:
+            weights = rounded(router.weights(task.request))
+            routes[task.task_id] = weights
+            key = tuple(weights.items())
+            if key not in mixtures:
+                mixtures[key] = apply_weights(policy.model, weights, f"{COMBINED}{len(mixtures)}")
+            use[task.task_id] = mixtures[key]
 
-        def tick(what: str, n: int, total: int, base: int = done) -> None:
-            if progress is not None:
-                progress("held-out, routed", base + n, len(tasks))
+    def agent(split: str) -> Any:
+        return ShopAgent(policy, max_new_tokens=config.max_new_tokens, split=split,
+                         notes=CustomerNotes(notes_file))  # fmt: skip
 
-        for r in run_agent(home, policy, group, config, "heldout-routed", adapter=use,
-                           progress=tick, notes=notes):  # fmt: skip
-            by_id[r["task_id"]] = r
-        done += len(group)
-    return [by_id[t.task_id] for t in tasks], {"promoted": promoted, "routes": routes}
+    base_agent, routed_agent = agent("heldout-base"), agent("heldout-routed")
+    items = [(base_agent, t, None) for t in tasks]
+    items += [(routed_agent, t, use[t.task_id]) for t in tasks]
+    done = [0]
+
+    def tick(_: Any) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress("held-out, base and routed", done[0], len(items))
+
+    results = map_batched(
+        policy, lambda lane, item: item[0].run(item[1], lane=lane, adapter=item[2]), items,
+        batch_size=config.batch_size, on_done=tick,
+        adapter_of=(lambda item: item[2]) if promoted else None,
+    )  # fmt: skip
+    rows = [r.to_dict() for r in results]
+    return rows[: len(tasks)], rows[len(tasks) :], {"promoted": promoted, "routes": routes}
 
 
 def passed_requests(results: list[dict[str, Any]]) -> list[str]:
@@ -422,7 +435,7 @@ def _run(
     night_config = NightlyConfig(
         model=str(folder), train=train, eval_seeds=config.eval_seeds,
         max_new_tokens=config.max_new_tokens, replay=str(replay) if config.replay else None,
-        route=config.nightly_router,
+        route=config.nightly_router, batch_size=config.batch_size,
     )  # fmt: skip
     embedder = _embedder(config.embedder, home)
 
@@ -438,19 +451,13 @@ def _run(
                                               embedder=embedder, on_step=train_step))  # fmt: skip
     heldout = _tasks(HELDOUT_SEEDS, config.heldout_tasks, config.seed)
 
-    def base_heldout() -> list[dict[str, Any]]:
-        return run_agent(home, load_policy(folder), heldout, config, "heldout-base",
-                         progress=progress, label="held-out, base",
-                         notes=CustomerNotes(notes_file))  # fmt: skip
+    competent = passed_requests(dev_results)
 
-    base = timed("heldout-base", base_heldout)
+    def heldout_runs() -> Any:
+        return run_heldout(home, folder, heldout, config, embedder, notes_file, competent,
+                           progress)  # fmt: skip
 
-    def routed_heldout() -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        notes = CustomerNotes(notes_file)
-        return run_routed(home, folder, heldout, config, embedder, progress, notes=notes,
-                          competent=passed_requests(dev_results))  # fmt: skip
-
-    routed, routing = timed("heldout-routed", routed_heldout)
+    base, routed, routing = timed("heldout", heldout_runs)
     tg.flush()
     report = build_report(home, config, folder, dev_results, night, base, routed, routing, minutes)
     _write_json(out / "report.json", report)

@@ -148,7 +148,7 @@ def demo_home(tmp_path_factory):
 @slow
 def test_every_stage_ran_and_left_valid_artifacts(demo_home):
     home, config, report, stages = demo_home
-    assert stages == ["prepare", "dev", "nightly", "heldout-base", "heldout-routed"]
+    assert stages == ["prepare", "dev", "nightly", "heldout"]
     assert set(report["minutes"]) == set(stages)
     # the base model was prepared and cached
     assert (home / report["model"] / "tracegym_model.json").exists()

@@ -162,6 +162,7 @@ class Wave:
         compact: bool = True,
         share_prefix: bool = True,
         min_prefix: int = 16,
+        adapters: Sequence[str | None] | None = None,
     ) -> None:
         import torch
 
@@ -171,6 +172,9 @@ class Wave:
         self.compact = compact
         self.share_prefix = share_prefix
         self.min_prefix = max(1, min_prefix)
+        # each lane's LoRA adapter (None: the base model), mixed in one batch by peft's
+        # `adapter_names`; None: the model as it is set
+        self.adapters = _row_adapters(policy.model, adapters, size)
         self.generators = [torch.Generator().manual_seed(seed + i) for i in range(size)]
         limit = getattr(policy.model.config, "max_position_embeddings", 2048) or 2048
         self.max_length = min(max_length or limit, limit)
@@ -257,7 +261,12 @@ class Wave:
         self._install(rows.select([i for i, s in enumerate(rows.slots) if s in running]))
 
     # the batched step ----------------------------------------------------------------------------
-    def _forward(self, chunk: list[list[int]], chunk_mask: list[list[int]]) -> Any:
+    def _names(self, slots: Sequence[int]) -> list[str] | None:
+        return None if self.adapters is None else [self.adapters[s] for s in slots]
+
+    def _forward(
+        self, chunk: list[list[int]], chunk_mask: list[list[int]], names: list[str] | None = None
+    ) -> Any:
         import torch
         from tracegym.training.rollout import _cache_argument
 
@@ -273,6 +282,7 @@ class Wave:
         self.stats["tokens"] += new_mask.numel()
         real = int(new_mask.sum().item())
         tokens.add(fed=real, padded=new_mask.numel() - real)
+        extra = {} if names is None else {"adapter_names": names}
         out = model(
             input_ids=torch.tensor(chunk, device=device),
             attention_mask=self._mask,
@@ -280,6 +290,7 @@ class Wave:
             use_cache=True,
             logits_to_keep=1,
             **{_cache_argument(model): self._cache},
+            **extra,
         )
         return out.logits[:, -1].float()
 
@@ -296,13 +307,26 @@ class Wave:
         shared = min(_common_prefix(seqs), min(len(s) for s in seqs) - 1)
         if shared < self.min_prefix:
             return 0
-        self._forward([seqs[0][:shared]], [[1] * shared])
-        if _get_kv(self._cache) is None:  # cannot copy rows: start over the usual way
+        # once per adapter among the rows (an adapter changes the prefix's keys and values)
+        names = self._names(self._slots)
+        distinct = sorted(set(names)) if names is not None else [None]
+        prefix = seqs[0][:shared]
+        self._forward([prefix] * len(distinct), [[1] * shared] * len(distinct),
+                      None if names is None else distinct)  # fmt: skip
+        kv = _get_kv(self._cache)
+        if kv is None:  # cannot copy rows: start over the usual way
             self._cache = self._mask = None
             return 0
-        self._cache.batch_repeat_interleave(len(self._slots))
-        self._mask = self._mask.expand(len(self._slots), -1).contiguous()
-        self.stats["shared"] += shared * (len(self._slots) - 1)
+        if len(distinct) == 1:
+            self._cache.batch_repeat_interleave(len(self._slots))
+            self._mask = self._mask.expand(len(self._slots), -1).contiguous()
+        else:
+            assert names is not None
+            rows = _Rows(list(range(len(distinct))), self._mask, kv)
+            rows = rows.select([distinct.index(n) for n in names])
+            self._mask = rows.mask
+            _set_kv(self._cache, rows.kv)
+        self.stats["shared"] += shared * (len(self._slots) - len(distinct))
         return shared
 
     def _pick(self, logits: Any, rows: dict[int, int]) -> dict[int, int]:
@@ -355,7 +379,7 @@ class Wave:
                 if len(self._consumed[slot]) >= self.max_length:
                     full[slot] = True
                     running.discard(slot)
-            logits = self._forward(chunk, chunk_mask)
+            logits = self._forward(chunk, chunk_mask, self._names(self._slots))
             while running:
                 rows = {s: i for i, s in enumerate(self._slots) if s in running}
                 for slot, token in self._pick(logits, rows).items():
@@ -374,9 +398,28 @@ class Wave:
                     self._park(running)
                 step_ids = [out[s][-1] if s in running else self.pad_id for s in self._slots]
                 step_mask = [[1] if s in running else [0] for s in self._slots]
-                logits = self._forward([[t] for t in step_ids], step_mask)
+                logits = self._forward([[t] for t in step_ids], step_mask, self._names(self._slots))
         # the last token of each reply is not in the cache yet: the lane's next request feeds it
         return {slot: (out[slot], full[slot]) for slot in pending}
+
+
+BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
+
+
+def _row_adapters(model: Any, adapters: Sequence[str | None] | None, size: int) -> list[str] | None:
+    """Each lane's adapter as peft's `adapter_names` wants it, or None when there is nothing to
+    mix (no list given). Switches the model's adapter layers on: a mixed batch needs them."""
+    if adapters is None:
+        return None
+    adapters = list(adapters)
+    if len(adapters) != size:
+        raise ValueError(f"{len(adapters)} adapters for a wave of {size} lanes")
+    if not hasattr(model, "peft_config"):
+        if any(a is not None for a in adapters):
+            raise ValueError("per-lane adapters need a PeftModel holding them")
+        return None
+    model.base_model.enable_adapter_layers()
+    return [a if a is not None else BASE for a in adapters]
 
 
 class Lane:
@@ -416,18 +459,26 @@ def map_batched(
     compact: bool = True,
     share_prefix: bool = True,
     stats: dict[str, int] | None = None,
+    adapter_of: Callable[[T], str | None] | None = None,
 ) -> list[R]:
     """`[fn(lane, item) for item in items]`, run `batch_size` at a time in threads that share
     batched generation. Results keep the order of `items`; an exception in `fn` is raised after
     its wave finishes. `compact` and `share_prefix` are `Wave`'s; `stats`, when given, adds up
-    the waves' `Wave.stats`."""
-    return run_waves(
-        lambda start, n: Wave(
+    the waves' `Wave.stats`. `adapter_of(item)`: the LoRA adapter that item's lane decodes with
+    (None: the base model), so items of different adapters share a wave (`policy.model` a
+    PeftModel holding them); without it every lane uses the model as it is set."""
+    items = list(items)
+
+    def make(start: int, n: int) -> Wave:
+        adapters = None
+        if adapter_of is not None:
+            adapters = [adapter_of(item) for item in items[start : start + n]]
+        return Wave(
             policy, n, temperature=temperature, seed=seed + start, compact=compact,
-            share_prefix=share_prefix,
-        ),
-        fn, items, batch_size=batch_size, on_done=on_done, stats=stats,
-    )  # fmt: skip
+            share_prefix=share_prefix, adapters=adapters,
+        )  # fmt: skip
+
+    return run_waves(make, fn, items, batch_size=batch_size, on_done=on_done, stats=stats)
 
 
 def run_waves(

@@ -81,6 +81,92 @@ def _run(
     return sum(r.passed for r in results)
 
 
+def run_arms(
+    policy: Policy,
+    jobs: Sequence[tuple[Any, str, Sequence[int]]],
+    batch_size: int = 8,
+    **kw: Any,
+) -> list[tuple[list[Any], list[Any]]]:
+    """(base rollouts, adapter rollouts) of each (env, adapter_id, seeds) job, every episode of
+    every job in the same waves: a lane decodes with its own adapter (or none), so the base and
+    the adapted arms, and all environments, share batched steps instead of queueing."""
+    import copy
+
+    from tracegym.training.batching import map_batched
+
+    items = [
+        (j, env, seed, adapter)
+        for j, (env, adapter_id, seeds) in enumerate(jobs)
+        for adapter in (None, adapter_id)
+        for seed in seeds
+    ]
+
+    def one(lane: Any, item: tuple[int, Any, int, str | None]) -> Any:
+        _, env, seed, adapter = item
+        return rollout(policy, copy.deepcopy(env), seed, adapter=adapter, lm=lane, **kw)
+
+    results = map_batched(policy, one, items, batch_size=batch_size,
+                          adapter_of=lambda item: item[3])  # fmt: skip
+    arms: list[tuple[list[Any], list[Any]]] = [([], []) for _ in jobs]
+    for (j, _, _, adapter), result in zip(items, results, strict=True):
+        arms[j][adapter is not None].append(result)
+    return arms
+
+
+def evaluate_capabilities(
+    model: Any,
+    tokenizer: Any,
+    jobs: Sequence[tuple[Any, str, Sequence[int]]],
+    *,
+    name: str = "policy",
+    alpha: float = ALPHA,
+    batch_size: int = 8,
+    **rollout_kwargs: Any,
+) -> list[dict[str, Any]]:
+    """`evaluate_capability` (without the router column) for each (env, adapter_id, seeds),
+    the base and adapted episodes of all of them batched together (`model` a PeftModel holding
+    every adapter). Greedy replies are each lane's own, so the rows are what the one-at-a-time
+    evaluation gives, up to float rounding in a different batch."""
+    policy = Policy(model, tokenizer, name)
+    jobs = [(env, adapter_id, list(seeds)) for env, adapter_id, seeds in jobs]
+    if batch_size <= 1:
+        return [
+            evaluate_capability(model, tokenizer, env, adapter_id, seeds, name=name,
+                                alpha=alpha, batch_size=batch_size, **rollout_kwargs)
+            for env, adapter_id, seeds in jobs
+        ]  # fmt: skip
+    arms = run_arms(policy, jobs, batch_size=batch_size, **rollout_kwargs)
+
+    def passed(results: list[Any]) -> dict[str, Any]:
+        return rate(sum(r.passed for r in results), len(results))
+
+    return [
+        _row(env, adapter_id, seeds, passed(b), passed(a), alpha)
+        for (env, adapter_id, seeds), (b, a) in zip(jobs, arms, strict=True)
+    ]
+
+
+def _row(
+    env: Any, adapter_id: str, seeds: list[int], base: dict[str, Any], adapted: dict[str, Any],
+    alpha: float,
+) -> dict[str, Any]:  # fmt: skip
+    promoted, reason = decide(base, adapted, alpha)
+    return {
+        "env_id": env.env_id,
+        "adapter_id": adapter_id,
+        "seeds": [seeds[0], seeds[-1]] if seeds else [],
+        "base": base,
+        "adapter": adapted,
+        "gain": round(adapted["rate"] - base["rate"], 4),
+        "p_value": round(
+            gain_p_value(base["passed"], base["n"], adapted["passed"], adapted["n"]), 6
+        ),
+        "promoted": promoted,
+        "reason": reason,
+        "router": None,
+    }
+
+
 def evaluate_capability(
     model: Any,
     tokenizer: Any,
@@ -103,21 +189,7 @@ def evaluate_capability(
     model.base_model.enable_adapter_layers()  # a router may have switched them off
     model.set_adapter(adapter_id)
     adapted = rate(_run(policy, env, seeds, adapter_id, **rollout_kwargs), len(seeds))
-    promoted, reason = decide(base, adapted, alpha)
-    row: dict[str, Any] = {
-        "env_id": env.env_id,
-        "adapter_id": adapter_id,
-        "seeds": [seeds[0], seeds[-1]] if seeds else [],
-        "base": base,
-        "adapter": adapted,
-        "gain": round(adapted["rate"] - base["rate"], 4),
-        "p_value": round(
-            gain_p_value(base["passed"], base["n"], adapted["passed"], adapted["n"]), 6
-        ),
-        "promoted": promoted,
-        "reason": reason,
-        "router": None,
-    }
+    row = _row(env, adapter_id, seeds, base, adapted, alpha)
     if route is not None:
         # route every task, then run the tasks routed to the same mixture together
         groups: dict[tuple[tuple[str, float], ...], list[int]] = {}
@@ -155,9 +227,11 @@ def render_markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 __all__ = [
     "decide",
+    "evaluate_capabilities",
     "evaluate_capability",
     "gain_p_value",
     "rate",
     "render_markdown",
+    "run_arms",
     "wilson",
 ]

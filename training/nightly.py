@@ -80,6 +80,8 @@ class NightlyConfig:
     route: bool = True  # evaluate the router on each environment too (routing accuracy is
     # measured whenever an embedder is available)
     replay: str | None = None  # JSONL of the agent's passing conversations, mixed into training
+    batch_size: int = 8  # evaluation episodes decoding together (base and adapted arms of
+    # every environment share the waves when the router column is off)
     date: str | None = None  # YYYY-MM-DD (default: today, UTC)
 
     def to_dict(self) -> dict[str, Any]:
@@ -449,6 +451,12 @@ class _Night:
 
         rows = []
         failed: list[dict[str, str]] = []
+        if router is None or not self.config.route:
+            rows = self._evaluate_together(model, policy, todo)
+            if rows is not None:
+                todo = []
+            else:
+                rows = []
         for adapter_id in todo:
             try:
                 meta = adapters.show(self.home, adapter_id)
@@ -465,6 +473,7 @@ class _Night:
                     name=policy.name,
                     route=route if router is not None and self.config.route else None,
                     max_new_tokens=self.config.max_new_tokens,
+                    batch_size=self.config.batch_size,
                 )
                 adapters.update(
                     self.home,
@@ -485,6 +494,40 @@ class _Night:
                 router, heldout_tasks(self.home, all_ids, self.config.eval_seeds)
             )
         return {"status": _status(failed), "rows": rows, "routing": routing, "failed": failed}
+
+    def _evaluate_together(
+        self, model: Any, policy: Any, todo: list[str]
+    ) -> list[dict[str, Any]] | None:
+        """Every adapter's base and adapted arms in shared waves (`evaluate_capabilities`), the
+        rows recorded as the one-at-a-time loop records them; None when any of it fails, so the
+        loop redoes them one by one and records which adapter failed."""
+        from tracegym.synthesis import registry
+        from tracegym.training import adapters
+        from tracegym.training.evaluate import evaluate_capabilities
+
+        try:
+            jobs = []
+            for adapter_id in todo:
+                meta = adapters.show(self.home, adapter_id)
+                env = registry.load(self.home, meta["capability"]["env_id"])
+                h0, h1 = env.spec.heldout_seeds
+                jobs.append(
+                    (env, adapter_id, list(range(h0, min(h1, h0 + self.config.eval_seeds))))
+                )
+            self.progress("evaluate", f"evaluating {', '.join(todo)} together")
+            rows = evaluate_capabilities(
+                model, policy.tokenizer, jobs, name=policy.name,
+                max_new_tokens=self.config.max_new_tokens, batch_size=self.config.batch_size,
+            )  # fmt: skip
+        except _PASS_THROUGH:
+            raise
+        except Exception as exc:
+            self.progress("evaluate", f"together failed ({_reason(exc)}): one by one")
+            return None
+        for row in rows:
+            adapters.update(self.home, row["adapter_id"], eval=row, promoted=row["promoted"],
+                            promotion=row["reason"])  # fmt: skip
+        return rows
 
     def stage_report(self) -> dict[str, Any]:
         from tracegym.training import adapters
