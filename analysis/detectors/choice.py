@@ -336,6 +336,8 @@ class WrongChoice(Detector):
         self.disabled_: set[tuple[str, str]] = set()
         self.calls_: Counter[tuple[str, str]] = Counter()
         self.flagged_: Counter[tuple[str, str]] = Counter()
+        # the arguments checked with the support of at least `min_support` successful calls
+        self.rules_: list[tuple[str, str]] = []
 
     def common(self, value: str) -> bool:
         """Whether users say `value` in more than `max_common` of the runs, and in at least
@@ -372,6 +374,9 @@ class WrongChoice(Detector):
             k for k, n in self.calls_.items()
             if n >= self.min_support and self.flagged_[k] / n > self.max_success_share
         }  # fmt: skip
+        self.rules_ = sorted(
+            k for k, n in self.calls_.items() if n >= self.min_support and k not in self.disabled_
+        )
         return self
 
     def detect(self, run: Run) -> list[Finding]:
