@@ -182,16 +182,23 @@ def to_json(value: Any, max_length: int = 8192) -> str:
     """
     kind = type(value)
     if kind is str:  # the common case: already text; keep it readable, not quoted
-        return _encodable(truncate(value, max_length))
-    try:
-        if (kind is dict or kind is list or kind is tuple) and _small(value, max_length):
-            try:
-                return _encodable(truncate(_encode_fast(value), max_length))
-            except (_Unusual, ValueError, TypeError, RecursionError):
-                pass
-        return _encodable(truncate(_encode(_plain(value, max_length, 0, set())), max_length))
-    except BaseException as exc:
-        return _unrepresentable(value, exc)
+        text = value
+    else:
+        try:
+            text = None
+            if (kind is dict or kind is list or kind is tuple) and _small(value, max_length):
+                try:
+                    text = _encode_fast(value)
+                except (_Unusual, ValueError, TypeError, RecursionError):
+                    text = None  # NaN, an odd key ...: the careful walk below
+            if text is None:
+                text = _encode(_plain(value, max_length, 0, set()))
+        except BaseException as exc:
+            return _unrepresentable(value, exc)
+    # truncate() and _encodable() with their common case inline (twice per tool call)
+    if len(text) > max_length:
+        text = truncate(text, max_length)
+    return text if text.isascii() else _encodable(text)
 
 
 _SMALL_ITEMS = 64  # items a container may hold and still take the fast path
