@@ -476,3 +476,48 @@ def test_openinference_full_adds_the_derived_values():
         sc.OI_COMPLETION_TOKENS: 3,
         sc.OI_TOTAL_TOKENS: 10,
     }
+
+
+def test_call_ids_stay_unique_across_threads_and_a_fork():
+    """Call ids are drawn in batches: threads drawing at once, and a child forked with part of
+    a batch left, must still never repeat one."""
+    import os
+    import threading
+
+    from tracegym.tracer import kinds
+
+    with tg.testing.capture() as captured:
+
+        def work() -> None:
+            for _ in range(300):
+                get_order("o-1")
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    ids = [s.attributes[sc.TOOL_CALL_ID] for s in captured.spans]
+    assert len(ids) == 1200 and len(set(ids)) == 1200
+    assert all(CALL_ID.fullmatch(i) for i in ids)
+
+    if not hasattr(os, "fork"):
+        return
+    kept = list(kinds._call_ids)
+    assert kept  # the parent holds drawn ids a child could otherwise reuse
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        try:
+            with tg.testing.capture() as child:
+                for _ in range(5):
+                    get_order("o-1")
+            os.write(write, " ".join(s.attributes[sc.TOOL_CALL_ID] for s in child.spans).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child_ids = pipe.read().split()
+    os.waitpid(pid, 0)
+    assert len(child_ids) == 5 and all(CALL_ID.fullmatch(i) for i in child_ids)
+    assert not set(child_ids) & set(kept) and not set(child_ids) & set(ids)

@@ -17,16 +17,35 @@ from tracegym.tracer import internal
 from tracegym.tracer import messages as genai
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.context import Budget, Run, Scope, current
-from tracegym.tracer.openinference import FULL as _OI_FULL
-from tracegym.tracer.openinference import TEXT, attributes_for, wants_values
+from tracegym.tracer.openinference import TEXT, wants_values
 from tracegym.tracer.operations import Handle, Operation, _caught, _record_usage, state
+from tracegym.tracer.operations import _openinference as _openinference  # where it was
 from tracegym.tracer.serialize import content_hash, to_json
 
 # Call ids come from a generator of our own: drawing from `random` would shift the agent's own
-# seeded stream, and os.urandom is a system call on every tool call. Reseeded in forked children.
+# seeded stream, and os.urandom is a system call on every tool call. They are drawn _CALL_IDS at
+# a time (one big draw and one hex conversion: a fifth of the cost of one of each per call), so
+# a tool call pops one; a forked child reseeds and drops what its parent had drawn.
 _ids = random.Random(os.urandom(16))
+_CALL_IDS = 64
+_call_ids: list[str] = []
+
+
+def _draw_call_ids() -> str:
+    """A fresh call id; the next _CALL_IDS - 1 are kept for the calls to come."""
+    digits = f"{_ids.getrandbits(64 * _CALL_IDS):0{16 * _CALL_IDS}x}"
+    drawn = ["call_" + digits[i : i + 16] for i in range(0, 16 * _CALL_IDS, 16)]
+    _call_ids.extend(drawn[1:])  # atomic: threads drawing at once never share an id
+    return drawn[0]
+
+
+def _reseed_in_child() -> None:
+    _ids.seed(os.urandom(16))
+    _call_ids.clear()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(16)))
+    os.register_at_fork(after_in_child=_reseed_in_child)
 
 
 # Records of one memory read whose ids and content hashes are recorded: hashing is the costly
@@ -53,21 +72,6 @@ def _text(value: Any) -> str | None:
     except BaseException as exc:
         internal.swallow("inspect", exc)
         return None
-
-
-def _openinference(handle: Handle) -> None:
-    """At level full, the span's OpenInference attributes (openinference.py) as it ends: what
-    `attributes_for` derives from its other attributes. (Its kind, a constant of the
-    operation, is among the attributes it starts with, `Operation.begin`: one dict entry
-    instead of a locked `set_attribute` call at the end.)"""
-    if state.settings.openinference not in _OI_FULL:
-        return
-    span = handle.span
-    attrs = getattr(span, "attributes", None)
-    if attrs:
-        derived = attributes_for(attrs)
-        if derived:
-            span.set_attributes(derived)
 
 
 def _input_of(op: Operation, arguments: dict[str, Any]) -> Any:
@@ -97,6 +101,7 @@ class Agent(Operation):
 
     operation = sc.OP_AGENT
     takes_step = False
+    opens_scope = True
 
     def __init__(
         self,
@@ -168,7 +173,6 @@ class Agent(Operation):
 
     def on_end(self, handle: Handle) -> None:
         _budget_used(handle, {})
-        _openinference(handle)
 
 
 class Tool(Operation):
@@ -184,17 +188,23 @@ class Tool(Operation):
         return {sc.OPERATION: self.operation, sc.TOOL_NAME: self.name}
 
     def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
-        attrs[sc.TOOL_CALL_ID] = self.call_id or f"call_{_ids.getrandbits(64):016x}"
+        call_id = self.call_id
+        if not call_id:
+            try:
+                call_id = _call_ids.pop()
+            except IndexError:
+                call_id = _draw_call_ids()
+        attrs[sc.TOOL_CALL_ID] = call_id
         if capture:
             if self._binder is None:  # `with` form: `tool("name", arguments={...})`
                 arguments = arguments.get("arguments", {})
-            attrs[sc.TOOL_ARGUMENTS] = _json(arguments)
+            attrs[sc.TOOL_ARGUMENTS] = to_json(arguments, state.settings.max_value_length)
 
     def on_result(self, handle: Handle, result: Any, capture: bool) -> None:
         if capture:
-            handle.span.set_attribute(sc.TOOL_RESULT, _json(result))
-
-    on_end = staticmethod(_openinference)
+            handle.span.set_attribute(
+                sc.TOOL_RESULT, to_json(result, state.settings.max_value_length)
+            )
 
 
 def _usage_of(result: Any) -> tuple[Any, Any] | None:
@@ -332,8 +342,6 @@ class LLM(Operation):
                 span.set_attribute(sc.OI_OUTPUT_VALUE, text)
                 span.set_attribute(sc.OI_OUTPUT_MIME, TEXT)
 
-    on_end = staticmethod(_openinference)
-
 
 _MESSAGE_KEYS = ("messages", "input", "contents", "prompt")
 
@@ -379,7 +387,6 @@ class _Memory(Operation):
 
     operation = ""
     verb = ""
-    on_end = staticmethod(_openinference)
 
     def __init__(
         self,
@@ -580,7 +587,6 @@ class Step(Operation):
     """`step {name}`: one step of the agent's own loop (plan, reflect, act ...)."""
 
     operation = sc.OP_STEP
-    on_end = staticmethod(_openinference)
 
     def static_attributes(self) -> dict[str, Any]:
         return {sc.OPERATION: self.operation, sc.STEP_NAME: self.name}
@@ -599,6 +605,7 @@ class Subtask(Operation):
 
     operation = sc.OP_SUBTASK
     takes_step = False
+    opens_scope = True
 
     def __init__(
         self,
@@ -636,4 +643,3 @@ class Subtask(Operation):
 
     def on_end(self, handle: Handle) -> None:
         _budget_used(handle, self.limits)
-        _openinference(handle)

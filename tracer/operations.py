@@ -26,12 +26,15 @@ from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.config import settings as _default_settings
 from tracegym.tracer.context import Scope
+from tracegym.tracer.openinference import FULL as _OI_FULL
 from tracegym.tracer.openinference import OFF as _OI_OFF
-from tracegym.tracer.openinference import SPAN_KINDS
+from tracegym.tracer.openinference import SPAN_KINDS, attributes_for
 from tracegym.tracer.serialize import truncate
 
 F = TypeVar("F", bound=Callable[..., Any])
 _UNSET: Any = object()
+_STEP_INDEX, _AGENT_NAME, _OI_SPAN_KIND = sc.STEP_INDEX, sc.AGENT_NAME, sc.OI_SPAN_KIND
+_current_scope = scope_context.current.get
 _GENERATOR_KEEP = 100  # yielded items kept for the span's output
 _STATUS_LENGTH = 1024  # characters of "Type: message" kept as the span's status description
 
@@ -65,22 +68,36 @@ def _flow() -> tuple[int, int]:
     return threading.get_ident(), task
 
 
-def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
-    """A fast `(args, kwargs) -> {name: value}` for `fn`, leaving out self/cls."""
+def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict | None], dict[str, Any]]:
+    """A fast `(args, kwargs) -> {name: value}` for `fn`, leaving out self/cls; the plan (the
+    parameter names) is read from the signature once, at decoration time."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        return lambda args, kwargs: {"args": args, **kwargs} if args else dict(kwargs)
+        return lambda args, kwargs: {"args": args, **(kwargs or {})} if args else dict(kwargs or {})
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    names = [p.name for p in params if p.kind in kinds]
+    names = tuple(p.name for p in params if p.kind in kinds)
     star = next((p.name for p in params if p.kind is inspect.Parameter.VAR_POSITIONAL), "args")
-    skip = 1 if names and names[0] in ("self", "cls") else 0
     count = len(names)
+    if names and names[0] in ("self", "cls"):
+        first = names[0]
 
-    def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
-        bound = dict(zip(names, args, strict=False))
-        if skip:
-            bound.pop(names[0], None)
+        def bind_method(args: tuple, kwargs: dict | None) -> dict[str, Any]:
+            bound = dict(zip(names, args))  # noqa: B905 - as far as both go: see bind
+            bound.pop(first, None)
+            if len(args) > count:
+                bound[star] = args[count:]
+            if kwargs:
+                bound.update(kwargs)
+            return bound
+
+        return bind_method
+
+    def bind(args: tuple, kwargs: dict | None) -> dict[str, Any]:
+        # zip stops at the shorter on purpose: parameters not given are left out, arguments
+        # past the names go under *args below. (`strict=False` spelled out costs 0.2 us a call:
+        # zip's keyword path.)
+        bound = dict(zip(names, args))  # noqa: B905
         if len(args) > count:
             bound[star] = args[count:]
         if kwargs:
@@ -148,6 +165,22 @@ def _record_usage(span: trace.Span, input_tokens: Any, output_tokens: Any) -> No
         _caught("usage", exc)
 
 
+def _openinference(handle: Handle) -> None:
+    """The span's OpenInference attributes (openinference.py) as it ends, at level full: what
+    `attributes_for` derives from its other attributes. (Its kind, a constant of the
+    operation, is among the attributes it starts with, `Operation.begin`: one dict entry
+    instead of a locked `set_attribute` call at the end.) Below full: nothing, and `finish`
+    does not call it."""
+    if state.settings.openinference not in _OI_FULL:
+        return
+    span = handle.span
+    attrs = getattr(span, "attributes", None)
+    if attrs:
+        derived = attributes_for(attrs)
+        if derived:
+            span.set_attributes(derived)
+
+
 def _error_type(exc: BaseException) -> str:
     kind = type(exc)
     return (
@@ -194,12 +227,27 @@ class Operation:
 
     operation: str = ""  # gen_ai.operation.name
     takes_step = True  # claims a step index of the run
+    opens_scope = False  # True where `open_scope` is overridden (agent, subtask)
+    # What every span of this operation starts from, made on its first call (so that
+    # `static_attributes` sees the settings `init` made) and kept: (span name, static
+    # attributes, OpenInference span kind).
+    _plan: tuple[str, dict[str, Any], str | None] | None = None
+
+    # Set per class (`__init_subclass__`): which hooks a call must go through, so that the
+    # kinds that keep the defaults skip the calls (a tool call is a few microseconds).
+    _ends = False  # overrides on_end
+    _starts = False  # overrides start_span
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._ends = cls.on_end is not Operation.on_end
+        cls._starts = cls.start_span is not Operation.start_span
 
     def __init__(self, name: str | None = None, *, capture: bool | None = None, **call: Any):
         self.name = name
         self.capture = capture  # None: follow the global content-capture setting
         self.call = call  # values given to a `with` form instead of function arguments
-        self._binder: Callable[[tuple, dict], dict[str, Any]] | None = None
+        self._binder: Callable[[tuple, dict | None], dict[str, Any]] | None = None
         self._active: dict[tuple[int, int], list[Handle]] = {}  # `with` spans per thread/task
 
     # What subclasses describe ---------------------------------------------------------------
@@ -231,28 +279,39 @@ class Operation:
             self._span_name, attributes=attrs, record_exception=False, set_status_on_exception=False
         )
 
+    def _make_plan(self) -> tuple[str, dict[str, Any], str | None]:
+        plan = self._plan = (self._span_name, self._static, SPAN_KINDS.get(self.operation))
+        return plan
+
     def begin(self, args: tuple = (), kwargs: dict | None = None) -> Handle | None:
         """Start and activate the span; None (counted) if tracegym itself failed."""
         try:
-            arguments = self._binder(args, kwargs or {}) if self._binder else self.call
+            binder = self._binder
+            arguments = binder(args, kwargs) if binder is not None else self.call
             settings = state.settings
             capture = settings.capture_content if self.capture is None else self.capture
-            parent = scope_context.current.get()
-            attrs = dict(self._static)
-            if self.takes_step and parent is not None:
-                attrs[sc.STEP_INDEX] = scope_context.next_step(parent)
-                attrs[sc.AGENT_NAME] = parent.agent
+            parent = _current_scope()
+            plan = self._plan or self._make_plan()
+            attrs = plan[1].copy()
+            if parent is not None and self.takes_step:
+                attrs[_STEP_INDEX] = scope_context.next_step(parent)
+                attrs[_AGENT_NAME] = parent.agent
             self.call_attributes(attrs, arguments, capture)
-            if settings.openinference not in _OI_OFF:  # (level kinds or full)
-                kind = SPAN_KINDS.get(self.operation)
-                if kind is not None:
-                    attrs[sc.OI_SPAN_KIND] = kind
-            span = self.start_span(attrs, parent)
+            kind = plan[2]
+            if kind is not None and settings.openinference not in _OI_OFF:  # (kinds or full)
+                attrs[_OI_SPAN_KIND] = kind
+            if self._starts:
+                span = self.start_span(attrs, parent)
+            else:  # `start_span`, inline
+                span = state.tracer.start_span(
+                    plan[0], attributes=attrs, record_exception=False, set_status_on_exception=False
+                )
         except BaseException as exc:
             _caught(f"begin.{self.operation}", exc)
             return None
         try:
-            handle = Handle(self, span, self.open_scope(span, parent, arguments), arguments)
+            scope = self.open_scope(span, parent, arguments) if self.opens_scope else None
+            handle = Handle(self, span, scope, arguments)
             handle.activate()
             return handle
         except BaseException as exc:  # the span exists: end it rather than leak it
@@ -271,9 +330,16 @@ class Operation:
             try:
                 if result is _UNSET:
                     result = handle.result
+                settings = state.settings
                 if result is not _UNSET:
-                    self.on_result(handle, result, self._capture())
-                self.on_end(handle)
+                    capture = self.capture
+                    if capture is None:
+                        capture = settings.capture_content
+                    self.on_result(handle, result, capture)
+                if self._ends:
+                    self.on_end(handle)
+                if settings.openinference in _OI_FULL:
+                    _openinference(handle)
             except BaseException as exc:
                 _caught(f"finish.{self.operation}", exc)
         finally:  # even for a Ctrl-C re-raised above: the agent's context must be restored
@@ -292,7 +358,10 @@ class Operation:
                 status = truncate(f"{error_type}: {_message(exc)}", _STATUS_LENGTH)
                 span.set_status(Status(StatusCode.ERROR, status))
                 _record_exception(span, exc, error_type)
-                self.on_end(handle)
+                if self._ends:
+                    self.on_end(handle)
+                if state.settings.openinference in _OI_FULL:
+                    _openinference(handle)
             except BaseException as inner:
                 _caught(f"fail.{self.operation}", inner)
         finally:
@@ -313,6 +382,9 @@ class Operation:
 
     @property
     def _span_name(self) -> str:
+        plan = self.__dict__.get("_plan")
+        if plan is not None:
+            return plan[0]
         name = self.__dict__.get("_cached_name")
         if name is None:
             name = self.__dict__["_cached_name"] = self.span_name()
@@ -354,8 +426,8 @@ class Operation:
             return type(fn)(self(fn.__func__))  # type: ignore[return-value]
         op = copy.copy(self)
         op._active = {}
-        op.__dict__.pop("_cached_name", None)
-        op.__dict__.pop("_cached_static", None)
+        for cached in ("_cached_name", "_cached_static", "_plan"):
+            op.__dict__.pop(cached, None)
         if op.name is None:
             op.name = getattr(fn, "__name__", "call")
         op._binder = _binder(fn)
