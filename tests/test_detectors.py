@@ -164,6 +164,19 @@ def test_normalisation_of_values() -> None:
 
 
 # UngroundedArgument -------------------------------------------------------------------------------
+def test_the_run_input_is_evidence_only_in_a_run_without_user_messages() -> None:
+    """An imported benchmark run's input can be what a simulated user was told (tau-bench: its
+    hidden instruction), not what it said: where the run has user messages, only they count."""
+    b = RunBuilder("You are Ann. Your order is ORD-5555; you want it cancelled.", success=False)
+    b.user("Hi, please cancel my order.")
+    call = b.tool("cancel_order", {"order_id": "ORD-5555"}, {"ok": True})
+    [finding] = UngroundedArgument().detect(b.build())
+    assert finding.position == call.position and finding.details["kind"] == "invented"
+    told = RunBuilder("cancel order ORD-5555")  # the input is the request: no user message
+    told.tool("cancel_order", {"order_id": "ORD-5555"}, {"ok": True})
+    assert UngroundedArgument().detect(told.build()) == []
+
+
 def test_invented_id_is_flagged_with_its_consequences() -> None:
     b = RunBuilder("help the customer", success=False)
     b.user("I want a refund for my headphones.")

@@ -1,9 +1,10 @@
 """Ungrounded arguments: tool argument values the agent had no evidence for.
 
 A value an agent passes to a tool (an id, an amount, a name) should come from somewhere the agent
-could see *before* the call: the run's input (the root span's input), a user or system message,
-a tool result or a memory read. Values the agent wrote itself (assistant messages, earlier tool
-arguments) are not evidence. `UngroundedArgument` flags
+could see *before* the call: the run's input (the root span's input; only in a run without user
+messages, since an imported benchmark run keeps there what its simulated user was told), a user
+or system message, a tool result or a memory read. Values the agent wrote itself (assistant
+messages, earlier tool arguments) are not evidence. `UngroundedArgument` flags
 
 - *invented* values: found in no earlier evidence at all (key
   ``ungrounded_argument:<tool>.<arg>``, confidence 0.9), and
@@ -368,6 +369,9 @@ class Evidence:
         self.told = _Pool()  # request and system sources
         self.request_tokens: set[str] = set()
         self._next = 0
+        # where the run has user messages, its input is no evidence: an imported benchmark run
+        # puts there what a simulated user was told (its hidden instruction), not what it said
+        self._root = run.root if any(s.role == "user" for s in run.steps) else None
 
     def advance(self, position: int) -> None:
         """Take in the evidence of every step before `position`."""
@@ -375,6 +379,8 @@ class Evidence:
         while self._next < len(steps) and steps[self._next].position < position:
             step = steps[self._next]
             self._next += 1
+            if step is self._root:
+                continue
             for kind, raw in step_sources(step):
                 source = Source(step, kind, raw)
                 if not source.token_set:
