@@ -312,7 +312,10 @@ class Operation:
         try:
             scope = self.open_scope(span, parent, arguments) if self.opens_scope else None
             handle = Handle(self, span, scope, arguments)
-            handle.activate()
+            # `handle.activate()`, inline
+            token = otel_context.attach(handle.ctx)
+            scope_token = scope_context.current.set(scope) if scope is not None else None
+            handle._tokens.append((token, scope_token))
             return handle
         except BaseException as exc:  # the span exists: end it rather than leak it
             try:
@@ -343,7 +346,17 @@ class Operation:
             except BaseException as exc:
                 _caught(f"finish.{self.operation}", exc)
         finally:  # even for a Ctrl-C re-raised above: the agent's context must be restored
-            self._close(handle)
+            try:  # `self._close(handle)`, inline
+                try:
+                    if handle._tokens:
+                        handle.deactivate()
+                except BaseException as exc:
+                    _caught("detach", exc)
+            finally:
+                try:
+                    handle.span.end()
+                except BaseException as exc:
+                    _caught("end", exc)
 
     def fail(self, handle: Handle | None, exc: BaseException) -> None:
         """Record the user's exception on the span (type, status, event). Never raises."""
