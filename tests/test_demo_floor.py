@@ -97,3 +97,25 @@ def test_the_matmul_probe_measures_and_restores_the_thread_count():
     before = torch.get_num_threads()
     assert matmul_gflops(32, 64, rows=16, seconds=0.02, threads=1) > 0
     assert torch.get_num_threads() == before
+
+
+def test_the_sliced_loss_is_the_full_loss(folder):
+    from tracegym.training.sft import collate, encode_examples, sft_loss
+
+    policy = load_policy(folder, device="cpu")
+    chats = [
+        [{"role": "user", "content": f"order O{n}? " * (n + 1)},
+         {"role": "assistant", "content": "shipped " * (3 - n)}]
+        for n in range(3)
+    ]  # fmt: skip
+    inputs = collate(encode_examples(policy.tokenizer, chats, 128), 0, "cpu")
+    model = policy.model
+    full = model(**inputs).loss
+    full.backward()
+    full_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    sliced = sft_loss(model, inputs)
+    sliced.backward()
+    assert torch.allclose(sliced, full, atol=1e-5)
+    for p, g in zip(model.parameters(), full_grads, strict=True):
+        assert torch.allclose(p.grad, g, atol=1e-5)

@@ -270,6 +270,26 @@ class TrainMetrics:
         return asdict(self)
 
 
+def sft_loss(model: Any, inputs: dict) -> Any:
+    """The mean next-token loss over the labelled (assistant) tokens, with the output head run
+    on the positions that predict them only: the head and its softmax over the vocabulary
+    (SmolLM2: 49k x 576, a fifth of a token's FLOPs, and a [rows, columns, 49k] float tensor)
+    are spent where the loss is, about a fifth of the tokens. The same loss as
+    `model(**inputs).loss`, up to float rounding; that is used when the model cannot slice."""
+    import torch.nn.functional as F
+
+    labels = inputs["labels"]
+    keep = labels.new_zeros(labels.shape, dtype=bool)
+    keep[:, :-1] = labels[:, 1:] != -100
+    out = model(
+        input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], logits_to_keep=keep
+    )
+    logits = out.logits
+    if logits.dim() != 2 or logits.shape[0] != int(keep.sum()):
+        return model(**inputs).loss
+    return F.cross_entropy(logits.float(), labels[:, 1:][keep[:, :-1]])
+
+
 def train_adapter(
     policy: Policy,
     conversations: Sequence[Sequence[dict[str, str]]],
@@ -313,7 +333,7 @@ def train_adapter(
             batch_idx.append(order.pop())
         batch = [examples[i] for i in batch_idx]
         inputs = collate(batch, pad, device)
-        loss = model(**inputs).loss
+        loss = sft_loss(model, inputs)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -546,6 +566,7 @@ __all__ = [
     "encode_examples",
     "grpo_loss",
     "sample_episode",
+    "sft_loss",
     "train_adapter",
     "train_capability",
     "train_grpo",
