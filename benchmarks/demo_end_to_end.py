@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--mix", default=None, help="the base fine-tune's request mix")
     args = parser.parse_args()
 
-    from tracegym.examples.demo import DemoConfig, parse_mix, run
+    from tracegym.examples.demo import DemoConfig, evidence_line, parse_mix, run
     from tracegym.training import tokens
     from tracegym.training.tokens import TokenCounts
 
@@ -87,6 +87,8 @@ def main() -> None:
     print(f"held-out routed      {fmt(h['routed'])}")
     print(f"gain                 {h['gain'] * 100:+.1f} points, p={h['p_value']:.3g}, "
           f"intervals {'disjoint' if h['intervals_disjoint'] else 'overlap'}")  # fmt: skip
+    print(f"paired               {h.get('paired')}")
+    print(f"evidence             {evidence_line(h)}")
     for kind, row in h["by_kind"]["base"].items():
         print(f"  {kind:8s} base {fmt(row)}  routed {fmt(h['by_kind']['routed'][kind])}")
     print("minutes per stage    " + json.dumps(report["minutes"]))

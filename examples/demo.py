@@ -493,6 +493,7 @@ def build_report(
     gaps = [Gap.from_dict(g) for g in records]
     before, after = rate_row(base), rate_row(routed)
     disjoint = after["ci95"][0] > before["ci95"][1] if after.get("ci95") else False
+    paired = paired_test(base, routed)
     return {
         "config": config.to_dict(),
         "note": TINY_NOTE if config.tiny_model else None,
@@ -536,12 +537,55 @@ def build_report(
                 gain_p_value(before["passed"], before["n"], after["passed"], after["n"]), 6
             ),
             "intervals_disjoint": disjoint,
+            "paired": paired,
             "by_kind": {"base": by_kind(base), "routed": by_kind(routed)},
             "routing": routing,
         },
         "examples": {"base_failed": [r for r in base if not r["passed"]][:3]},
     }
 
+
+def paired_test(base: list[dict[str, Any]], routed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Both agents ran the same held-out tasks: the tasks the routed agent passed and the base
+    failed (`fixed`), the other way (`broken`), and the exact one-sided sign test on them (the
+    chance of at least `fixed` of the discordant tasks going the routed agent's way if either
+    way were equally likely; McNemar's exact test). More telling than the two-proportion test
+    at small sizes, since the tasks' own difficulty cancels."""
+    by_id = {r["task_id"]: r["passed"] for r in base}
+    pairs = [(by_id[r["task_id"]], r["passed"]) for r in routed if r["task_id"] in by_id]
+    fixed = sum(1 for b, a in pairs if a and not b)
+    broken = sum(1 for b, a in pairs if b and not a)
+    n = fixed + broken
+    p = sum(math.comb(n, k) for k in range(fixed, n + 1)) / 2**n if n else 1.0
+    return {"tasks": len(pairs), "fixed": fixed, "broken": broken, "p_value": round(p, 6)}
+
+
+def evidence_line(heldout: dict[str, Any]) -> str:
+    """How strong the held-out evidence is, in words, with the numbers it rests on."""
+    base = heldout["base"]
+    paired = heldout.get("paired") or {}
+    p_pair = paired.get("p_value", 1.0)
+    numbers = (
+        f"n = {base['n']} held-out tasks, each run by both agents; {paired.get('fixed', 0)} "
+        f"fixed, {paired.get('broken', 0)} broken (exact sign test, one-sided p = {p_pair:.2g}); "
+        f"two-proportion test p = {heldout['p_value']:.2g}; the 95% intervals "
+        f"{'do not overlap' if heldout['intervals_disjoint'] else 'overlap'}"
+    )
+    if heldout["gain"] <= 0:
+        verdict = "No gain shown"
+    elif p_pair < ALPHA and heldout["intervals_disjoint"]:
+        verdict = "Strong evidence of a gain"
+    elif p_pair < ALPHA:
+        verdict = (
+            "A gain that is significant at this size, but its size is uncertain (the intervals "
+            "overlap; the full size, `tracegym demo`, measures it more tightly)"
+        )
+    else:
+        verdict = f"Weak evidence: not significant at p < {ALPHA}, it could be chance"
+    return f"**Evidence:** {verdict}: {numbers}."
+
+
+ALPHA = 0.05
 
 TINY_NOTE = (
     "This run used the tiny random test model: it learns nothing, so it shows the pipeline "
@@ -577,6 +621,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"Held-out success: base {_pct(h['base'])} -> routed {_pct(h['routed'])}: "
         f"{h['gain'] * 100:+.1f} points (p={h['p_value']:.3g}; intervals "
         f"{'do not overlap' if h['intervals_disjoint'] else 'overlap'}).",
+        "",
+        evidence_line(h),
         "",
         "| request | base | routed |",
         "|---|---|---|",

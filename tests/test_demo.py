@@ -374,3 +374,39 @@ def test_torch_threads_are_set_for_the_block_and_restored():
     assert torch.get_num_threads() == before
     with demo_module.torch_threads(None):
         assert torch.get_num_threads() == before
+
+
+def _runs(passes):
+    return [{"task_id": f"t{i}", "passed": p} for i, p in enumerate(passes)]
+
+
+def test_the_paired_test_counts_fixed_and_broken_tasks():
+    base = _runs([False, False, False, True, True, False])
+    routed = _runs([True, True, True, False, True, False])
+    paired = demo_module.paired_test(base, routed)
+    assert paired == {"tasks": 6, "fixed": 3, "broken": 1, "p_value": round(5 / 16, 6)}
+    # all six discordant tasks going the routed agent's way: 1 chance in 64
+    assert demo_module.paired_test(_runs([False] * 6), _runs([True] * 6))["p_value"] == round(
+        1 / 64, 6
+    )
+    assert demo_module.paired_test(_runs([True]), _runs([True]))["p_value"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("fixed", "gain", "disjoint", "verdict"),
+    [
+        (6, 0.25, True, "Strong evidence of a gain"),
+        (6, 0.25, False, "significant at this size, but its size is uncertain"),
+        (3, 0.12, False, "Weak evidence: not significant"),
+        (0, 0.0, False, "No gain shown"),
+    ],
+)
+def test_the_report_says_how_strong_the_evidence_is(fixed, gain, disjoint, verdict):
+    base = _runs([False] * 24)
+    routed = _runs([True] * fixed + [False] * (24 - fixed))
+    paired = demo_module.paired_test(base, routed)
+    heldout = {"base": {"n": 24}, "routed": {"n": 24}, "gain": gain, "p_value": 0.01,
+               "intervals_disjoint": disjoint, "paired": paired}  # fmt: skip
+    line = demo_module.evidence_line(heldout)
+    assert verdict in line and "n = 24" in line and f"{fixed} fixed" in line
+    assert ("do not overlap" in line) == disjoint
