@@ -177,6 +177,16 @@ def test_the_run_input_is_evidence_only_in_a_run_without_user_messages() -> None
     assert UngroundedArgument().detect(told.build()) == []
 
 
+def test_a_word_in_another_inflection_is_not_invented() -> None:
+    """The user wrote "MMS messages", the agent checks the "messaging" app: the same word."""
+    b = RunBuilder("", success=False)
+    b.user("I can't send MMS messages.")
+    b.tool("check_app_permissions", {"app_name": "messaging"}, {"sms": True})
+    call = b.tool("check_app_permissions", {"app_name": "streaming"}, {"sms": True})
+    [finding] = UngroundedArgument().detect(b.build())
+    assert finding.position == call.position and finding.details["value"] == "streaming"
+
+
 def test_invented_id_is_flagged_with_its_consequences() -> None:
     b = RunBuilder("help the customer", success=False)
     b.user("I want a refund for my headphones.")

@@ -20,14 +20,15 @@ writes that used it again (`details["downstream"]`: its consequences) follow it 
 
 Values compare after normalisation: case, whitespace, thousands separators and number formatting
 ("99.0" = "99", "$1,299.50" = "1299.5") are ignored, hyphens, underscores and spaces between words
-are the same separator ("one_way" = "one-way" = "One Way"), and an id with digits matches the same
-digits in another format ("#W9502126" = "9502126"). What is checked (`significant_tokens`): a
-one-token value whole (unless shorter than `min_token_length` or a whole number within
-+-`min_number`); in text of several tokens, only the identifier-like tokens (letters mixed with
-digits, '@', '#', '_'), amounts and long numbers (a decimal point or 4+ digits) and, in short text
-(up to `max_words` tokens), capitalised words (names) -- plain words are the agent's own phrasing
-("best webcam under 100"). A value is grounded when all of these occur in the evidence, or the whole
-value does. Booleans and nulls are never checked.
+are the same separator ("one_way" = "one-way" = "One Way"), an id with digits matches the same
+digits in another format ("#W9502126" = "9502126"), and a one-word value matches the same word
+inflected otherwise (`word_stem`: "messaging" = "messages"). What is checked
+(`significant_tokens`): a one-token value whole (unless shorter than `min_token_length` or a whole
+number within +-`min_number`); in text of several tokens, only the identifier-like tokens (letters
+mixed with digits, '@', '#', '_'), amounts and long numbers (a decimal point or 4+ digits) and, in
+short text (up to `max_words` tokens), capitalised words (names) -- plain words are the agent's own
+phrasing ("best webcam under 100"). A value is grounded when all of these occur in the evidence, or
+the whole value does. Booleans and nulls are never checked.
 
 A number that is not in the evidence as such is grounded when it is arithmetic on numbers that
 are (`arithmetic.derived`: a total, a difference, a split); in a write (not a read, not the
@@ -324,18 +325,35 @@ def step_sources(step: Step) -> Iterator[tuple[str, Any]]:
                 yield kind, raw
 
 
+_SUFFIXES = ("ing", "es", "ed", "s")
+
+
+def word_stem(token: str) -> str | None:
+    """A plain word of 5+ letters less one inflection ("messaging", "messages" -> "messag"),
+    or None for anything else: an argument in another form of the user's word is not
+    invented."""
+    if len(token) < 5 or not token.isalpha():
+        return None
+    for suffix in _SUFFIXES:
+        if token.endswith(suffix) and len(token) - len(suffix) >= 4:
+            return token[: -len(suffix)]
+    return token
+
+
 class _Pool:
-    """Tokens (and their digit runs) of a set of sources."""
+    """Tokens (and their digit runs and word stems) of a set of sources."""
 
     def __init__(self) -> None:
         self.token_set: set[str] = set()
         self.digits: set[str] = set()
+        self.stems: set[str] = set()
         self.sources: list[Source] = []
 
     def add(self, source: Source) -> None:
         new = source.token_set - self.token_set
         self.token_set |= new
         self.digits |= digit_runs(new)
+        self.stems |= {stem for t in new if (stem := word_stem(t))}
         self.sources.append(source)
 
     def has(self, token: str) -> bool:
@@ -346,6 +364,9 @@ class _Pool:
 
     def grounded(self, value: Value) -> bool:
         if all(self.has(t) for t in value.significant):
+            return True
+        stem = word_stem(value.significant[0]) if len(value.significant) == 1 else None
+        if stem is not None and stem in self.stems:  # "messaging" where the user said "messages"
             return True
         if " " in value.norm:
             pattern = re.compile(r"(?<!\w)" + re.escape(value.norm) + r"(?!\w)")
