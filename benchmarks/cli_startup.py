@@ -68,10 +68,11 @@ def commands(home: Path, run_id: str) -> dict[str, list[str]]:
     return {
         "python -c pass": [sys.executable, "-c", "pass"],
         "import duckdb (floor)": [sys.executable, "-c", "import duckdb"],
-        # where the rest goes: the tracer package every tracegym module sits under, and the CLI
-        # stack (Typer builds a pydantic adapter per parameter)
+        # where the rest goes: the tracer package every tracegym module sits under (its public
+        # names load on first use), the CLI stack, and DuckDB's connection with the store's views
         "import tracegym": [sys.executable, "-c", "import tracegym"],
-        "import typer, rich": [sys.executable, "-c", "import typer._adapters, rich.table"],
+        "import typer, rich": [sys.executable, "-c", "import typer, rich.table"],
+        "duckdb + typer + rich": [sys.executable, "-c", "import duckdb, typer, rich.table"],
         "tracegym traces": [*cli, "traces"],
         "tracegym show": [*cli, "show", run_id],
         "tracegym sql": [*cli, "sql", "SELECT count(*) FROM spans"],
