@@ -86,6 +86,13 @@ def test_a_variant_other_than_the_one_the_user_described_is_flagged() -> None:
     assert all(detector.detect(r) == [] for r in population())
 
 
+def test_nothing_is_flagged_without_successful_calls_to_compare_with() -> None:
+    run = exchange_run("I want the black one, large please.", "1002", success=False)
+    assert any(c.wrong for c in choices(run))
+    assert WrongChoice().detect(run) == []  # unfitted
+    assert WrongChoice().fit([*population()[:2], run]).detect(run) == []  # 2 successful calls
+
+
 def test_a_choice_the_user_named_by_id_or_did_not_describe_is_not_flagged() -> None:
     detector = WrongChoice().fit(population())
     named = exchange_run("Black would be nice, but give me item 1002 after all.", "1002",
@@ -102,7 +109,7 @@ def test_a_rival_in_a_state_successful_runs_never_choose_is_no_rival() -> None:
     assert ("exchange_item", "new_item_id", "available=false") in detector.never_
     run = exchange_run("Green and large, please.", "1002", success=False)
     assert detector.detect(run) == []
-    assert WrongChoice().detect(run) != []  # unfitted: no state is known to be never chosen
+    assert any(c.wrong for c in choices(run))  # with no state known to be never chosen
 
 
 def test_an_argument_whose_successful_calls_break_the_rule_is_left_alone() -> None:
@@ -128,7 +135,7 @@ def test_words_every_user_says_are_no_evidence() -> None:
     assert not detector.disabled_  # not left alone: the word is just no evidence
     failed = exchange_run("yes, go ahead", "1003", success=False, listing=listing)
     assert detector.detect(failed) == []
-    assert WrongChoice().detect(failed) != []  # unfitted, 'yes' would decide
+    assert any(c.wrong for c in choices(failed))  # with no word known as common
 
 
 def _orders_run(said: str, cancel: str, *, success: bool = True, both: bool = False) -> Run:

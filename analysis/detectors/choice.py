@@ -23,15 +23,17 @@ score is strictly higher than the chosen record's, with a value the chosen one l
 call a finding: key ``wrong_choice:<tool>.<arg>``, decisive step the write, the read holding the
 candidates next in `span_ids`, confidence 0.6. A choice the user named by id is never flagged.
 
-`fit` learns two things from the successful runs, without labels:
+`fit` learns three things from the runs, without labels:
 
 - *states never chosen*: a boolean field (``available: false``) that candidates of a tool
   argument had in at least `min_support` successful calls and the chosen record never had; such
   candidates are not rivals (the agent could not pick them);
+- *common words*: values users say in more than `max_common` (a quarter) of all runs, and in at
+  least `COMMON_RUNS`, are no evidence ("yes" is an option value too);
 - *arguments where the rule holds*: per write tool and argument, the successful calls with
   candidates and how many the rule would flag; an argument whose successful calls are flagged
-  more often than `max_success_share` (0.1), with at least `min_support` (3) of them, is left
-  alone (there the users' words do not decide the choice).
+  more often than `max_success_share` (0.05) is left alone (there the users' words do not
+  decide the choice), and one with fewer than `min_support` (3) is not checked.
 
 Nothing about any domain is hard-coded.
 """
@@ -315,7 +317,8 @@ class WrongChoice(Detector):
     (module docstring).
 
     Parameters: `min_support` (3) successful calls for an argument's calibration and for a
-    state never chosen, `max_success_share` (0.1) of successful calls the rule may flag.
+    state never chosen, `max_success_share` (0.05) of successful calls the rule may flag,
+    `max_common` (0.25) of the runs a word may be said in and still be evidence.
     """
 
     name = WRONG_CHOICE
@@ -338,6 +341,7 @@ class WrongChoice(Detector):
         self.flagged_: Counter[tuple[str, str]] = Counter()
         # the arguments checked with the support of at least `min_support` successful calls
         self.rules_: list[tuple[str, str]] = []
+        self._checked: set[tuple[str, str]] = set()
 
     def common(self, value: str) -> bool:
         """Whether users say `value` in more than `max_common` of the runs, and in at least
@@ -377,12 +381,13 @@ class WrongChoice(Detector):
         self.rules_ = sorted(
             k for k, n in self.calls_.items() if n >= self.min_support and k not in self.disabled_
         )
+        self._checked = set(self.rules_)
         return self
 
     def detect(self, run: Run) -> list[Finding]:
         findings: dict[str, Finding] = {}
         for choice in choices(run, self.never_, self.common):
-            if not choice.wrong or (choice.tool, choice.arg) in self.disabled_:
+            if not choice.wrong or (choice.tool, choice.arg) not in self._checked:
                 continue
             key = f"{self.name}:{choice.tool}.{choice.arg}"
             if key in findings or choice.best is None:
