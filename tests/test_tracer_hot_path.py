@@ -521,3 +521,34 @@ def test_call_ids_stay_unique_across_threads_and_a_fork():
     os.waitpid(pid, 0)
     assert len(child_ids) == 5 and all(CALL_ID.fullmatch(i) for i in child_ids)
     assert not set(child_ids) & set(kept) and not set(child_ids) & set(ids)
+
+
+def test_a_subclass_overriding_the_hooks_still_gets_them_called():
+    """The hooks a kind leaves at their defaults are skipped per class: a subclass of one's
+    own that overrides them (on_end, open_scope, start_span) must see every call."""
+    from tracegym.tracer.context import Budget, Run, Scope
+    from tracegym.tracer.kinds import Tool
+
+    seen: list[str] = []
+
+    class Audited(Tool):
+        def start_span(self, attrs, parent):
+            seen.append("start_span")
+            return super().start_span(attrs, parent)
+
+        def open_scope(self, span, parent, arguments):
+            seen.append("open_scope")
+            return Scope(Run("audit"), "auditor", (Budget(),))
+
+        def on_end(self, handle):
+            seen.append("on_end")
+            handle.span.set_attribute("audit.done", True)
+
+    @Audited(name="audited")
+    def audited(x):
+        return tg.current_run_id()
+
+    with tg.testing.capture() as captured:
+        assert audited(1) == "audit"  # the scope it opened is the one its body sees
+    assert seen == ["start_span", "open_scope", "on_end"]
+    assert captured.one("execute_tool audited").attributes["audit.done"] is True

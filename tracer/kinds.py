@@ -101,7 +101,6 @@ class Agent(Operation):
 
     operation = sc.OP_AGENT
     takes_step = False
-    opens_scope = True
 
     def __init__(
         self,
@@ -605,7 +604,6 @@ class Subtask(Operation):
 
     operation = sc.OP_SUBTASK
     takes_step = False
-    opens_scope = True
 
     def __init__(
         self,

@@ -227,7 +227,6 @@ class Operation:
 
     operation: str = ""  # gen_ai.operation.name
     takes_step = True  # claims a step index of the run
-    opens_scope = False  # True where `open_scope` is overridden (agent, subtask)
     # What every span of this operation starts from, made on its first call (so that
     # `static_attributes` sees the settings `init` made) and kept: (span name, static
     # attributes, OpenInference span kind).
@@ -237,11 +236,13 @@ class Operation:
     # kinds that keep the defaults skip the calls (a tool call is a few microseconds).
     _ends = False  # overrides on_end
     _starts = False  # overrides start_span
+    _scopes = False  # overrides open_scope (agent, subtask)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._ends = cls.on_end is not Operation.on_end
         cls._starts = cls.start_span is not Operation.start_span
+        cls._scopes = cls.open_scope is not Operation.open_scope
 
     def __init__(self, name: str | None = None, *, capture: bool | None = None, **call: Any):
         self.name = name
@@ -310,7 +311,7 @@ class Operation:
             _caught(f"begin.{self.operation}", exc)
             return None
         try:
-            scope = self.open_scope(span, parent, arguments) if self.opens_scope else None
+            scope = self.open_scope(span, parent, arguments) if self._scopes else None
             handle = Handle(self, span, scope, arguments)
             # `handle.activate()`, inline
             token = otel_context.attach(handle.ctx)
