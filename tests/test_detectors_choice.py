@@ -236,10 +236,13 @@ def test_registered_with_a_constant_name() -> None:
     assert DETECTORS[WRONG_CHOICE] is WrongChoice and WRONG_CHOICE in BUILT_IN
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not GROK.is_file(), reason="needs ../shared/data/tau-bench-grok3-retail")
 def test_on_real_tau_bench_runs_successful_runs_are_rarely_flagged(tmp_path: Path) -> None:
-    """Fitted on the grok-3 retail runs, the detector flags at most a few successful runs (a
-    finding in a successful run is a false alarm) and finds something in some failed ones."""
+    """Fitted on the grok-3 retail runs (outcome: `base_success`), the detector flags some failed
+    runs and at most 5% of the successful ones (where a finding is a false alarm)."""
+    import json
+
     from tracegym.analysis.runs import load_runs
     from tracegym.store.importers import import_path
     from tracegym.store.store import Store
@@ -247,8 +250,22 @@ def test_on_real_tau_bench_runs_successful_runs_are_rarely_flagged(tmp_path: Pat
     import_path("tau-bench", GROK, tmp_path)
     with Store(tmp_path) as store:
         runs = load_runs(store)
+    outcome = {
+        (str(r["task_id"]), str(r["trial"])): bool(
+            r["info"]["reward_info"]["components"]["base_success"]
+        )
+        for r in json.loads(GROK.read_text())
+    }
+    for run in runs:
+        attributes = run.root.attributes if run.root is not None else {}
+        key = (
+            str(attributes.get("tracegym.source.task_id")),
+            str(attributes.get("tracegym.source.trial")),
+        )
+        run.success = outcome.get(key, run.success)
     detector = WrongChoice().fit(runs)
+    assert detector.rules_  # arguments with successful calls to compare with
     flagged = [r for r in runs if detector.detect(r)]
-    ok = [r for r in flagged if r.success is True]
-    assert len(ok) <= 0.05 * sum(r.success is True for r in runs)
+    assert any(r.success is False for r in flagged)
+    assert sum(r.success is True for r in flagged) <= 0.05 * sum(r.success is True for r in runs)
     assert all(f.position is not None for r in flagged for f in detector.detect(r))
