@@ -40,12 +40,13 @@ Under callgrind (instructions of the calling thread per call, deterministic): ra
 the same span by hand with tracegym's 8 attributes 255k, tracegym 264k (273k before): the
 attributes the views read (step index, agent, call id) and the OpenInference kind are most of
 the difference, tracegym's own machinery about 4%.
-Then (load 5.6-5.8, a CPU-heavy demo beside it; seven alternated runs each of 055d3f6 and
-2d720e1: per-function plans made once, call ids drawn in batches, hooks a kind does not
-override skipped, docs/tracing.md): calling-thread CPU median 1.203 (1.19-1.26) -> 1.118
-(1.06-1.15), wall median 1.250 (1.17-1.33) -> 1.143 (1.09-1.30); callgrind, calling thread
-per call: tracegym 260.4k -> 246.9k instructions, raw_sdk4 231.0k (1.127x -> 1.069x). The
-export thread (about 1.0 us per span) did not change.
+Then (a CPU-heavy demo beside it; seven alternated runs each of 055d3f6 and 62bdd38:
+per-function plans made once, call ids drawn in batches, hooks a kind does not override
+skipped, docs/tracing.md): at load 5.6-5.8 calling-thread CPU median 1.203 (1.19-1.26) ->
+1.118 (1.06-1.15), wall median 1.250 (1.17-1.33) -> 1.143 (1.09-1.30); at load 3.3-3.5 CPU
+1.200 (1.17-1.23) -> 1.129 (1.11-1.15), wall 1.242 (1.19-1.29) -> 1.164 (1.13-1.20).
+Callgrind, calling thread per call: tracegym 260.4k -> 245.2k instructions, raw_sdk4
+230.0-231.0k (1.127x -> 1.066x). The export thread (about 1.0 us per span) did not change.
 
 Then auto-instrumentation (needs `openai` and `openinference-instrumentation-openai`): one
 OpenAI chat completion against a loopback fake server (tests/fixtures/fake_llm_server.py), in
