@@ -256,7 +256,7 @@ def _read_summary(home: Path) -> tuple[dict[str, Any], dict[str, int]]:
     """Summarise the whole store (lake and spool) when the analysis extra is installed, else
     the spool alone (the bare, tracer-only install)."""
     from tracegym.summary import spool_files, summarize
-    from tracegym.tracer.spool import iter_spool
+    from tracegym.tracer.spool_files import iter_spool
 
     try:
         from tracegym.store.store import Store
@@ -444,7 +444,7 @@ def _run_known(home: Path, run_id: str) -> bool:
 
 def _run_in_spool(home: Path, run_id: str) -> bool:
     from tracegym.tracer import semconv as sc
-    from tracegym.tracer.spool import iter_spool
+    from tracegym.tracer.spool_files import iter_spool
 
     try:
         return any(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.tracer import semconv as sc
-from tracegym.tracer.spool import spool_dir
+from tracegym.tracer.spool_files import spool_dir
 
 NO_OPERATION = "(none)"
 

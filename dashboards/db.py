@@ -29,7 +29,7 @@ import duckdb
 from tracegym.store.lake import lake_dir
 from tracegym.store.store import ReadOnlyError
 from tracegym.store.views import LiveViews
-from tracegym.tracer.spool import spool_dir
+from tracegym.tracer.spool_files import spool_dir
 
 REFRESH_S = 10.0  # how often the views are rebuilt to pick up new spool files
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import duckdb
 from tracegym.store.schema import read_json_source, row_select
-from tracegym.tracer.spool import is_complete, spool_dir
+from tracegym.tracer.spool_files import is_complete, spool_dir
 
 LAKE_DIR = "lake"
 SPANS_DIR = "spans"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.tracer import semconv as sc
-from tracegym.tracer.spool import SPOOL_VERSION, SpoolWriter, spool_dir
+from tracegym.tracer.spool_files import SPOOL_VERSION, SpoolWriter, spool_dir
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
 

@@ -113,10 +113,10 @@ print(json.dumps({"loaded": loaded, "pairs": pairs, "missing": missing,
     assert report["version"]
 
 
-def test_the_light_commands_do_not_load_the_tracer_api(run_python, tmp_path):
-    """`traces` never traces: the CLI and the store read the tracer's light modules (spool,
-    semconv) but not its API, setup and integrations (~0.15 s of each light command's start-up
-    before they were imported lazily)."""
+def test_the_light_commands_do_not_load_the_tracer_api_or_the_sdk(run_python, tmp_path):
+    """`traces` never traces: the CLI and the store read the tracer's light modules
+    (spool_files, semconv) but neither its API, setup and integrations nor the OpenTelemetry
+    SDK (~0.17 s of each light command's start-up before)."""
     home = str(tmp_path / "home")
     made = run_python(
         "import tracegym as tg\n"
@@ -131,7 +131,8 @@ from typer.testing import CliRunner
 from tracegym.cli import app
 result = CliRunner().invoke(app, ["--home", {home!r}, "traces"])
 api = sorted(m for m in ("tracegym.tracer.api", "tracegym.tracer.setup",
-                         "tracegym.tracer.integrations") if m in sys.modules)
+                         "tracegym.tracer.integrations", "opentelemetry.sdk.trace")
+             if m in sys.modules)
 print(result.exit_code, " a " in result.output, api)
 """
     result = run_python(script)

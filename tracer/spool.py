@@ -1,27 +1,13 @@
-"""The embedded store's write side: per-process, append-only JSON-lines spool files.
+"""Spans as spool lines: the embedded store's write side, on the batch processor's thread.
 
-Format (version 1), documented for readers in docs/spool.md:
-- files live in `<home>/spool/` and are named `<UTC start>-<host>-<pid>-<random>.jsonl`;
-- one span per line, a JSON object with the fields of `span_record` below;
-- each export batch is one `write()` to a file opened with O_APPEND, so many processes can
-  spool at once, and a process killed with SIGKILL loses only what had not been exported yet;
-- a line without its final newline was cut by a crash mid-write and must be skipped;
-- the writing process holds an exclusive `flock` on the file while it may still append; once a
-  reader can take that lock the file is complete (closed, rotated, or its writer died).
+The file format and the files themselves (writing, locking, reading) are in
+`tracer.spool_files`, which needs no OpenTelemetry; its names are re-exported here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
-import os
-import secrets
-import socket
-import threading
-import time
-import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +17,16 @@ from opentelemetry.trace import StatusCode
 from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.openinference import stored
+from tracegym.tracer.spool_files import (  # noqa: F401  (the file side, re-exported)
+    SPOOL_DIR,
+    SPOOL_VERSION,
+    SpoolWriter,
+    is_complete,
+    iter_spool,
+    read_spool_file,
+    spool_dir,
+)
 
-SPOOL_VERSION = 1
-SPOOL_DIR = "spool"
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
 
 
@@ -96,88 +89,6 @@ def span_record(span: ReadableSpan) -> dict[str, Any]:
     }
 
 
-def spool_dir(home: Path) -> Path:
-    return Path(home) / SPOOL_DIR
-
-
-class SpoolWriter:
-    """Appends whole lines to this process's current spool file; rotates by size and age."""
-
-    def __init__(
-        self, home: Path, max_file_bytes: int = 64 << 20, max_file_seconds: float = 300.0
-    ) -> None:
-        self.directory = spool_dir(home)
-        self.max_file_bytes = max_file_bytes
-        self.max_file_seconds = max_file_seconds
-        self._lock = threading.Lock()
-        self._fd: int | None = None
-        self._pid = 0
-        self._opened_at = 0.0
-        self._size = 0
-        self.path: Path | None = None
-        if hasattr(os, "register_at_fork"):
-            after = weakref.WeakMethod(self._after_fork)
-            os.register_at_fork(after_in_child=lambda: (method := after()) and method())
-
-    def _after_fork(self) -> None:
-        """In a forked child: let go of the parent's file at once (the lock is shared)."""
-        self._lock = threading.Lock()
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
-
-    def _open(self) -> int:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        host = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:32]
-        name = f"{stamp}-{host}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
-        # Created and locked under a name readers ignore, then renamed: no reader can ever see
-        # the file unlocked (and so "complete") before its writer holds it.
-        hidden = self.directory / f".{name}.new"
-        fd = os.open(
-            hidden, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644
-        )
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        path = self.directory / name
-        os.rename(hidden, path)
-        self._fd, self._pid, self.path = fd, os.getpid(), path
-        self._opened_at, self._size = time.monotonic(), 0
-        internal.add("spool_files_opened")
-        return fd
-
-    def _close(self) -> None:
-        if self._fd is not None:
-            # In the writer this releases the flock: readers may now take the file whole. In a
-            # forked child it drops the inherited copy, which would otherwise keep the parent's
-            # file looking live for as long as the child runs.
-            os.close(self._fd)
-        self._fd = None
-
-    def write(self, data: bytes) -> None:
-        """Append `data` (whole lines) in one write; raises OSError on failure."""
-        with self._lock:
-            fd = self._fd
-            if fd is not None and (
-                self._pid != os.getpid()  # forked: the parent owns that file
-                or self._size >= self.max_file_bytes
-                or time.monotonic() - self._opened_at >= self.max_file_seconds
-            ):
-                self._close()
-                fd = None
-            if fd is None:
-                fd = self._open()
-            view = memoryview(data)
-            while view:  # os.write may write less than asked (signals, huge buffers)
-                written = os.write(fd, view)
-                view = view[written:]
-            self._size += len(data)
-
-    def close(self) -> None:
-        with self._lock:
-            self._close()
-
-
 class SpoolSpanExporter(SpanExporter):
     """Exports spans as spool lines; runs on the batch processor's thread, not the agent's."""
 
@@ -207,45 +118,3 @@ class SpoolSpanExporter(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
-
-
-def is_complete(path: Path) -> bool:
-    """True when no live process may still append to the spool file at `path`."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def read_spool_file(path: Path) -> Iterator[dict[str, Any]]:
-    """The complete records of one spool file; a crash-cut last line is skipped."""
-    with open(path, "rb") as handle:
-        for line in handle:
-            if not line.endswith(b"\n"):
-                internal.add("spool_partial_lines_skipped")
-                break
-            try:
-                record = json.loads(line)
-            except ValueError:
-                internal.add("spool_bad_lines_skipped")
-                continue
-            if not isinstance(record, dict) or record.get("v") != SPOOL_VERSION:
-                internal.add("spool_unknown_version_lines_skipped")
-                continue
-            yield record
-
-
-def iter_spool(home: Path) -> Iterator[dict[str, Any]]:
-    """Every complete record under `<home>/spool`, file by file in name (time) order."""
-    directory = spool_dir(home)
-    if not directory.is_dir():
-        return
-    for path in sorted(directory.glob("*.jsonl")):
-        yield from read_spool_file(path)

@@ -36,7 +36,7 @@ from typing import Any
 
 from tracegym.store.records import write_spool_file
 from tracegym.tracer.semconv import OUTCOME_SPAN_NAME as OUTCOME
-from tracegym.tracer.spool import iter_spool
+from tracegym.tracer.spool_files import iter_spool
 
 # Format name -> (module, file suffixes looked for when PATH is a folder).
 FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
