@@ -32,7 +32,7 @@ CHAIN = {  # detector -> family, every chain family the shop fixture gives
     "premature_finish": "verify_before_finish",
     "invalid_invocation": "exact_arguments",
 }
-MINED = ("policy_action", "amount", "list_selection")  # built from rules analysis mines
+MINED = ("policy_action", "amount", "list_selection", "record_choice")  # from mined evidence
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,10 @@ def mined_env(family: str, home: Path) -> Environment:
     from tracegym.analysis.pipeline import analyze
     from tracegym.tests.fixtures.hash_embedder import HashEmbedder
 
+    if family == "record_choice":  # a wrong_choice gap forced from a planted seed
+        from tracegym.tests.test_family_record_choice import planted_env
+
+        return planted_env(home)
     if family == "list_selection":
         from tracegym.tests.test_family_list import SHOP, write_agent
 

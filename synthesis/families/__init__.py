@@ -16,9 +16,12 @@ own tools.
 |                      |                                                    | missed_action        |
 | amount               | the amount the mined relation gives on the record  | wrong_amount         |
 | list_selection       | the right elements of a looked-up record           | wrong_list           |
+| record_choice        | the record the user described, among several       | wrong_choice         |
+|                      | listed (not the first, the latest, a near match)   |                      |
 
-The last three are built only from the rules the diagnosis mined from the agent's successful
-runs (`Gap.rules`), and refuse a gap without one.
+policy_action, amount and list_selection are built only from the rules the diagnosis mined from
+the agent's successful runs (`Gap.rules`), and refuse a gap without one; record_choice from the
+write and argument the gap's key names and the fields the recorded listing's records differ in.
 
 Every chain family runs on the same simulated backend (`synthesis.world`): the user asks for the
 gap's write tool (the *action*) on one or more records; lookups return records generated from

@@ -412,9 +412,10 @@ class RecordChoiceEnv(ChainEnvironment):
             for s in episode.calls
             if not s.get("error") and s["action"].get("name") == r.action
         ]
-        chosen = [_norm(a.get(r.id_arg)) if isinstance(a, Mapping) else "" for a in acts]
+        given = [a.get(r.id_arg) if isinstance(a, Mapping) else None for a in acts]
+        chosen = [_norm(g) for g in given]
         mine = sum(c == target for c in chosen)
-        elsewhere = [c for c in chosen if c != target]
+        elsewhere = [g for g, c in zip(given, chosen, strict=True) if c != target]
         add(
             "chosen",
             mine >= 1,
