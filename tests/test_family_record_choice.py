@@ -237,7 +237,7 @@ def test_two_stated_fields_and_near_matches(built):
 def test_refusals_name_their_reason(built):
     gap, home, _env = built
     catalog = catalog_from_store(home)
-    with pytest.raises(NotSynthesizable, match="not built yet"):
+    with pytest.raises(NotSynthesizable, match="given by the user"):
         build_spec(replace(gap, key="wrong_choice:issue_shipment_refund.amount"), catalog)
     with pytest.raises(NotSynthesizable, match="not in the recorded tools"):
         build_spec(replace(gap, key="wrong_choice:no_such_tool.shipment_number"), catalog)

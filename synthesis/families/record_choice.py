@@ -40,14 +40,16 @@ from tracegym.synthesis.base import Episode, Task, Verdict
 from tracegym.synthesis.conventions import Conventions
 from tracegym.synthesis.families.chain import ChainEnvironment, Ctx, human, join_and
 from tracegym.synthesis.goal import Goal
-from tracegym.synthesis.spec import Catalog, EnvironmentSpec
+from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec
 from tracegym.synthesis.wording import IDENTITY, Wording, WordingError, learn_wording
 from tracegym.synthesis.world import (
     NotSynthesizable,
     Roles,
+    WorldBuilder,
     echo_field,
     get_all,
     infer_roles,
+    key_kinds,
     path_tokens,
     set_at,
     shape_at,
@@ -62,10 +64,9 @@ MAX_FIELDS = 3  # describing fields a plan keeps
 
 @dataclass(frozen=True)
 class Describing:
-    """A field users describe a record by: where it lives and the values it was seen to hold.
-
-    `place` is ``record`` (a top-level field of what the lookup returns) or ``listed`` (a
-    field of the owner's list element naming the record); a field in both is kept as one."""
+    """A field users describe a record by and the values it was seen to hold: a top-level field
+    of what the lookup returns (`record`), of the owner's list element naming the record
+    (`listed`; a field in both is kept as one), or of an option's element (neither)."""
 
     name: str
     values: tuple[str, ...]
@@ -78,8 +79,10 @@ class ChoicePlan:
     """The argument chosen, the owner's list of candidates, and their describing fields."""
 
     argument: str
-    list_path: str  # `orders[*]` in the owner's record
+    list_path: str  # `orders[*]` in the owner's record; an option's: its container path
     fields: tuple[Describing, ...] = field(default_factory=tuple)
+    source: str = "entity"  # the record itself; else where its options live: owner | lookup
+    path: str = ""  # an option's recorded source path (`payment_methods{*}`, `x[*].id`)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,7 +94,8 @@ class ChoicePlan:
                        bool(f.get("record")), bool(f.get("listed")))
             for f in data.get("fields") or () if isinstance(f, Mapping)
         )  # fmt: skip
-        return cls(str(data.get("argument") or ""), str(data.get("list_path") or ""), described)
+        return cls(str(data.get("argument") or ""), str(data.get("list_path") or ""), described,
+                   str(data.get("source") or "entity"), str(data.get("path") or ""))  # fmt: skip
 
 
 def chosen_argument(gap: Gap) -> tuple[str, str]:
@@ -107,8 +111,8 @@ def chosen_argument(gap: Gap) -> tuple[str, str]:
 
 def _texts(shape: Mapping[str, Any]) -> tuple[str, ...]:
     """The distinct recorded values of a string field that `wrong_choice` could score."""
-    if shape.get("type") != "string" or shape.get("formats"):
-        return ()
+    if shape.get("type") != "string" or (shape.get("formats") and not shape.get("enum")):
+        return ()  # a code in a recorded format (an id, a zip) is not what users describe
     seen = [str(v) for v in (shape.get("enum") or shape.get("examples") or [])]
     kept = []
     for value in seen:
@@ -164,6 +168,48 @@ def describing_fields(
     return list_path, ranked[:MAX_FIELDS]
 
 
+def option_fields(
+    roles: Roles, catalog: Catalog, arg: str, evidence: Sequence[str] = ()
+) -> tuple[str, str, str, list[Describing]]:
+    """For an argument the action takes from a looked-up record's options (`Roles.extras`:
+    ``payment_methods{*}`` of the owner): (source, path, container path, describing fields of
+    an option), or NotSynthesizable."""
+    src = roles.extras.get(arg) or {}
+    where, path = src.get("source"), src.get("path")
+    if where not in ("owner", "lookup", "record") or not path:
+        raise NotSynthesizable(
+            f"{roles.action}'s {arg} is not read from a recorded record's options (the traces "
+            f"show it {'given by the user' if where == 'user' else 'from nowhere they recorded'}"
+            "): no candidates to choose among"
+        )
+    tool = roles.owner if where == "owner" else roles.lookup
+    shape = catalog.tools[tool].result if tool in catalog.tools else {}
+    tokens = path_tokens(path)
+    fan = next((i for i, t in enumerate(tokens) if t in ("[*]", "{*}")), None)
+    if fan is None or any(t in ("[*]", "{*}") for t in tokens[fan + 1 :]):
+        raise NotSynthesizable(f"{tool}'s {path} is not one list or map of options")
+    element = shape_at(shape, tokens[: fan + 1])
+    props = (element.get("properties") or {}) if element.get("type") == "object" else {}
+    regexes = {f.get("regex") for f in catalog.tools[roles.action].arguments[arg].formats or []}
+    skip = {*tokens[fan + 1 :][:1]} | ({"id", "item_id"} if fan == len(tokens) - 1 else set())
+    found = [
+        Describing(str(name), texts)
+        for name, sub in props.items()
+        if name not in skip
+        and not {f.get("regex") for f in sub.get("formats") or []} & regexes
+        and (texts := _texts(sub))
+    ]
+    if not found:
+        raise NotSynthesizable(
+            f"the options at {tool}'s {path} have no field users describe them by (a short text "
+            f"with {MIN_VALUES}+ recorded values): nothing tells one from another"
+        )
+    said = " " + " ".join(words(e) for e in evidence) + " "
+    found.sort(key=lambda d: (-sum(f" {words(v)} " in said for v in d.values), d.name))
+    container = "".join(t if t.startswith(("[", "{")) else f".{t}" for t in tokens[: fan + 1])
+    return str(where), path, container.lstrip("."), found[:MAX_FIELDS]
+
+
 def learn_request(gap: Gap, fields: Sequence[Describing]) -> Wording | None:
     """The users' wording of the request, with the description in a value slot, from the gap's
     recorded requests (identity: the value of the run's first call); None unless they share one
@@ -184,6 +230,17 @@ def learn_request(gap: Gap, fields: Sequence[Describing]) -> Wording | None:
     if wording.value_slots != 1 or not all(words(v) in known for v in wording.values[0]):
         return None
     return wording
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in a JSON-like value (ids already taken in the world)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [s for k, v in value.items() for s in (str(k), *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
 
 
 def _renamed(value: Any, old: str, new: str) -> Any:
@@ -245,14 +302,11 @@ class RecordChoiceEnv(ChainEnvironment):
             raise NotSynthesizable(f"{tool} has no recorded argument {arg!r}")
         extra = [t for t in gap.tools if t != tool and t in catalog.tools]
         roles = infer_roles(catalog, tool, extra_tools=extra)
-        if arg != roles.id_arg:
-            raise NotSynthesizable(
-                f"the choice is of {tool}'s {arg}, not of the {roles.entity_noun} it acts on "
-                f"({roles.id_arg}): choosing an option inside one record (a variant, a payment "
-                "method) is not built yet"
-            )
         ChainEnvironment.requirements(roles, catalog, gap)
         evidence = [m.evidence for m in gap.members]
+        if arg != roles.id_arg:  # an option inside a looked-up record (a payment method)
+            where, path, container, fields = option_fields(roles, catalog, arg, evidence)
+            return roles, ChoicePlan(arg, container, tuple(fields), where, path)
         list_path, fields = describing_fields(roles, catalog, evidence)
         return roles, ChoicePlan(arg, list_path, tuple(fields))
 
@@ -332,6 +386,8 @@ class RecordChoiceEnv(ChainEnvironment):
         plan, r = self.plan, self.roles
         if plan is None:
             raise NotSynthesizable("the spec holds no choice plan (build it with build_spec)")
+        if plan.source != "entity":
+            return self._generate_option(seed)
         n = max(2, int(self.knobs.get("candidates", 3)))
         stated = plan.fields[: max(1, min(int(self.knobs.get("fields", 1)), len(plan.fields)))]
         ctx = self.world_ctx(seed, n_targets=1, n_entities=n)
@@ -370,6 +426,113 @@ class RecordChoiceEnv(ChainEnvironment):
             "said": said,
         }
         return task
+
+    def _generate_option(self, seed: int) -> Task:
+        """One record whose options (`plan.path`) are `candidates` elements generated from the
+        recorded element shape, differing in the describing fields; the user describes one."""
+        plan, r = self.plan, self.roles
+        assert plan is not None
+        n = max(2, int(self.knobs.get("candidates", 3)))
+        stated = plan.fields[: max(1, min(int(self.knobs.get("fields", 1)), len(plan.fields)))]
+        ctx = self.world_ctx(seed, n_targets=1, n_entities=1)
+        rng = random.Random(f"{self.family}:{seed}:option")
+        self._recorded_owner(ctx, rng)
+        [target] = ctx.targets
+        tool = (r.owner if plan.source == "owner" else r.lookup) or ""
+        shape = self.catalog.tools[tool].result
+        tokens = path_tokens(plan.path)
+        fan = next(i for i, t in enumerate(tokens) if t in ("[*]", "{*}"))
+        kinds = dict(key_kinds(shape_at(shape, tokens[:fan]))) if tokens[fan] == "{*}" else {}
+        arg = self.action_schema.arguments[plan.argument]
+        builder = WorldBuilder(self.catalog, r, rng, None)
+        builder.taken |= set(_strings([ctx.state.owners, ctx.state.entities]))
+        owner = plan.source == "owner" and ctx.owner_id is not None
+        holder = ctx.state.owners[ctx.owner_id] if owner else ctx.state.entities[target]
+        for _ in range(20):
+            described = self._descriptions(rng, n, plan.fields)
+            ids = [self._option_id(builder, arg, values, kinds) for values in described]
+            holder = builder.plant(holder, plan.path, ids, shape)
+            options = [self._option(holder, tokens, fan, v) for v in ids]
+            for element, values in zip(options, described, strict=True):
+                for d in plan.fields:
+                    if d.name not in kinds:
+                        element[d.name] = values[d.name]
+            said = {d.name: str(options[0].get(d.name)) for d in stated}
+            alike = [o for o in options if all(words(str(o.get(k))) == words(v)
+                                               for k, v in said.items())]  # fmt: skip
+            if len(alike) == 1:
+                break
+        else:
+            raise NotSynthesizable("the options' describing fields cannot tell one apart")
+        holder = self._shuffled(holder, tokens, fan, rng)
+        if owner:
+            ctx.state.owners[ctx.owner_id] = holder
+        else:
+            ctx.state.entities[target] = holder
+        chosen = ids[0]
+        ctx.calls[target][plan.argument] = [chosen] if arg.type == "array" else chosen
+        phrase = f"{human(plan.argument)}: the {self._describe(stated, said)}"
+        names = list(r.extras)
+        phrases = ctx.phrases[target]
+        index = names.index(plan.argument) if plan.argument in names else len(phrases)
+        phrases[index : index + 1] = [phrase]
+        instruction = f"Hi. {self.identity(ctx)}{self.request(ctx, [target])}"
+        oracle = [
+            *self.owner_chain(ctx),
+            self.lookup_call(target, ctx),
+            self.action_call(ctx, target),
+            {"answer": self.answer(ctx, [target], [])},
+        ]
+        task = self.build_task(seed, ctx, instruction, Goal(), oracle)
+        task.meta["choice"] = {"target": chosen, "others": ids[1:], "said": said,
+                               "record": target}  # fmt: skip
+        return task
+
+    def _option_id(
+        self,
+        builder: WorldBuilder,
+        arg: ArgSchema,
+        values: Mapping[str, str],
+        kinds: Mapping[str, list[str]],
+    ) -> str:
+        """A fresh option id; in an id-keyed map whose key names a kind field (`paypal_...`),
+        one that starts with the kind wanted."""
+        wanted = [values[k] for k in kinds if k in values]
+        value = builder.new_id(arg)
+        for _ in range(50):
+            if all(value.startswith(w) for w in wanted):
+                break
+            value = builder.new_id(arg)
+        return value
+
+    @staticmethod
+    def _option(holder: Any, tokens: list[str], fan: int, value: str) -> dict[str, Any]:
+        """The element of the options container that `value` names."""
+        found = get_all(holder, tokens[:fan])
+        container = found[0] if found else None
+        if isinstance(container, dict):
+            element = container.get(value)
+            return element if isinstance(element, dict) else {}
+        rest = tokens[fan + 1 :]
+        for element in container or []:
+            if isinstance(element, dict) and rest and get_all(element, rest)[:1] == [value]:
+                return element
+        return {}
+
+    @staticmethod
+    def _shuffled(holder: Any, tokens: list[str], fan: int, rng: random.Random) -> Any:
+        """The options in a drawn order (no position is the answer)."""
+        found = get_all(holder, tokens[:fan])
+        container = found[0] if found else None
+        if isinstance(container, dict):
+            keys = list(container)
+            rng.shuffle(keys)
+            return set_at(holder, tokens[:fan], {k: container[k] for k in keys})
+        if isinstance(container, list):
+            items = list(container)
+            rng.shuffle(items)
+            return set_at(holder, tokens[:fan], items)
+        return holder
 
     @staticmethod
     def _describe(stated: Sequence[Describing], said: Mapping[str, str]) -> str:
@@ -412,16 +575,20 @@ class RecordChoiceEnv(ChainEnvironment):
             for s in episode.calls
             if not s.get("error") and s["action"].get("name") == r.action
         ]
-        given = [a.get(r.id_arg) if isinstance(a, Mapping) else None for a in acts]
-        chosen = [_norm(g) for g in given]
-        mine = sum(c == target for c in chosen)
-        elsewhere = [g for g, c in zip(given, chosen, strict=True) if c != target]
+        argument = self.plan.argument if self.plan is not None else r.id_arg
+        noun = r.entity_noun if argument == r.id_arg else human(argument)
+        given: list[Any] = []
+        for a in acts:
+            value = a.get(argument) if isinstance(a, Mapping) else None
+            given += value if isinstance(value, list) else [value]
+        mine = sum(_norm(g) == target for g in given)
+        elsewhere = [g for g in given if _norm(g) != target]
         add(
             "chosen",
             mine >= 1,
-            f"{r.action} ran on the {r.entity_noun} the user described ({want['target']})"
+            f"{r.action} ran on the {noun} the user described ({want['target']})"
             if mine
-            else f"{r.action} never ran on the {r.entity_noun} the user described "
+            else f"{r.action} never ran on the {noun} the user described "
             f"({want['target']}: {', '.join(want['said'].values())})",
         )
         add(
@@ -434,18 +601,29 @@ class RecordChoiceEnv(ChainEnvironment):
         add(
             "only_chosen",
             not elsewhere,
-            f"{r.action} ran on no other {r.entity_noun}"
+            f"{r.action} ran on no other {noun}"
             if not elsewhere
             else f"{r.action} also ran on {elsewhere[0]!r}, which the user did not describe",
         )
-        answer = " ".join((episode.answer or "").split())
-        others = [str(o) for o in want["others"] if _norm(o) in f" {_norm(answer)} "]
-        named = f" {target} " in f" {_norm(answer)} "
-        checks.append({"name": "answer_names", "part": "communication", "ok": named and not others,
-                       "detail": f"the answer names {want['target']} and no other candidate"
-                       if named and not others else f"the answer names {others[0]!r}, which was "
-                       "not acted on" if others else f"the answer does not name "
-                       f"{want['target']}"})  # fmt: skip
+        answer = f" {_norm(' '.join((episode.answer or '').split()))} "
+        others = [str(o) for o in want["others"] if f" {_norm(o)} " in answer]
+        handled = str(want.get("record") or want["target"])  # the record acted on
+        named = f" {_norm(handled)} " in answer
+        detail = (
+            f"the answer names {handled} and no other candidate"
+            if named and not others
+            else f"the answer names {others[0]!r}, which was not chosen"
+            if others
+            else f"the answer does not name {handled}"
+        )
+        checks.append(
+            {
+                "name": "answer",
+                "part": "communication",
+                "ok": named and not others,
+                "detail": detail,
+            }
+        )
         return self._grade(checks)
 
 
