@@ -254,3 +254,58 @@ def test_refusals_name_their_reason(built):
     del alone.tools["find_sender_by_email"]
     with pytest.raises(NotSynthesizable):
         build_spec(replace(gap, tools=("issue_shipment_refund",)), alone)
+
+
+# Real data: an option inside a looked-up record -------------------------------------------------
+@pytest.fixture(scope="module")
+def tau2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tau2-bench retail (3 models, pooled) imported as benchmarks/gaps_real.py imports it."""
+    from tracegym.benchmarks.gaps_real import DATA, prepare, real_sets
+
+    found, _skipped = real_sets(DATA.resolve())
+    pooled = [s for s in found if s.name.startswith("tau2 retail pooled")]
+    if not pooled:
+        pytest.skip(f"the tau2 retail files are absent under {DATA}")
+    return prepare(pooled[0], tmp_path_factory.mktemp("tau2-retail"))
+
+
+@pytest.mark.slow
+def test_a_payment_method_chosen_among_the_users_on_real_runs(tau2: Path):
+    """wrong_choice flags modify_pending_order_payment's payment_method_id there (the user said
+    "gift card", the agent passed PayPal); the environment built from that key lists the user's
+    payment methods, the user describes one by its source, and it passes validity."""
+    from tracegym.analysis.detectors.choice import WrongChoice
+    from tracegym.analysis.runs import load_runs
+    from tracegym.store.store import Store
+
+    tool, arg = "modify_pending_order_payment", "payment_method_id"
+    with Store(tau2) as store:
+        runs = load_runs(store)
+    detector = WrongChoice().fit(runs)
+    flagged = [
+        f for run in runs for f in detector.detect(run) if f.key == f"{WRONG_CHOICE}:{tool}.{arg}"
+    ]
+    assert flagged and all(run.success is not True for run in runs
+                           if run.trace_id in {f.trace_id for f in flagged})  # fmt: skip
+    gap = Gap(id="gap-payment", name=tool, key=f"{WRONG_CHOICE}:{tool}.{arg}", kind="finding",
+              detector=WRONG_CHOICE, tools=(tool, "get_user_details"),
+              members=())  # fmt: skip
+    env = family_for_gap(gap)(
+        build_spec(gap, catalog_from_store(tau2), conventions_from_store(tau2))
+    )
+    assert env.plan.source == "owner" and env.plan.path == "payment_methods{*}"
+    assert "source" in {d.name for d in env.plan.fields}
+    for seed in range(20):
+        task = env.make_task(seed)
+        choice = task.meta["choice"]
+        methods = next(iter(task.state.owners.values()))["payment_methods"]
+        assert set(methods) == {choice["target"], *choice["others"]}
+        said = choice["said"]
+        alike = [k for k, m in methods.items()
+                 if all(words(str(m.get(f))) == words(v) for f, v in said.items())]  # fmt: skip
+        assert alike == [choice["target"]] and choice["target"] not in task.instruction
+        assert run_actions(env, seed, task.oracle)[1].passed
+        for rival in choice["others"]:
+            assert not run_actions(env, seed, _on(task.oracle, choice["target"], rival))[1].passed
+    report = check_environment(env, 50)
+    assert report.ok, report.failures
