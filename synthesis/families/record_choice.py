@@ -2,28 +2,36 @@
 words describe.
 
 Built from a `wrong_choice` gap (key ``wrong_choice:<tool>.<arg>``: `tool`'s `arg` picked one of
-several records the run looked up while the user's words described another). Supported where
-`arg` names the record the action acts on (its id argument, `Roles.id_arg`) and a recorded read
-lists the user's records (`Roles.owner`: ``find_user -> orders[*]``): per seed the owner holds
-`candidates` records generated from the recorded shapes, which differ in the fields users state
-(*describing fields*: short word-like texts with 2+ recorded values, such as a colour, a size, a
-product name, on the listed element or on the record the lookup returns; never the id, the
-status the rules read, or a field the action writes). The user names their record by the
-values of `fields` of those fields, never by its id, and those values fit exactly one record;
-with the knob `shared`, that many other records share all but one of them, so only the whole
-description decides. The records' order is shuffled, so no position is the answer.
+several records the run looked up while the user's words described another). Two cases:
 
-The verifier checks that the action's id argument named that record (compared as `wrong_choice`
-compares it: `analysis.detectors.choice.words`), that the action ran on it exactly once and on
-no other record; nothing else the agent already does (the reads before it, its other
-arguments, the answer's wording) is checked. The request follows the users' recorded words
-where the gap keeps requests that share them (`Gap.requests`, via `learn_wording`), else the
-chain's phrasing. The system prompt is the agent's own recorded instructions.
+- `arg` names the record the action acts on (its id argument, `Roles.id_arg`) and a recorded
+  read lists the user's records (`Roles.owner`: ``find_user -> orders[*]``): per seed the owner
+  holds `candidates` records generated from the recorded shapes;
+- `arg` is taken from the options of a looked-up record (`Roles.extras` with a recorded path:
+  ``get_user_details -> payment_methods{*}``): per seed that record holds `candidates` options
+  generated from the recorded element shape (in an id-keyed map whose keys name a kind,
+  ``paypal_...``, the key agrees with the kind field).
+
+The candidates differ in their *describing fields*: short word-like texts with 2+ recorded values
+(a colour, a product name, a payment source), never an id or a code in a recorded format, the
+status the rules read, or a field the action writes; those whose values the gap's evidence quotes
+come first. The user states the values of `fields` of them, never the id, and they fit exactly
+one candidate; with `shared` > 0 (and two fields or more) that many others share all but one of
+them. The candidates' order is drawn, so no position is the answer.
+
+The verifier checks that the action's `arg` named that candidate (compared as `wrong_choice`
+compares it: `analysis.detectors.choice.words`), that it ran on it exactly once and with no other
+value of `arg`, and that the final answer names the record acted on and no other candidate's id
+(a breadth-first policy that dumps everything it saw fails); nothing else the agent already does
+(the reads before it, its other arguments, the answer's wording) is checked. The request follows
+the users' recorded words where the gap keeps requests that share them (`Gap.requests`, via
+`learn_wording`: `wrong_choice` keeps none today), else the chain's phrasing. The system prompt
+is the agent's own recorded instructions.
 
 Refused (`NotSynthesizable`, with the reason) when the gap's key names no recorded tool and
-argument, when the argument is not the id of the record the action acts on (a payment method
-or a variant chosen inside one record: not built yet), when no recorded read lists the
-candidates, or when the candidates have no describing field.
+argument, when the argument is given by the user (no recorded record lists its candidates: a
+product variant read from a product the roles do not look up), when no recorded read lists the
+candidates, or when they have no describing field.
 """
 
 from __future__ import annotations
