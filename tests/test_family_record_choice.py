@@ -230,6 +230,12 @@ def test_two_stated_fields_and_near_matches(built):
             near += same == 1
             assert not run_actions(two, seed, _on(task.oracle, target, rival))[1].passed
     assert near >= 30  # `shared`: rivals that differ in one stated value only
+    one = RecordChoiceEnv(two.spec, fields=1, shared=2)  # one of the two fields stated
+    for seed in range(30):
+        task = one.make_task(seed)
+        [(name, value)] = task.meta["choice"]["said"].items()
+        for rival in task.meta["choice"]["others"]:
+            assert words(str(task.state.entities[rival][name])) != words(value)
     report = check_environment(two, 30)
     assert report.ok, report.failures
 

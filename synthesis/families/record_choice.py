@@ -341,23 +341,28 @@ class RecordChoiceEnv(ChainEnvironment):
 
     # World generation ----------------------------------------------------------------------
     def _descriptions(
-        self, rng: random.Random, n: int, fields: Sequence[Describing]
+        self,
+        rng: random.Random,
+        n: int,
+        fields: Sequence[Describing],
+        stated: Sequence[Describing],
     ) -> list[dict[str, str]]:
-        """One value per field for each of `n` records, the first (the target) told apart by
-        its stated values: `shared` of the others share all of them but one."""
-        shared = min(int(self.knobs.get("shared", 0)), n - 1) if len(fields) > 1 else 0
+        """One value per field for each of `n` records, the first (the target) told apart from
+        every other by its `stated` values: `shared` of the others (with two stated fields or
+        more) share all of them but one."""
+        shared = min(int(self.knobs.get("shared", 0)), n - 1) if len(stated) > 1 else 0
         target = {d.name: rng.choice(d.values) for d in fields}
         out = [target]
         for k in range(1, n):
             for _ in range(50):
                 other = {d.name: rng.choice(d.values) for d in fields}
                 if k <= shared:  # differs from the target in exactly one stated field
-                    differ = rng.choice(fields)
-                    other = dict(target)
+                    differ = rng.choice(list(stated))
+                    other = {**other, **{d.name: target[d.name] for d in stated}}
                     other[differ.name] = rng.choice(
                         [v for v in differ.values if words(v) != words(target[differ.name])]
                     )
-                if any(words(other[d.name]) != words(target[d.name]) for d in fields):
+                if any(words(other[d.name]) != words(target[d.name]) for d in stated):
                     break
             else:  # pragma: no cover - `_texts` keeps 2+ distinct values per field
                 raise NotSynthesizable("the describing fields cannot tell the records apart")
@@ -402,7 +407,7 @@ class RecordChoiceEnv(ChainEnvironment):
         rng = random.Random(f"{self.family}:{seed}:choice")
         self._recorded_owner(ctx, rng)
         [target] = ctx.targets
-        described = self._descriptions(rng, n, plan.fields)
+        described = self._descriptions(rng, n, plan.fields, stated)
         listed = self._listed(ctx)
         by_id = {}
         for item in listed:
@@ -457,7 +462,7 @@ class RecordChoiceEnv(ChainEnvironment):
         owner = plan.source == "owner" and ctx.owner_id is not None
         holder = ctx.state.owners[ctx.owner_id] if owner else ctx.state.entities[target]
         for _ in range(20):
-            described = self._descriptions(rng, n, plan.fields)
+            described = self._descriptions(rng, n, plan.fields, stated)
             ids = [self._option_id(builder, arg, values, kinds) for values in described]
             holder = builder.plant(holder, plan.path, ids, shape)
             options = [self._option(holder, tokens, fan, v) for v in ids]
