@@ -240,6 +240,33 @@ def test_two_stated_fields_and_near_matches(built):
     assert report.ok, report.failures
 
 
+def test_the_request_follows_the_users_words_when_the_gap_keeps_them(built):
+    """wrong_choice keeps no requests today; given the users' requests (planted wording), the
+    description goes in their value slot and the owner's identity in theirs."""
+    from tracegym.analysis.gap import GapRequest
+
+    gap, home, env = built
+    said = [("ana.44@example.com", "laptop"), ("ben.57@example.com", "toys"),
+            ("eli.42@example.com", "documents")]  # fmt: skip
+    requests = tuple(
+        GapRequest(f"Hi, this is {email}. Please refund my shipment for the {what}.",
+                   {"tool": "find_sender_by_email", "arguments": {"email": email}})
+        for email, what in said
+    )  # fmt: skip
+    worded = registry.from_spec(
+        build_spec(replace(gap, requests=requests), catalog_from_store(home),
+                   conventions_from_store(home))
+    )  # fmt: skip
+    assert env.spec.extra["wording"] is None  # the gap as analysis gives it
+    for seed in range(10):
+        task = worded.make_task(seed)
+        [value] = task.meta["choice"]["said"].values()
+        [owner] = task.state.owners
+        assert task.instruction.startswith(f"Hi, this is {owner}. Please refund my shipment for "
+                                           f"the {value}.")  # fmt: skip
+        assert run_actions(worded, seed, task.oracle)[1].passed
+
+
 def test_refusals_name_their_reason(built):
     gap, home, _env = built
     catalog = catalog_from_store(home)
