@@ -106,15 +106,16 @@ class ChoicePlan:
                    str(data.get("source") or "entity"), str(data.get("path") or ""))  # fmt: skip
 
 
-def chosen_argument(gap: Gap) -> tuple[str, str]:
-    """(tool, argument) from the gap's key ``wrong_choice:<tool>.<arg>``, or NotSynthesizable."""
+def chosen_argument(gap: Gap) -> tuple[str, str | None]:
+    """(tool, argument) from the gap's key ``wrong_choice:<tool>.<arg>``; a key naming the tool
+    only (``wrong_choice:<tool>``) leaves the argument to the roles (the record's id)."""
     prefix, _, rest = gap.key.partition(":")
-    tool, dot, arg = rest.partition(".")
-    if prefix != dn.WRONG_CHOICE or not dot or not tool or not arg:
+    tool, _, arg = rest.partition(".")
+    if prefix != dn.WRONG_CHOICE or not tool:
         raise NotSynthesizable(
             f"the gap's key {gap.key!r} names no write argument ({dn.WRONG_CHOICE}:<tool>.<arg>)"
         )
-    return tool, arg
+    return tool, arg or None
 
 
 def _texts(shape: Mapping[str, Any]) -> tuple[str, ...]:
@@ -306,10 +307,11 @@ class RecordChoiceEnv(ChainEnvironment):
         tool, arg = chosen_argument(gap)
         if tool not in catalog.tools:
             raise NotSynthesizable(f"{tool} is not in the recorded tools")
-        if arg not in catalog.tools[tool].arguments:
+        if arg is not None and arg not in catalog.tools[tool].arguments:
             raise NotSynthesizable(f"{tool} has no recorded argument {arg!r}")
         extra = [t for t in gap.tools if t != tool and t in catalog.tools]
         roles = infer_roles(catalog, tool, extra_tools=extra)
+        arg = arg or roles.id_arg
         ChainEnvironment.requirements(roles, catalog, gap)
         evidence = [m.evidence for m in gap.members]
         if arg != roles.id_arg:  # an option inside a looked-up record (a payment method)
