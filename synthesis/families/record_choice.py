@@ -163,6 +163,14 @@ def describing_fields(
         texts = _texts(sub)
         if texts:
             found[name] = Describing(name, texts, name in record, name in listed)
+    for name, sub in record.items():  # one of the record's list elements: "the one with the X"
+        items = sub.get("items") or {} if sub.get("type") == "array" else {}
+        if name in skip or name in written or items.get("type") != "object":
+            continue
+        for key, leaf in (items.get("properties") or {}).items():
+            texts = _texts(leaf)
+            if texts and key not in skip:
+                found[f"{name}[*].{key}"] = Describing(f"{name}[*].{key}", texts, True, False)
     if not found:
         raise NotSynthesizable(
             f"the {roles.entity_noun}s {roles.owner} lists have no field users describe them by "
@@ -172,7 +180,12 @@ def describing_fields(
     said = " " + " ".join(words(e) for e in evidence) + " "
     ranked = sorted(
         found.values(),
-        key=lambda d: (-sum(f" {words(v)} " in said for v in d.values), -d.listed, d.name),
+        key=lambda d: (
+            -sum(f" {words(v)} " in said for v in d.values),
+            -d.listed,
+            "[*]" in d.name,
+            d.name,
+        ),
     )
     return list_path, ranked[:MAX_FIELDS]
 
@@ -371,6 +384,34 @@ class RecordChoiceEnv(ChainEnvironment):
             out.append(other)
         return out
 
+    def _in_list(
+        self,
+        builder: WorldBuilder,
+        record: dict[str, Any],
+        d: Describing,
+        value: str,
+        avoid: str,
+    ) -> dict[str, Any]:
+        """One element of the record's list (`items[*].name`) holds `value`; where `avoid` is
+        another value (the target's, on a rival that does not share it), no element holds it."""
+        tokens = path_tokens(d.name)
+        fan = tokens.index("[*]")
+        head, leaf = tokens[:fan], tokens[fan + 1 :]
+        found = get_all(record, head)
+        elements = [e for e in (found[0] if found and isinstance(found[0], list) else [])
+                    if isinstance(e, dict)]  # fmt: skip
+        if not elements:
+            shape = shape_at(builder.lookup_shape, tokens[: fan + 1])
+            made = builder.gen.value(shape)
+            elements = [made if isinstance(made, dict) else {}]
+        others = [v for v in d.values if words(v) not in (words(value), words(avoid))]
+        for element in elements:
+            held = get_all(element, leaf)
+            if avoid and held and words(str(held[0])) == words(avoid):
+                set_at(element, leaf, builder.rng.choice(others or [value]))
+        set_at(elements[builder.rng.randrange(len(elements))], leaf, value)
+        return set_at(record, head, elements)
+
     def _recorded_owner(self, ctx: Ctx, rng: random.Random) -> None:
         """Where the owner lookup's argument took a few recorded values only (an enum: the
         traces' customers' emails), the owner is one of them, not an invented one."""
@@ -415,10 +456,14 @@ class RecordChoiceEnv(ChainEnvironment):
         for item in listed:
             key = item if not isinstance(item, dict) else item.get(r.id_arg)
             by_id[str(key)] = item
+        builder = WorldBuilder(self.catalog, r, rng, None)
         for eid, values in zip(ctx.entities, described, strict=True):
             record = ctx.state.entities[eid]
             for d in plan.fields:
-                if d.record:
+                if "[*]" in d.name:
+                    avoid = "" if eid == target else described[0][d.name]
+                    record = self._in_list(builder, record, d, values[d.name], avoid)
+                elif d.record:
                     record = set_at(record, [d.name], values[d.name])
                 item = by_id.get(str(eid))
                 if d.listed and isinstance(item, dict):
