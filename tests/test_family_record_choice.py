@@ -342,3 +342,45 @@ def test_a_payment_method_chosen_among_the_users_on_real_runs(tau2: Path):
             assert not run_actions(env, seed, _on(task.oracle, choice["target"], rival))[1].passed
     report = check_environment(env, 50)
     assert report.ok, report.failures
+
+
+@pytest.mark.slow
+def test_an_order_described_by_an_item_in_it_on_real_runs(tmp_path: Path):
+    """AgentRx tau-retail: wrong_choice flags cancel_pending_order's order_id (the user said
+    "tablet", the agent cancelled another order). The orders' only short texts are inside their
+    item lists: the user names an item of the order, which no other listed order holds."""
+    from tracegym.benchmarks.gaps_real import DATA
+    from tracegym.store.importers import import_path
+    from tracegym.synthesis.world import get_all, path_tokens
+
+    path = DATA.resolve() / "agentrx-tau-retail" / "tau_dataset_full.json"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    from tracegym.analysis.detectors.choice import WrongChoice
+    from tracegym.analysis.runs import load_runs
+    from tracegym.store.store import Store
+
+    import_path("tau-bench", path, tmp_path)
+    tool = "cancel_pending_order"
+    with Store(tmp_path) as store:
+        runs = load_runs(store)
+    detector = WrongChoice().fit(runs)
+    keys = {f.key for run in runs for f in detector.detect(run)}
+    assert f"{WRONG_CHOICE}:{tool}.order_id" in keys
+    gap = Gap(id="gap-order", name=tool, key=f"{WRONG_CHOICE}:{tool}.order_id", kind="finding",
+              detector=WRONG_CHOICE, tools=(tool,))  # fmt: skip
+    catalog = catalog_from_store(tmp_path)
+    env = family_for_gap(gap)(build_spec(gap, catalog, conventions_from_store(tmp_path)))
+    assert env.plan.fields[0].name == "items[*].name"
+    for seed in range(20):
+        task = env.make_task(seed)
+        choice = task.meta["choice"]
+        [value] = choice["said"].values()
+        holding = [eid for eid, record in task.state.entities.items()
+                   if value in get_all(record, path_tokens("items[*].name"))]  # fmt: skip
+        assert holding == [choice["target"]] and f"the {value}" in task.instruction
+        assert run_actions(env, seed, task.oracle)[1].passed
+        for rival in choice["others"]:
+            assert not run_actions(env, seed, _on(task.oracle, choice["target"], rival))[1].passed
+    report = check_environment(env, 50)
+    assert report.ok, report.failures
