@@ -265,6 +265,14 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
+def _placed(items: list[Any], index: int, rng: random.Random) -> list[Any]:
+    """`items` with the one at `index` at a uniformly drawn place and the others shuffled."""
+    rest = items[:index] + items[index + 1 :]
+    rng.shuffle(rest)
+    at = rng.randrange(len(items)) if items else 0
+    return rest[:at] + items[index : index + 1] + rest[at:]
+
+
 def _renamed(value: Any, old: str, new: str) -> Any:
     """`value` with every string equal to `old` replaced by `new`."""
     if isinstance(value, str):
@@ -469,7 +477,9 @@ class RecordChoiceEnv(ChainEnvironment):
                 if d.listed and isinstance(item, dict):
                     item[d.name] = values[d.name]
             ctx.state.entities[eid] = record
-        rng.shuffle(listed)  # no position is the answer
+        ids = [str(x.get(r.id_arg) if isinstance(x, dict) else x) for x in listed]
+        mine = ids.index(str(target)) if str(target) in ids else 0
+        listed[:] = _placed(listed, mine, rng)  # no position is the answer
         said = {d.name: described[0][d.name] for d in stated}
         ctx.labels[target] = self._describe(stated, said)
         instruction = self._instruction(ctx, target, said)
@@ -584,14 +594,11 @@ class RecordChoiceEnv(ChainEnvironment):
         """The options in a drawn order (no position is the answer)."""
         found = get_all(holder, tokens[:fan])
         container = found[0] if found else None
-        if isinstance(container, dict):
-            keys = list(container)
-            rng.shuffle(keys)
+        if isinstance(container, dict):  # the chosen option is the first planted
+            keys = _placed(list(container), 0, rng)
             return set_at(holder, tokens[:fan], {k: container[k] for k in keys})
         if isinstance(container, list):
-            items = list(container)
-            rng.shuffle(items)
-            return set_at(holder, tokens[:fan], items)
+            return set_at(holder, tokens[:fan], _placed(list(container), 0, rng))
         return holder
 
     @staticmethod
