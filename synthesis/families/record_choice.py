@@ -51,6 +51,7 @@ from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec
 from tracegym.synthesis.wording import IDENTITY, Wording, WordingError, learn_wording
 from tracegym.synthesis.world import (
+    LABEL_NAMES,
     NotSynthesizable,
     Roles,
     WorldBuilder,
@@ -168,7 +169,8 @@ def describing_fields(
         if name in skip or name in written or items.get("type") != "object":
             continue
         for key, leaf in (items.get("properties") or {}).items():
-            texts = _texts(leaf)
+            naming = key in LABEL_NAMES or roles.label_path == f"{name}[*].{key}"
+            texts = _texts(leaf) if naming else ()  # an element's name, not its type or kind
             if texts and key not in skip:
                 found[f"{name}[*].{key}"] = Describing(f"{name}[*].{key}", texts, True, False)
     if not found:
@@ -263,6 +265,14 @@ def _strings(value: Any) -> list[str]:
     if isinstance(value, list):
         return [s for v in value for s in _strings(v)]
     return []
+
+
+def _spoken(path: str) -> str:
+    """How a user names a describing field: `colour`, `item name` for `items[*].name`."""
+    head, _, leaf = path.partition("[*].")
+    if not leaf:
+        return human(path)
+    return f"{human(head).removesuffix('s')} {human(leaf)}"
 
 
 def _placed(items: list[Any], index: int, rng: random.Random) -> list[Any]:
@@ -606,7 +616,7 @@ class RecordChoiceEnv(ChainEnvironment):
         """`laptop` for one field; `colour black and size large` for several."""
         if len(stated) == 1:
             return said[stated[0].name]
-        return join_and([f"{human(d.name)} {said[d.name]}" for d in stated])
+        return join_and([f"{_spoken(d.name)} {said[d.name]}" for d in stated])
 
     def _instruction(self, ctx: Ctx, target: str, said: Mapping[str, str]) -> str:
         """The users' recorded words where they were learnt and one field is stated (the
