@@ -237,7 +237,8 @@ def option_fields(
 def learn_request(gap: Gap, fields: Sequence[Describing]) -> Wording | None:
     """The users' wording of the request, with the description in a value slot, from the gap's
     recorded requests (identity: the value of the run's first call); None unless they share one
-    whose only value slot held recorded values of a describing field."""
+    whose only value slot held recorded values of the first describing field (the one a task
+    with one stated field states)."""
     pairs = []
     for request in gap.requests:
         call = request.first_call or {}
@@ -250,7 +251,7 @@ def learn_request(gap: Gap, fields: Sequence[Describing]) -> Wording | None:
         wording = learn_wording(pairs)
     except WordingError:
         return None
-    known = {words(v) for d in fields for v in d.values}
+    known = {words(v) for v in fields[0].values} if fields else set()
     if wording.value_slots != 1 or not all(words(v) in known for v in wording.values[0]):
         return None
     return wording
