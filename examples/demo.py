@@ -99,9 +99,14 @@ class DemoConfig:
     adapter_train_seeds: int = 32
     eval_seeds: int = 12
     batch_size: int = 8
+    # episodes decoding together where two arms run the same tasks (the nightly's evaluation:
+    # base and adapter on every environment; held-out: the base and the routed agent); None:
+    # batch_size. A wave lasts as long as its longest episode, so fewer, wider waves win
+    arms_batch_size: int | None = None
     max_new_tokens: int = 48
     embedder: str = "minilm"  # or "hash" (no model)
     replay: bool = True  # mix the agent's passing dev runs into adapter training
+    replay_max: int | None = None  # at most this many of them (None: all)
     # the nightly's own router column per environment; off: the held-out comparison is the
     # router's real test, on the agent's own tasks (routing accuracy is still measured)
     nightly_router: bool = False
@@ -117,9 +122,17 @@ class DemoConfig:
 
     @classmethod
     def quick(cls, **overrides: Any) -> DemoConfig:
+        """A first look that still shows the loop working: 24 dev and 24 held-out tasks; every
+        stage's episodes in one wave (24 dev tasks, the nightly's 2 x 8 seeds per environment,
+        48 held-out episodes: a wave lasts as long as its longest episode, and a wider step
+        costs little more on a CPU); adapters of 20 LoRA steps of two conversations (12
+        demonstrations of the environment and the agent's own passing dev runs): as many
+        tokens as 10 steps of 4, twice the updates. 10 steps of 4 promoted no adapter; 20 of one
+        with at most 4 dev runs promoted both but helped the agent's own refunds less (see
+        docs/demo.md)."""
         sizes = dict(
-            dev_tasks=24, heldout_tasks=24, adapter_steps=10, adapter_train_seeds=12,
-            eval_seeds=6,
+            dev_tasks=24, heldout_tasks=24, adapter_steps=20, adapter_train_seeds=12,
+            adapter_train={"batch_size": 2}, eval_seeds=8, batch_size=24, arms_batch_size=48,
         )  # fmt: skip
         return cls(**{**sizes, **overrides})
 
@@ -142,6 +155,10 @@ class DemoConfig:
         if is_tiny(model):
             return cls.tiny(model=model, **overrides)
         return (cls.quick if quick else cls)(model=model, **overrides)
+
+    @property
+    def arms_batch(self) -> int:
+        return self.arms_batch_size or self.batch_size
 
     @property
     def tiny_model(self) -> bool:
@@ -327,7 +344,7 @@ def run_heldout(
 
     results = map_batched(
         policy, lambda lane, item: item[0].run(item[1], lane=lane, adapter=item[2]), items,
-        batch_size=config.batch_size, on_done=tick,
+        batch_size=config.arms_batch, on_done=tick,
         adapter_of=(lambda item: item[2]) if promoted else None,
     )  # fmt: skip
     rows = [r.to_dict() for r in results]
@@ -430,12 +447,12 @@ def _run(
     # data, so adapters learn the environments' capability without forgetting the agent's
     # conventions (its prompt, finding the customer first)
     replay = out / "stages" / "replay.jsonl"
-    replay.write_text("".join(json.dumps(r["messages"]) + "\n" for r in dev_results
-                              if r["passed"] and r.get("messages")))  # fmt: skip
+    passing = [r["messages"] for r in dev_results if r["passed"] and r.get("messages")]
+    replay.write_text("".join(json.dumps(m) + "\n" for m in passing[: config.replay_max]))
     night_config = NightlyConfig(
         model=str(folder), train=train, eval_seeds=config.eval_seeds,
         max_new_tokens=config.max_new_tokens, replay=str(replay) if config.replay else None,
-        route=config.nightly_router, batch_size=config.batch_size,
+        route=config.nightly_router, batch_size=config.arms_batch,
     )  # fmt: skip
     embedder = _embedder(config.embedder, home)
 
