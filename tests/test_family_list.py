@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tracegym.analysis.detector_names import WRONG_LIST
+from tracegym.analysis.detector_names import WRONG_CHOICE, WRONG_LIST
 from tracegym.analysis.detectors.list_args import WrongListArgument
+from tracegym.analysis.detectors.registry import default_detectors
 from tracegym.analysis.gap import Gap, MinedRule
 from tracegym.analysis.pipeline import analyze
 from tracegym.analysis.runs import load_runs
@@ -175,9 +176,18 @@ class Built:
     env: Environment
 
 
+def analyze_lists(home: Path, **options: Any) -> Any:
+    """`analyze` without `wrong_choice`: in the shop's wrong runs one element also comes from a
+    record the user did not name, so `wrong_choice` flags 8 of the 9 on the same calls and
+    selection keeps it, `wrong_list` folded in (`test_wrong_choice_keeps_the_wrong_list_as_its_
+    symptom`); the family under test here is the one of `wrong_list` gaps."""
+    detectors = [x for x in default_detectors() if x.name != WRONG_CHOICE]
+    return analyze(home, embedder=HashEmbedder(home / "cache"), detectors=detectors, **options)
+
+
 def _build(home: Path, d: Domain) -> Built:
     truth = write_agent(home, d)
-    result = analyze(home, embedder=HashEmbedder(home / "cache"))
+    result = analyze_lists(home)
     [gap] = [g for g in result.gaps if g.key == f"{WRONG_LIST}:{d.write}.{d.list_arg}"]
     spec = build_spec(gap, catalog_from_store(home), conventions_from_store(home))
     return Built(d, home, truth, gap, family_for_gap(gap)(spec))
@@ -452,3 +462,13 @@ def test_every_list_rule_mined_on_real_runs_makes_a_valid_environment(real: Real
     assert relations == {"subset"}
     if reasons:
         pytest.xfail(reasons[0])
+
+
+def test_wrong_choice_keeps_the_wrong_list_as_its_symptom(tmp_path: Path):
+    """With every detector, the shop's wrong runs give one gap on the same calls: wrong_choice's
+    (it also names the element picked from the other record), with wrong_list's key among its
+    symptoms, so the wrong list is still shown; the AIRLINE's dropped segment is wrong_list's."""
+    write_agent(tmp_path, SHOP)
+    [gap] = analyze(tmp_path, embedder=HashEmbedder(tmp_path / "cache")).gaps
+    assert gap.key == f"{WRONG_CHOICE}:{SHOP.write}.{SHOP.list_arg}"
+    assert f"{WRONG_LIST}:{SHOP.write}.{SHOP.list_arg}" in {s.key for s in gap.symptoms}

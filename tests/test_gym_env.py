@@ -65,10 +65,16 @@ def mined_env(family: str, home: Path) -> Environment:
 
         return planted_env(home)
     if family == "list_selection":
-        from tracegym.tests.test_family_list import SHOP, write_agent
+        from tracegym.tests.test_family_list import SHOP, analyze_lists, write_agent
 
         write_agent(home, SHOP)
-        detector = "wrong_list"
+        found = [g for g in analyze_lists(home, write=False).gaps if g.detector == "wrong_list"]
+        assert found, "no wrong_list gap"
+        env = registry.from_spec(
+            build_spec(found[0], catalog_from_store(home), conventions_from_store(home))
+        )
+        assert env.family == family
+        return env
     else:
         from tracegym.tests.fixtures import planted as pl
 
