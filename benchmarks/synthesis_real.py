@@ -46,6 +46,7 @@ from tracegym.analysis.detector_names import (
     FORBIDDEN_ACTION,
     MISSED_ACTION,
     WRONG_AMOUNT,
+    WRONG_CHOICE,
     WRONG_LIST,
     WRONG_TOOL_ORDER,
 )
@@ -54,7 +55,9 @@ from tracegym.benchmarks.gaps_real import DATA, RealSet, prepare, real_sets
 KEPT = "kept"
 FORCED = "forced"
 FORCED_TITLE = "forced gaps (not kept by analysis: for exercising synthesis only)"
-FORCED_DETECTORS = (FORBIDDEN_ACTION, MISSED_ACTION, WRONG_AMOUNT, WRONG_LIST, WRONG_TOOL_ORDER)
+FORCED_DETECTORS = (
+    FORBIDDEN_ACTION, MISSED_ACTION, WRONG_AMOUNT, WRONG_CHOICE, WRONG_LIST, WRONG_TOOL_ORDER,
+)  # fmt: skip
 SHOW = 300  # characters of a request or tool result shown
 
 
