@@ -83,15 +83,24 @@ def test_an_adapter_that_cannot_be_evaluated_is_recorded_and_the_others_are(
 ) -> None:
     home = _home(tmp_path, "toy-a", "toy-b")
     real = evaluate.evaluate_capability
+    real_together = evaluate.evaluate_capabilities
+    crash = RuntimeError("CUDA error: device-side assert triggered\n(more detail)")
 
     def broken(model, tokenizer, env, adapter_id, *args, **kwargs):
         if adapter_id == "toy-a":
-            raise RuntimeError("CUDA error: device-side assert triggered\n(more detail)")
+            raise crash
         return real(model, tokenizer, env, adapter_id, *args, **kwargs)
 
+    def broken_together(model, tokenizer, jobs, **kwargs):
+        if any(adapter_id == "toy-a" for _, adapter_id, _ in jobs):
+            raise crash  # the shared waves fail as a whole: the nightly redoes them one by one
+        return real_together(model, tokenizer, jobs, **kwargs)
+
     monkeypatch.setattr(evaluate, "evaluate_capability", broken)
+    monkeypatch.setattr(evaluate, "evaluate_capabilities", broken_together)
     result = _nightly(home)
     assert result.exit_code == 0, result.output
+    assert "together failed" in result.output
     stage = _stage(home, "evaluate")
     assert stage["status"] == "partial"
     assert [row["adapter_id"] for row in stage["rows"]] == ["toy-b"]
