@@ -503,7 +503,7 @@ def build_report(
     from tracegym.analysis.gap import Gap
     from tracegym.synthesis import registry
     from tracegym.training import adapters
-    from tracegym.training.evaluate import gain_p_value
+    from tracegym.training.evaluate import gain
 
     gaps_file = home / "gaps.json"
     records = json.loads(gaps_file.read_text()).get("gaps", []) if gaps_file.exists() else []
@@ -549,10 +549,7 @@ def build_report(
         "heldout": {
             "base": before,
             "routed": after,
-            "gain": round(after["rate"] - before["rate"], 4),
-            "p_value": round(
-                gain_p_value(before["passed"], before["n"], after["passed"], after["n"]), 6
-            ),
+            **gain(before, after),
             "intervals_disjoint": disjoint,
             "paired": paired,
             "by_kind": {"base": by_kind(base), "routed": by_kind(routed)},

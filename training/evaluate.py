@@ -48,6 +48,12 @@ def gain_p_value(s1: int, n1: int, s2: int, n2: int) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
+def gain(base: dict[str, Any], adapted: dict[str, Any]) -> dict[str, float]:
+    """`gain` (adapted rate less base rate) and its one-sided `p_value`, of two `rate` rows."""
+    p = gain_p_value(base["passed"], base["n"], adapted["passed"], adapted["n"])
+    return {"gain": round(adapted["rate"] - base["rate"], 4), "p_value": round(p, 6)}
+
+
 def rate(successes: int, n: int) -> dict[str, Any]:
     low, high = wilson(successes, n)
     return {
@@ -157,10 +163,7 @@ def _row(
         "seeds": [seeds[0], seeds[-1]] if seeds else [],
         "base": base,
         "adapter": adapted,
-        "gain": round(adapted["rate"] - base["rate"], 4),
-        "p_value": round(
-            gain_p_value(base["passed"], base["n"], adapted["passed"], adapted["n"]), 6
-        ),
+        **gain(base, adapted),
         "promoted": promoted,
         "reason": reason,
         "router": None,
@@ -229,6 +232,7 @@ __all__ = [
     "decide",
     "evaluate_capabilities",
     "evaluate_capability",
+    "gain",
     "gain_p_value",
     "rate",
     "render_markdown",
