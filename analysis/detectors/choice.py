@@ -51,7 +51,7 @@ from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.state import MAX_DEPTH, Read, is_write, reads
 from tracegym.analysis.detectors.ungrounded import loose
 from tracegym.analysis.features import is_tool, step_ref
-from tracegym.analysis.runs import Run, Step, parse_json
+from tracegym.analysis.runs import Run, Step, flatten, parse_json
 
 MIN_VALUE, MAX_VALUE = 3, 40  # characters of a record's text value that can be scored
 MAX_DIGITS = 4  # a text with more digits is an id, a phone or a zip, not a described property
@@ -75,24 +75,12 @@ def _digits(text: str) -> int:
     return sum(c.isdigit() for c in text)
 
 
-def _leaves(value: Any, path: str = "", depth: int = 0) -> Iterator[tuple[str, Any]]:
-    if depth > MAX_DEPTH:
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _leaves(item, f"{path}.{key}" if path else str(key), depth + 1)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _leaves(item, f"{path}[]", depth + 1)
-    else:
-        yield path, value
-
-
 def _candidate(record: dict[str, Any], read: Read, key: str | None) -> Candidate:
     identity: set[str] = {words(key)} if key else set()
     values: set[tuple[str, str]] = set()
     flags: set[str] = set()
-    for path, leaf in _leaves(record):
+    leaves = list(flatten(record))  # walked once for values, label and schema
+    for path, leaf in leaves:
         if isinstance(leaf, bool):
             flags.add(f"{path}={'true' if leaf else 'false'}")
         elif isinstance(leaf, str):
@@ -103,8 +91,8 @@ def _candidate(record: dict[str, Any], read: Read, key: str | None) -> Candidate
                 identity.add(text)
             if MIN_VALUE <= len(text) <= MAX_VALUE and _digits(text) <= MAX_DIGITS:
                 values.add((path, text))
-    shown = [str(v) for _, v in _leaves(record) if isinstance(v, str) and len(v) <= MAX_VALUE]
-    schema = frozenset(path for path, _ in _leaves(record))
+    shown = [str(v) for _, v in leaves if isinstance(v, str) and len(v) <= MAX_VALUE]
+    schema = frozenset(path for path, _ in leaves)
     return Candidate(frozenset(identity), frozenset(values), frozenset(flags), schema, read,
                      ", ".join(shown[:6]))  # fmt: skip
 
@@ -143,7 +131,7 @@ def candidate_sets(earlier: Sequence[Read]) -> list[list[Candidate]]:
         for read in records.values():
             found = _candidate(read.parsed, read, None)
             args = parse_json(read.step.input)
-            ids = {words(str(v)) for _, v in _leaves(args) if isinstance(v, (str, int))}
+            ids = {words(str(v)) for _, v in flatten(args) if isinstance(v, (str, int))}
             group.append(Candidate(found.identity | {i for i in ids if i}, found.values,
                                    found.flags, found.schema, read, found.label))  # fmt: skip
         sets.append(group)
@@ -161,7 +149,7 @@ def _fields(read: Read) -> frozenset[str]:
         if len(_FIELDS) > 1 << 14:
             _FIELDS.clear()
         _FIELDS[key] = frozenset(
-            words(str(v)) for path, v in _leaves(read.parsed)
+            words(str(v)) for path, v in flatten(read.parsed)
             if isinstance(v, (str, int)) and not isinstance(v, bool) and not path.endswith("[]")
         )  # fmt: skip
     return _FIELDS[key]
