@@ -27,6 +27,8 @@ WRONG_LIST = "wrong_list"
 UNKNOWN_VALUE = "unknown_value"
 MISSED_REQUEST = "missed_request"
 WRONG_CHOICE = "wrong_choice"
+# Opt-in (not in BUILT_IN, not run by default: `registry.OPT_IN`; docs/detectors.md).
+MISSED_WRITE = "missed_write"
 # Not a detector of the registry: the name of the optional LLM judge's candidates
 # (`analysis/judge.py`, keys "judge:<capability>").
 JUDGE = "judge"
@@ -82,6 +84,7 @@ __all__ = [
     "JUDGE",
     "MISSED_ACTION",
     "MISSED_REQUEST",
+    "MISSED_WRITE",
     "POISONED_MEMORY",
     "PREMATURE_FINISH",
     "SPEND_DETECTORS",

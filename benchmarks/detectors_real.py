@@ -10,7 +10,11 @@ findings on the failed runs against what the benchmark itself says went wrong --
 never by a detector:
 
 (`unserved_request`, the older detector of an action never taken, is scored alongside, to
-compare with `missed_action`.)
+compare with `missed_action`; so is the opt-in `missed_write`, a write every successful run of the
+same request kind makes, with two baselines of its own: every failed run that made no write,
+naming the write successful runs make most often, overall or among those of its request kind.
+`missed_write`'s parameters were chosen on tau2-bench only; grok-3 and all of AgentRx are its
+reported sets.)
 
 - tau2-bench (retail, telecom): `reward_info.action_checks`, the expected actions and whether
   the run matched each;
@@ -199,6 +203,7 @@ def score_set(
     from tracegym.analysis.detectors.list_args import WrongListArgument
     from tracegym.analysis.detectors.missed_action import MissedAction
     from tracegym.analysis.detectors.missed_request import MissedRequest
+    from tracegym.analysis.detectors.missed_write import MissedWrite, written
     from tracegym.analysis.detectors.precondition import ForbiddenAction
     from tracegym.analysis.detectors.state import is_write
     from tracegym.analysis.detectors.tool_order import WrongToolOrder
@@ -208,7 +213,8 @@ def score_set(
     detectors = [d.fit(runs) for d in (ForbiddenAction(), MissedAction(), WrongAmount(),
                                        WrongListArgument(), UnknownValue(),
                                        WrongToolOrder(), MissedRequest(),
-                                       UnservedRequest(), WrongChoice())]  # fmt: skip
+                                       UnservedRequest(), WrongChoice(),
+                                       MissedWrite())]  # fmt: skip
     scored = [r for r in runs if only is None or only(r)]
     failed = [r for r in scored if r.success is False]
     labelled = [(r, expected(r)) for r in failed]
@@ -267,6 +273,34 @@ def score_set(
         for run in scored:
             if run.success is True and pick([s for s in run.steps if is_write(s)]):
                 score.success_runs += 1
+        scores.append(score)
+    # Baselines for an expected write never made: every run that made no write (without an
+    # error), naming the write successful runs make most often, overall or of its request kind.
+    kinds = next(d for d in detectors if isinstance(d, MissedWrite)).kinds_
+    overall: Counter[str] = Counter()
+    by_kind: dict[Any, Counter[str]] = defaultdict(Counter)
+    for run in runs:
+        if run.success is True:
+            overall.update(written(run))
+            by_kind[kinds.kind_of(run)].update(written(run))
+
+    def commonest(run: Any, per_kind: bool) -> str | None:
+        counts = by_kind.get(kinds.kind_of(run)) if per_kind else None
+        counts = counts or overall
+        return min(counts, key=lambda t: (-counts[t], t)) if counts else None
+
+    for base, per_kind in (("baseline: no write, commonest write", False),
+                           ("baseline: no write, its kind's commonest", True)):  # fmt: skip
+        score = Score(base)
+        for run, exp in labelled:
+            tool = commonest(run, per_kind)
+            if written(run) or tool is None:
+                continue
+            score.runs += 1
+            score.findings += 1
+            score.hits += exp.wrong(tool)
+            score.hit_runs += exp.wrong(tool)
+        score.success_runs = sum(1 for r in scored if r.success is True and not written(r))
         scores.append(score)
     for score in scores:
         if brief and not score.findings and not score.success_runs:
@@ -417,7 +451,7 @@ PLANTED = {  # planted cause -> the detectors meant to find it
     "policy_forbidden": ("forbidden_action",),
     "wrong_amount": ("wrong_amount",),
     "wrong_order": ("wrong_tool_order",),
-    "never_called": ("missed_action", "missed_request", "unserved_request"),
+    "never_called": ("missed_action", "missed_request", "unserved_request", "missed_write"),
 }
 
 

@@ -8,7 +8,8 @@
 A user's own detector is any `Detector` subclass; pass it alongside (or instead of) these.
 A new built-in is a module of this package defining a `Detector` subclass with a `name`: it is
 found by `discover` and runs after the ones listed here (whose order is fixed: ties in gap
-ranking follow it), so adding one edits no other file.
+ranking follow it), so adding one edits no other file. A class with `opt_in = True` is left
+out of `DETECTORS` and the default set and kept in `OPT_IN`: `make_detector` still makes it.
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ _ORDERED: tuple[type[Detector], ...] = (
 _SHARED = {"base", "registry", "state"}  # modules of machinery, not detectors
 
 
-def discover() -> dict[str, type[Detector]]:
+def discover(*, opt_in: bool = False) -> dict[str, type[Detector]]:
     """The built-in detectors by name: the fixed list first, then any other `Detector` subclass
-    with a `name` defined in a module of this package (by module name)."""
-    found: dict[str, type[Detector]] = {cls.name: cls for cls in _ORDERED}
+    with a `name` defined in a module of this package (by module name); `opt_in=True`: only
+    those marked `opt_in` (measured, not run by default)."""
+    found: dict[str, type[Detector]] = {} if opt_in else {cls.name: cls for cls in _ORDERED}
     for info in sorted(pkgutil.iter_modules(_package.__path__), key=lambda m: m.name):
         if info.name in _SHARED or info.name.startswith("_"):
             continue
@@ -67,12 +69,14 @@ def discover() -> dict[str, type[Detector]]:
                 and not inspect.isabstract(cls)
                 and cls.name
                 and cls.name not in found
+                and bool(getattr(cls, "opt_in", False)) == opt_in
             ):
                 found[cls.name] = cls
     return found
 
 
 DETECTORS: dict[str, type[Detector]] = discover()
+OPT_IN: dict[str, type[Detector]] = discover(opt_in=True)  # made by name only
 
 
 def default_detectors(**options: dict[str, Any]) -> list[Detector]:
@@ -88,8 +92,8 @@ def default_detectors(**options: dict[str, Any]) -> list[Detector]:
 def make_detector(name: str, **params: Any) -> Detector:
     """One built-in detector by name."""
     try:
-        return DETECTORS[name](**params)
+        return {**DETECTORS, **OPT_IN}[name](**params)
     except KeyError:
         raise ValueError(
-            f"unknown detector {name!r}; known: {', '.join(sorted(DETECTORS))}"
+            f"unknown detector {name!r}; known: {', '.join(sorted({**DETECTORS, **OPT_IN}))}"
         ) from None
