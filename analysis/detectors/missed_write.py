@@ -9,9 +9,11 @@ boilerplate cut, values masked, TF-IDF and average-linkage clustering at cosine 
 `distance`, 0.7) and learns, per kind, the write tools that at least `min_share` (0.8) of its
 successful runs (at least `min_support`, 2) called without an error. `detect` flags a run of
 such a kind that never called T without an error: key ``missed_write:<tool>``. The decisive
-step is where the run turned away, not its last step: the agent's first action after its last
-successful tool call that was not a write (the hand-off call, or the reply that refused or
-wrapped up), falling back to the final action; the last read follows in `span_ids`.
+step is where the run turned away, not its last step (`turned_away`): the first write called
+after its last successful read (a hand-off, another write, the needed one failing), else the
+agent's first action after that read (the reply that refused or wrapped up), else the final
+action; the last read follows in `span_ids`. Kinds are those of the runs `fit` saw: fit on the
+runs you then read, as `analyze` does.
 Confidence 0.5: a user may change their mind, and the request kind is only the first message.
 
 Each finding carries the rule as `details["mined_rule"]` (`analysis.gap.MinedRule`, kind
@@ -69,9 +71,10 @@ def written(run: Run) -> frozenset[str]:
 
 
 def turned_away(run: Run) -> tuple[Step | None, Step | None]:
-    """(where the run turned away, its last successful read): the first agent action after the
-    last successful tool call that was not a write (a hand-off call, or the reply that refused
-    or wrapped up); the final action when there is none."""
+    """(where the run turned away, its last successful read): the first write called after the
+    last successful read (a hand-off, another write, or the needed one failing); failing any, the
+    agent's first action after that read (the reply that refused or wrapped up); the final action
+    when the run read nothing."""
     last_read = None
     for step in run.steps:
         if is_tool(step) and not step.failed and not is_write(step):
@@ -79,7 +82,11 @@ def turned_away(run: Run) -> tuple[Step | None, Step | None]:
     final = final_action_step(run)
     if last_read is None:
         return final, None
-    for step in run.steps[last_read.position + 1 :]:
+    after = run.steps[last_read.position + 1 :]
+    write = next((s for s in after if is_write(s)), None)
+    if write is not None:
+        return write, last_read
+    for step in after:
         if is_tool(step) or step.role == "assistant" or step is final:
             return step, last_read
     return final, last_read
