@@ -98,6 +98,17 @@ def is_tool(step: Step) -> bool:
     return step.operation == sc.OP_TOOL
 
 
+def is_user_side(step: Step) -> bool:
+    """A tool call the user made (at most on the agent's advice): not the agent's own call."""
+    return step.attributes.get(sc.TOOL_REQUESTED_BY) not in (None, "assistant")
+
+
+def is_agent_call(step: Step) -> bool:
+    """A tool call the agent made: what its behaviour (order, retries, overuse, failed
+    invocations, the run's last action) is measured on. The user's own calls stay evidence."""
+    return step.operation == sc.OP_TOOL and not is_user_side(step)
+
+
 def is_message(step: Step) -> bool:
     """A message of a conversation: a chat span or an imported message span with a role."""
     return step.operation == sc.OP_CHAT or (step.role is not None and not is_tool(step))
@@ -107,7 +118,7 @@ def final_action_step(run: Run) -> Step | None:
     """The agent's last action: its last tool call or assistant message (chat span or a message
     span with role assistant). User/system messages are not the agent's actions."""
     for step in reversed(run.steps):
-        if is_tool(step) or step.operation == sc.OP_CHAT:
+        if is_agent_call(step) or step.operation == sc.OP_CHAT:
             return step
         if step.role == "assistant":
             return step
@@ -201,7 +212,7 @@ def subtask_stats(run: Run) -> list[dict[str, Any]]:
 
 # The frame ---------------------------------------------------------------------------------------
 def _row(run: Run) -> dict[str, Any]:
-    tools = [s for s in run.steps if is_tool(s)]
+    tools = [s for s in run.steps if is_agent_call(s)]
     sequence = [s.tool or s.name for s in tools]
     signatures = [call_signature(s) for s in tools]
     retries = sum(

@@ -1049,7 +1049,8 @@ def test_the_error_text_may_be_only_in_what_the_model_read_next() -> None:
 
 
 def test_a_call_the_user_made_is_no_write_of_the_agent() -> None:
-    from tracegym.analysis.detectors.state import REQUESTED_BY, is_write
+    from tracegym.analysis.detectors.state import is_write
+    from tracegym.tracer.semconv import TOOL_REQUESTED_BY as REQUESTED_BY
 
     b = RunBuilder("fix my phone")
     mine = b.tool("toggle_roaming", {})
@@ -1057,6 +1058,43 @@ def test_a_call_the_user_made_is_no_write_of_the_agent() -> None:
     theirs.attributes[REQUESTED_BY] = "user"
     assert is_write(mine) and not is_write(theirs)
     assert not is_write(b.tool("get_line", {"line_id": "L1"}))
+
+
+def _device_run(*, success: bool, by_user: bool) -> Run:
+    """A phone fix: the agent reads the line; in failed runs the device checks loop and one
+    fails. `by_user`: the user runs the device tools on their phone (tau2-bench telecom)."""
+    b = RunBuilder("my data does not work", success=success)
+    b.user("My mobile data stopped working.")
+    b.tool("get_line", {"line_id": "L1"}, {"line_id": "L1", "roaming": False})
+    checks = 1 if success else 6
+    for i in range(checks):
+        last = not success and i == checks - 1
+        call = b.tool("run_speed_test", {}, "no connection" if last else "ok",
+                      error="DeviceError" if last else None)  # fmt: skip
+        if by_user:
+            call.attributes[sc.TOOL_REQUESTED_BY] = "user"
+    b.llm("Please try again later.")
+    return b.build()
+
+
+@pytest.mark.parametrize("by_user", [False, True])
+def test_calls_the_user_made_are_not_the_agents_behaviour(by_user: bool) -> None:
+    from tracegym.analysis.features import final_action_step, is_agent_call
+
+    runs = [_device_run(success=True, by_user=by_user) for _ in range(6)]
+    runs += [_device_run(success=False, by_user=by_user) for _ in range(4)]
+    bad = runs[-1]
+    flagged = {
+        f.detector
+        for detector in (BudgetWaste(), InvalidInvocation(), WrongToolOrder())
+        for f in detector.fit(runs).detect(bad)
+        if "run_speed_test" in f.key
+    }
+    # the agent's own looping, failing device checks are its behaviour; the user's are not
+    assert flagged == (set() if by_user else {"budget_waste", "invalid_invocation"})
+    speed_tests = [s for s in bad.steps if s.tool == "run_speed_test"]
+    assert all(is_agent_call(s) != by_user for s in speed_tests)
+    assert final_action_step(bad) is not None and final_action_step(bad).tool is None
 
 
 _JSON = st.recursive(

@@ -42,6 +42,9 @@ OP_OUTCOME = "record_outcome"
 
 # tracegym's own attributes.
 RUN_ID = "tracegym.run.id"
+# Who asked for a tool call, when not the agent: importers set "user" on the calls a user made on
+# their own side (tau2-bench's device tools). Analysis measures the agent's behaviour without them.
+TOOL_REQUESTED_BY = "tracegym.tool.requested_by"
 STEP_INDEX = "tracegym.step.index"
 INPUT = "tracegym.input"
 OUTPUT = "tracegym.output"

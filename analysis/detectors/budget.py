@@ -38,7 +38,7 @@ from tracegym.analysis.detector_names import BUDGET_WASTE
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.features import (
     call_signature,
-    is_tool,
+    is_agent_call,
     quantile,
     step_ref,
     subtask_kind,
@@ -65,7 +65,7 @@ def _measure(run: Run) -> tuple[str, list[Step]]:
     chats = [s for s in run.steps if s.operation == sc.OP_CHAT]
     if chats:
         return "llm_calls", chats
-    tools = [s for s in run.steps if is_tool(s)]
+    tools = [s for s in run.steps if is_agent_call(s)]
     return ("tool_calls", tools) if tools else ("steps", list(run.steps))
 
 
@@ -145,7 +145,9 @@ class BudgetWaste(Detector):
         self.ceiling_ = None
         if len(successes) < self.min_support:
             return self
-        per_run = [Counter(s.tool or s.name for s in r.steps if is_tool(s)) for r in successes]
+        per_run = [
+            Counter(s.tool or s.name for s in r.steps if is_agent_call(s)) for r in successes
+        ]
         for tool in set().union(*per_run):
             counts = [c.get(tool, 0) for c in per_run]
             self.tool_limits_[tool] = _limit(counts, self.quantile, self.ratio)
@@ -189,7 +191,7 @@ class BudgetWaste(Detector):
                 entry["evidence"].extend(evidence)
                 entry["details"].update(details)
 
-        tools = [s for s in run.steps if is_tool(s)]
+        tools = [s for s in run.steps if is_agent_call(s)]
         # Loops of identical calls.
         calls: dict[tuple[str, str], list[Step]] = {}
         for step in tools:

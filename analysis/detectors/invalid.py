@@ -35,7 +35,7 @@ from typing import Any
 from tracegym.analysis.detector_names import INVALID_INVOCATION
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.tool_order import error_text, named_prerequisites
-from tracegym.analysis.features import is_tool, step_ref
+from tracegym.analysis.features import is_agent_call, step_ref
 from tracegym.analysis.runs import Run, Step, json_type, parse_json
 
 
@@ -112,7 +112,7 @@ class InvalidInvocation(Detector):
         good_anywhere: dict[str, list[Step]] = defaultdict(list)
         for run in runs:
             for step in run.steps:
-                if is_tool(step) and not step.failed:
+                if is_agent_call(step) and not step.failed:
                     tool = step.tool or step.name
                     good_anywhere[tool].append(step)
                     if run.success is True:
@@ -170,12 +170,13 @@ class InvalidInvocation(Detector):
         found: dict[str, dict[str, Any]] = {}
         last_good: dict[str, int] = {}
         for step in run.steps:
-            if is_tool(step) and not step.failed:
+            if is_agent_call(step) and not step.failed:
                 last_good[step.tool or step.name] = step.position
-        tools = (self.known_tools_ or set()) | {s.tool or s.name for s in run.steps if is_tool(s)}
+        called_now = {s.tool or s.name for s in run.steps if is_agent_call(s)}
+        tools = (self.known_tools_ or set()) | called_now
         called: set[str] = set()
         for call in run.steps:
-            if not is_tool(call):
+            if not is_agent_call(call):
                 continue
             recovered = last_good.get(call.tool or call.name, -1) > call.position
             order_error = bool(named_prerequisites(call, tools, called, run))

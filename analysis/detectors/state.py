@@ -27,7 +27,7 @@ from typing import Any
 
 from tracegym.analysis.arithmetic import parse_number
 from tracegym.analysis.detectors.ungrounded import argument_values, token_set_of
-from tracegym.analysis.features import is_tool
+from tracegym.analysis.features import is_agent_call, is_tool
 from tracegym.analysis.runs import Run, Step, flatten, parse_json
 from tracegym.analysis.tool_kinds import is_answer_tool, is_read_tool
 
@@ -35,16 +35,11 @@ MAX_DEPTH = 8
 MAX_ENUM_TEXT = 40  # longer strings are prose, not a state value
 
 
-REQUESTED_BY = "tracegym.tool.requested_by"  # set by importers on calls the user made (tau2)
-
-
 def is_write(step: Step) -> bool:
     """A tool call of the agent's that changes something (not a read, not the answer to the
     user, not a call the user made on their own device)."""
     name = step.tool or step.name
-    if step.attributes.get(REQUESTED_BY) not in (None, "assistant"):
-        return False
-    return is_tool(step) and not is_read_tool(name) and not is_answer_tool(name)
+    return is_agent_call(step) and not is_read_tool(name) and not is_answer_tool(name)
 
 
 _ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?\S*)?")

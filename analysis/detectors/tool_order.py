@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from tracegym.analysis.detector_names import WRONG_TOOL_ORDER
 from tracegym.analysis.detectors.base import Detector, Finding
-from tracegym.analysis.features import final_action_step, is_tool, step_ref
+from tracegym.analysis.features import final_action_step, is_agent_call, step_ref
 from tracegym.analysis.runs import Run, Step, parse_json
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.messages import chat_messages
@@ -130,7 +130,7 @@ def first_calls(run: Run) -> dict[str, Step]:
     """Each tool's first call in the run."""
     first: dict[str, Step] = {}
     for step in run.steps:
-        if is_tool(step):
+        if is_agent_call(step):
             first.setdefault(step.tool or step.name, step)
     return first
 
@@ -187,17 +187,17 @@ class WrongToolOrder(Detector):
     def fit(self, runs: Sequence[Run]) -> WrongToolOrder:
         successes = [r for r in runs if r.success is True]
         self.rules_ = mine_rules(successes, self.min_support, self.min_confidence)
-        self.tools_ = {s.tool or s.name for r in runs for s in r.steps if is_tool(s)}
+        self.tools_ = {s.tool or s.name for r in runs for s in r.steps if is_agent_call(s)}
         return self
 
     def _named_fixes(self, run: Run) -> list[Finding]:
         """Failed calls whose error names a tool the run had not called first."""
-        tools = self.tools_ | {s.tool or s.name for s in run.steps if is_tool(s)}
+        tools = self.tools_ | {s.tool or s.name for s in run.steps if is_agent_call(s)}
         called: set[str] = set()
         findings: dict[str, Finding] = {}
         first = first_calls(run)
         for step in run.steps:
-            if not is_tool(step):
+            if not is_agent_call(step):
                 continue
             tool = step.tool or step.name
             for before in named_prerequisites(step, tools, called, run):

@@ -49,7 +49,7 @@ LABEL_AGENT = "tracegym.label.failed_agent"
 LABEL_REASON = "tracegym.label.step_reason"
 LABEL_ROOT_CAUSE = "tracegym.label.root_cause"
 LABEL_FAILURES = "tracegym.label.failures"
-TOOL_REQUESTED_BY = "tracegym.tool.requested_by"
+TOOL_REQUESTED_BY = sc.TOOL_REQUESTED_BY
 
 TOOL_ERROR_TYPE = "ToolError"
 _ERROR_TEXT = re.compile(r"^\s*(Error|ERROR)\b")
