@@ -1,6 +1,7 @@
 """Would a step scorer learnt from labelled failures beat the attribution rules on unseen runs?
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/attribution_learned.py [--data DIR] [--shuffles N]
+        [--embeddings CACHE_DIR]
 
 The rules of `tracegym.analysis.attribution` were chosen on half of each labelled multi-agent
 set and score far lower on the other half (Who&When step 60.3 tuned, 36.5 untuned). This asks
@@ -68,8 +69,11 @@ class Example:
     rules_step: int | None
 
 
-def candidates(run: Any, profile: Any) -> list[Candidate]:
-    """Every agent turn of `run` that could be the decisive step, with its features."""
+def candidates(run: Any, profile: Any, embedder: Any = None) -> list[Candidate]:
+    """Every agent turn of `run` that could be the decisive step, with its features; with an
+    `embedder` (`analysis.embeddings.Embedder`) also the turn's sentence-embedding cosine to
+    the question, to the last agent turn and to the turn before, and its novelty (1 - the
+    highest cosine to an earlier turn)."""
     from tracegym.analysis import attribution as a
 
     ctx = a._context(run, profile)
@@ -111,6 +115,10 @@ def candidates(run: Any, profile: Any) -> list[Candidate]:
             ok_authors.add(author.index)
     agents = [t.agent for t in pool]
     spoken: set[str | None] = set()
+    vectors = None
+    if embedder is not None and pool:
+        texts = [ctx.question[:1000]] + [(t.evidence or t.text)[:1000] for t in turns]
+        vectors = embedder.encode(texts)
     out: list[Candidate] = []
     for k, turn in enumerate(pool):
         before = turns[turn.index - 1] if turn.index > 0 else None
@@ -143,12 +151,18 @@ def candidates(run: Any, profile: Any) -> list[Candidate]:
         }
         for name in RULE_PICKS:
             features[f"pick_{name}"] = picks[name] == turn.index
+        if vectors is not None:
+            v, earlier = vectors[1 + turn.index], vectors[1 : 1 + turn.index]
+            features["sim_question"] = float(v @ vectors[0])
+            features["sim_last_turn"] = float(v @ vectors[1 + pool[-1].index])
+            features["sim_previous"] = float(v @ earlier[-1]) if len(earlier) else 0.0
+            features["novelty"] = 1.0 - (float((earlier @ v).max()) if len(earlier) else 0.0)
         spoken.add(turn.agent)
         out.append(Candidate(turn.step, turn.agent, {k: float(v) for k, v in features.items()}))
     return out
 
 
-def examples(labelled: dg.LabelledSet, runs: Sequence[Any]) -> list[Example]:
+def examples(labelled: dg.LabelledSet, runs: Sequence[Any], embedder: Any = None) -> list[Example]:
     from tracegym.analysis.attribution import attribute, learn_profiles, system_key
 
     profiles = learn_profiles(labelled.runs)  # label-free, from every run of the set
@@ -158,7 +172,9 @@ def examples(labelled: dg.LabelledSet, runs: Sequence[Any]) -> list[Example]:
         rules = attribute(run, profile=profile)
         gold_agent, gold_step = labelled.gold(run)
         out.append(
-            Example(candidates(run, profile), gold_agent, gold_step, rules.agent, rules.step)
+            Example(
+                candidates(run, profile, embedder), gold_agent, gold_step, rules.agent, rules.step
+            )
         )
     return out
 
@@ -243,6 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=dg.DATA)
     parser.add_argument("--shuffles", type=int, default=5)
     parser.add_argument("--c", type=float, default=0.3, help="inverse regularisation")
+    parser.add_argument(
+        "--embeddings", type=Path, metavar="CACHE_DIR",
+        help="add sentence-embedding features (all-MiniLM-L6-v2, cached under CACHE_DIR)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         import sklearn  # noqa: F401
@@ -253,6 +273,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Who&When": dg.load_whowhen,
         "AgenTracer": dg.load_agentracer,
     }
+    embedder = None
+    if args.embeddings is not None:
+        from tracegym.analysis.embeddings import Embedder
+
+        embedder = Embedder(args.embeddings)
     halves: dict[str, tuple[list[Example], list[Example]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, load in loaders.items():
@@ -262,8 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             tune_split, report_split = [k for k in labelled.splits if k != "all"]
             halves[name] = (
-                examples(labelled, labelled.splits[tune_split]),
-                examples(labelled, labelled.splits[report_split]),
+                examples(labelled, labelled.splits[tune_split], embedder),
+                examples(labelled, labelled.splits[report_split], embedder),
             )
     if not halves:
         return 1
