@@ -352,6 +352,7 @@ def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
         )  # fmt: skip
         span["flags"] = flagged.get(span["span_id"], [])
         span["decisive"] = span["span_id"] == decisive
+        span["requested_by"] = requested_by(span)
     result = dict(outcome) if outcome else None
     if result is not None:
         labels = result.get("labels")
@@ -384,6 +385,15 @@ def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
         "decisive": decisive,
         "started": _iso(dt.datetime.fromtimestamp(start / 1e9, dt.timezone.utc)) if spans else "",
     }
+
+
+def requested_by(span: dict[str, Any]) -> str | None:
+    """Who ran a tool call when it was not the agent (tau2-bench's user-side tools: "user")."""
+    if span.get("operation") != sc.OP_TOOL:
+        return None
+    attributes = spanview.parse(span.get("attributes"))
+    who = attributes.get(sc.TOOL_REQUESTED_BY) if isinstance(attributes, dict) else None
+    return str(who) if who not in (None, "", "assistant") else None
 
 
 def session_of(span: dict[str, Any]) -> dict[str, str] | None:

@@ -287,3 +287,47 @@ def test_light_commands_import_no_heavy_stage(home: Path):
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert "LOADED []" in done.stdout, (args, done.stdout[-300:])
+
+
+def test_show_says_which_tool_calls_the_user_ran(tmp_path: Path):
+    """tau2-bench's user-side tools (the user's phone) are marked as the user's, the agent's
+    own calls are not."""
+    root, mine, theirs = ("a1" * 8, "a2" * 8, "a3" * 8)
+    op = "gen_ai.operation.name"
+
+    def tool(span_id: str, name: str, start: int, **extra: str) -> dict:
+        attributes = {op: "execute_tool", "gen_ai.tool.name": name, **extra}
+        return span_record(
+            trace_id=TRACE, span_id=span_id, parent_span_id=root, name=f"execute_tool {name}",
+            start_ns=BASE + start, end_ns=BASE + start + 1, attributes=attributes,
+        )  # fmt: skip
+
+    agent = {op: "invoke_agent", "tracegym.run.id": "task-1"}
+    records = [
+        span_record(
+            trace_id=TRACE,
+            span_id=root,
+            name="invoke_agent phone",
+            start_ns=BASE,
+            end_ns=BASE + 10,
+            attributes=agent,
+        ),
+        tool(mine, "enable_roaming", 1),
+        tool(theirs, "toggle_roaming", 3, **{"tracegym.tool.requested_by": "user"}),
+    ]
+    write_spool_file(tmp_path, records, "user-side")
+    shown = _run(tmp_path, "show", "task-1")
+    assert shown.exit_code == 0, shown.output
+    assert "run by the user" in _line(shown.output, "toggle_roaming")
+    assert "run by" not in _line(shown.output, "enable_roaming")
+
+
+def test_dashboard_names_who_ran_a_tool_call():
+    from tracegym.dashboards.pages import requested_by
+
+    key = "tracegym.tool.requested_by"
+    span = {"operation": "execute_tool", "attributes": json.dumps({key: "user"})}
+    assert requested_by(span) == "user"
+    assert requested_by({**span, "attributes": "{}"}) is None
+    assert requested_by({**span, "attributes": json.dumps({key: "assistant"})}) is None
+    assert requested_by({**span, "operation": "chat"}) is None
