@@ -87,6 +87,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracegym.analysis.arithmetic import decimals_of, derived, parse_number
+from tracegym.analysis.features import is_user_side
 from tracegym.analysis.runs import Run, Step, parse_json
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.messages import chat_messages
@@ -484,8 +485,13 @@ def _tool(turn: Turn) -> str:
 
 
 def _writes_state(turn: Turn) -> bool:
-    """A tool call that may change the world: its name does not start with a read verb."""
-    return turn.tool_result and not _READ_VERBS.match(_tool(turn))
+    """A tool call of the agent's that may change the world: its name does not start with a
+    read verb, and the user did not run it on their own side (tau2-bench's phone tools)."""
+    return (
+        turn.tool_result
+        and not _READ_VERBS.match(_tool(turn))
+        and not any(s.operation == sc.OP_TOOL and is_user_side(s) for s in turn.spans)
+    )
 
 
 def _author(turns: Sequence[Turn], turn: Turn) -> Turn | None:
@@ -581,7 +587,7 @@ def _squash(text: str) -> str:
 
 
 def _excerpt(text: str, limit: int = 90) -> str:
-    text = _squash(text)
+    text = _squash(text) or "(no text)"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -766,7 +772,7 @@ def _rule_handover(ctx: _Context) -> _Decision | None:
     start = ctx.action_start(worker)
     reason = (
         f"{boss} opens the run and hands the task over; the work starts with {worker.agent}'s "
-        f"first step, step {start.step} ({_excerpt(worker.evidence, 70)!r})"
+        f"first step, step {start.step} ({_excerpt(worker.evidence or worker.text, 70)!r})"
     )
     return _Decision(start, "handover", reason, CONFIDENCE["handover"])
 
@@ -795,7 +801,7 @@ def _rule_first_action(ctx: _Context) -> _Decision | None:
     opening = "the task statement" if ctx.task_turn is not None else "the start"
     reason = (
         f"no error or answer trace to follow; the first substantive step after {opening} is "
-        f"{turn.agent}'s at step {start.step} ({_excerpt(turn.evidence, 70)!r})"
+        f"{turn.agent}'s at step {start.step} ({_excerpt(turn.evidence or turn.text, 70)!r})"
     )
     return _Decision(start, "first_action", reason, CONFIDENCE["first_action"])
 

@@ -130,6 +130,30 @@ def tool_run(
     )  # fmt: skip
 
 
+def test_a_call_the_user_ran_is_not_the_agents_write() -> None:
+    """tau2-bench's phone tools are run by the user (`tracegym.tool.requested_by`): the first
+    state-changing action is the agent's own write, not the user's toggle, and a quote of a turn
+    that only calls a tool shows the call, never an empty string."""
+    turns = [
+        ("user", "My data does not work abroad."),
+        ("assistant", ("Please turn roaming on in your settings.", [])),
+        ("tool", ("u1", "toggle_roaming", "Data Roaming is now ON.")),
+        ("assistant", ("", [("c1", "enable_roaming", '{"line_id": "L1"}')])),
+        ("tool", ("c1", "enable_roaming", "Roaming enabled")),
+        ("user", "Still nothing. ###STOP###"),
+    ]
+    run = tool_run(turns)
+    toggle = next(s for s in run.steps if s.tool == "toggle_roaming")
+    toggle.attributes[sc.TOOL_REQUESTED_BY] = "user"
+    result = attribute(run)
+    assert (result.rule, result.step) == ("first_write", 3)
+    assert "enable_roaming" in result.reason and "toggle_roaming" not in result.reason
+    quiet = tool_run([("user", "Hello."), ("assistant", ("", [("c1", "get_line", "{}")]))])
+    result = attribute(quiet)
+    assert result.rule == "first_action" and "('')" not in result.reason
+    assert "get_line" in result.reason
+
+
 def failed_code_run(**kwargs: Any) -> Run:
     return team_run(
         [
