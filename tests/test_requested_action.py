@@ -7,6 +7,7 @@ import pytest
 from tracegym.synthesis.base import run_actions
 from tracegym.synthesis.conventions import Conventions
 from tracegym.synthesis.families import RequestedActionEnv, build_spec, family_for_gap
+from tracegym.synthesis.families.requested_action import RequestedRecordActionEnv
 from tracegym.synthesis.registry import from_spec
 from tracegym.synthesis.spec import infer_catalog
 from tracegym.synthesis.validity import check_environment
@@ -117,9 +118,10 @@ def test_the_verifier_wants_the_right_call_after_the_opening(env):
 
 def test_what_the_family_cannot_build_is_said(env):
     catalog = _catalog()
+    # a lookup of a record no read returns (update_address's user_id): nothing to look up
     looked_up = Conventions(runs=10, tools=[FIND, UPDATE], opening=["find_user"],
                             lookups={"update_address": "get_order"})  # fmt: skip
-    with pytest.raises(NotSynthesizable, match="looks up first"):
+    with pytest.raises(NotSynthesizable, match="nothing to look up first"):
         build_spec(_gap(), catalog, looked_up)
     with pytest.raises(NotSynthesizable, match="definition is unknown"):
         build_spec(_gap(), catalog, Conventions(runs=10, opening=["find_user"]))
@@ -133,19 +135,57 @@ def test_what_the_family_cannot_build_is_said(env):
         build_spec(_gap(key="detector:unserved_request"), catalog, Conventions(runs=10))
 
 
-def test_an_action_on_a_record_the_user_names_is_left_to_the_chain_families():
-    refund = {"type": "function", "function": {"name": "refund_order", "parameters": {
-        "type": "object", "properties": {"order_id": {"type": "string"}},
-        "required": ["order_id"]}}}  # fmt: skip
+REFUND = {"type": "function", "function": {"name": "refund_order", "parameters": {
+    "type": "object", "properties": {"order_id": {"type": "string"}},
+    "required": ["order_id"]}}}  # fmt: skip
+
+
+def _refund_gap():
     requests = [
         {"text": f"Hi, my email is {e}. I want a refund for my order O{1000 + i}.",
          "first_call": {"tool": "find_user", "arguments": {"email": e}}}
-        for i, e in enumerate(["ana1@mail.com", "ben2@mail.com", "cleo3@mail.com"])
+        for i, e in enumerate(["ana11@mail.com", "ben22@mail.com", "cleo33@mail.com"])
     ]  # fmt: skip
-    gap = _gap(key="unserved_request:refund_order", tools=["refund_order"], requests=requests)
-    conventions = Conventions(runs=10, tools=[FIND, refund], opening=["find_user"])
-    with pytest.raises(NotSynthesizable, match="get_order looks up"):
-        build_spec(gap, _catalog(), conventions)
+    return _gap(key="unserved_request:refund_order", tools=["refund_order"], requests=requests)
+
+
+@pytest.mark.parametrize("lookups", [{"refund_order": "get_order"}, {}])
+def test_an_action_never_called_on_a_record_the_user_names(lookups):
+    """The agent never calls refund_order (no recorded call: its definition only), and its
+    id, order_id, is what get_order looks records up by: the user asks in their own words for
+    it on one of their records; the oracle finds the user, looks the record up (where the
+    agent's conventions do) and acts on it, and no other record."""
+    conventions = Conventions(runs=10, tools=[FIND, REFUND], opening=["find_user"],
+                              lookups=lookups)  # fmt: skip
+    spec = build_spec(_refund_gap(), _catalog(), conventions)
+    assert spec.family == "requested_action" and spec.roles["action"] == "refund_order"
+    assert spec.roles["lookup"] == "get_order" and spec.roles["owner"] == "find_user"
+    env = from_spec(spec)
+    assert isinstance(env, RequestedRecordActionEnv)
+    task = env.make_task(3)
+    assert task.instruction.startswith("Hi, my email is ")
+    assert "I want a refund for my order O" in task.instruction  # the users' words
+    names = [a.get("name") for a in task.oracle if "name" in a]
+    looked = (
+        ["find_user", "get_order", "refund_order"] if lookups else ["find_user", "refund_order"]
+    )
+    assert names == looked
+    refund = task.oracle[len(names) - 1]
+    assert refund["arguments"]["order_id"] in task.instruction
+    assert run_actions(env, 3, task.oracle)[1].passed
+    answer = task.oracle[-1]
+    assert not run_actions(env, 3, [*task.oracle[: len(names) - 1], answer])[1].passed  # never
+    other = task.goal.forbidden_calls[0]  # the user's other order: left alone
+    assert not run_actions(env, 3, [*task.oracle[:-1], other, answer])[1].passed
+    assert check_environment(env, 60).ok
+
+
+def test_an_action_on_a_record_needs_a_read_that_shows_it():
+    conventions = Conventions(runs=10, tools=[FIND, REFUND], opening=["find_user"],
+                              lookups={"refund_order": "get_order"})  # fmt: skip
+    bare = infer_catalog([[c] for c in _catalog_traces()])  # find_user only: no get_order
+    with pytest.raises(NotSynthesizable, match="nothing to look up first"):
+        build_spec(_refund_gap(), bare, conventions)
 
 
 def test_the_users_values_are_those_the_recorded_calls_would_take():

@@ -11,7 +11,9 @@ own tools.
 | verify_before_finish | checking that a write took effect before finishing | premature_finish     |
 | exact_arguments      | ids, amounts, lists in the exact recorded format   | invalid_invocation   |
 | requested_action     | calling the tool the user asked for, in the users' | unserved_request     |
-|                      | own wording (needs no recorded call of it)         |                      |
+|                      | own wording (needs no recorded call of it), on     |                      |
+|                      | their own record or on one they name and the agent |                      |
+|                      | looks up first                                     |                      |
 | policy_action        | acting only where the mined state rules allow it   | forbidden_action,    |
 |                      |                                                    | missed_action        |
 | amount               | the amount the mined relation gives on the record  | wrong_amount         |

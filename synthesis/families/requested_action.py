@@ -15,16 +15,33 @@ from tracegym.synthesis.base import Action, Environment, Task
 from tracegym.synthesis.conventions import Conventions
 from tracegym.synthesis.families.chain import (
     SYSTEM_PROMPT,
+    ChainEnvironment,
+    Ctx,
     human,
     is_answer,
     join_and,
 )
 from tracegym.synthesis.goal import Goal
-from tracegym.synthesis.spec import Catalog, EnvironmentSpec, is_id_name, matches_format
-from tracegym.synthesis.wording import Wording, WordingError, learn_wording
+from tracegym.synthesis.spec import (
+    ArgSchema,
+    Catalog,
+    EnvironmentSpec,
+    ToolSchema,
+    is_id_name,
+    matches_format,
+)
+from tracegym.synthesis.wording import (
+    CUSTOMER,
+    Wording,
+    WordingError,
+    fill_record_template,
+    learn_record_template,
+    learn_wording,
+)
 from tracegym.synthesis.world import (
     Gen,
     NotSynthesizable,
+    Roles,
     ToolError,
     canonical,
     clone,
@@ -43,7 +60,8 @@ class RequestedActionEnv(Environment):
     Unlike the chain families it needs no recorded call of the action: the tool's definition
     comes from the agent's conventions (`gen_ai.tool.definitions`), the wording of the request
     from the users' own requests (`Gap.requests`, see `synthesis.wording`), the record from
-    the recorded result of the agent's opening call.
+    the recorded result of the agent's opening call. Where the action acts on a record the user
+    names and the agent looks up first, `build_spec` builds a `RequestedRecordActionEnv`.
     """
 
     family = "requested_action"
@@ -94,17 +112,13 @@ class RequestedActionEnv(Environment):
         action = key.split(":", 1)[1]
         if is_read_tool(action) or is_answer(action):
             raise NotSynthesizable(f"{action} is not a write tool the user asked for")
-        if conv.lookups.get(action):
-            raise NotSynthesizable(
-                f"{action} acts on a record the agent looks up first ({conv.lookups[action]}); "
-                "this family covers actions on the user's own record (the chain families cover "
-                "the rest)"
-            )
         definition = conv.tool_definition(action) or (
             catalog.tools[action].json_schema() if action in catalog.tools else None
         )
         if definition is None:
             raise NotSynthesizable(f"{action}'s definition is unknown (not recorded, never called)")
+        if conv.lookups.get(action):  # the record the user names, looked up first
+            return RequestedRecordActionEnv.build_spec(gap, catalog, conv)
         params = definition.get("function", definition).get("parameters") or {}
         required = list(params.get("required") or list(params.get("properties") or {}))
         requests = gap.requests
@@ -129,13 +143,8 @@ class RequestedActionEnv(Environment):
             for t in catalog.tools.values()
             if t.read and a in t.required and t.name != opening
         ]
-        if looked_up:
-            arg, read = looked_up[0]
-            raise NotSynthesizable(
-                f"{action} acts on a record the user names ({arg}) and {read} looks up: this "
-                "family covers actions on the user's own record (the chain families cover the "
-                "rest)"
-            )
+        if looked_up:  # a record the user names, which a read looks up
+            return RequestedRecordActionEnv.build_spec(gap, catalog, conv)
         said = []
         for r in requests:
             call = r.first_call or {}
@@ -302,6 +311,131 @@ class RequestedActionEnv(Environment):
             else:
                 out[key] = None
         return out
+
+
+class RequestedRecordActionEnv(ChainEnvironment):
+    """`requested_action` where the action acts on a record the user names and the agent looks
+    up first (its conventions' lookup for the action, or a read taking the action's id): the
+    user, in their own recorded words, asks for the action on one of their records; the agent
+    finds them the way it always does, looks the record up and calls the action on it, and
+    leaves their other records alone. Built by `RequestedActionEnv.build_spec` (the same
+    detector and capability), on the chain families' world.
+
+    Like `RequestedActionEnv` it needs no recorded call of the action: an action never called is
+    known from its definition, its id argument from the read that takes the same argument.
+    What it does to the record is unknown then, so the world logs the write and changes
+    nothing the traces never showed; no status rule was mined for it, so none is enforced.
+    """
+
+    family = "requested_action"
+    capability = RequestedActionEnv.capability
+    detectors = ()  # chosen by RequestedActionEnv.build_spec, never by detector
+
+    def __init__(self, spec: EnvironmentSpec, **knobs: Any) -> None:
+        super().__init__(spec, **knobs)
+        self.template: str = spec.extra.get("requested", {}).get("template", "")
+
+    def default_knobs(self) -> dict[str, Any]:
+        return {"targets": 1, "distractors": 1, "slack": 4}
+
+    def levels(self) -> list[dict[str, Any]]:
+        base = dict(self.knobs)
+        return [
+            {**base, "targets": t, "distractors": d}
+            for t, d in ((1, 0), (1, 1), (1, 2), (2, 1), (2, 2), (3, 2))
+        ]
+
+    @classmethod
+    def choose_action(cls, gap: Gap, catalog: Catalog) -> tuple[str, list[str], str]:
+        action = gap.key.split(":", 1)[1]
+        return action, [action], f"{action}: the tool the users asked for"
+
+    @classmethod
+    def build_spec(
+        cls, gap: Gap, catalog: Catalog, conventions: Conventions | None = None
+    ) -> EnvironmentSpec:
+        conv = conventions or Conventions()
+        action = gap.key.split(":", 1)[1]
+        definition = conv.tool_definition(action)
+        if action not in catalog.tools and definition is not None:
+            catalog = with_defined_tool(catalog, definition, conv.lookups.get(action))
+        spec = super().build_spec(gap, catalog, conv)
+        roles = Roles.from_dict(spec.roles)
+        ids = _any_format(spec.catalog.tools[action].arguments[roles.id_arg].formats)
+        owner = spec.catalog.tools[roles.owner].arguments.get(roles.owner_arg or "") if (
+            roles.owner) else None  # fmt: skip
+        owners = _any_format(owner.formats) if owner is not None else None
+        template = learn_record_template(gap.requests, ids, owners) if ids else ""
+        spec.extra["requested"] = {"action": action, "template": template,
+                                   "called": catalog.tools[action].calls}  # fmt: skip
+        spec.knobs = cls(spec).knobs
+        return spec
+
+    def generate(self, seed: int) -> Task:
+        k = self.knobs
+        n = max(int(k["targets"]), 1)
+        ctx = self.world_ctx(seed, n_targets=n, n_entities=n + int(k.get("distractors", 0)))
+        r = self.roles
+        oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []
+        goal = Goal(required_calls=[], forbidden_calls=[], answer_includes=[])
+        for t in ctx.targets:
+            oracle.append(self.action_call(ctx, t))  # the lookup before it: the conventions'
+            goal.required_calls.append(self.action_call(ctx, t))
+            goal.answer_includes.append(t)
+        for other in ctx.entities[n:]:
+            goal.forbidden_calls.append({"name": r.action, "arguments": {r.id_arg: other}})
+        oracle.append({"answer": self.answer(ctx, ctx.targets, [])})
+        return self.build_task(seed, ctx, self.instruction(ctx), goal, oracle)
+
+    def instruction(self, ctx: Ctx) -> str:
+        """The request in the users' own recorded words where the gap kept them, else the
+        chain families' phrasing."""
+        if not self.template or (CUSTOMER in self.template and ctx.owner_id is None):
+            return f"Hi. {self.identity(ctx)}{self.request(ctx, ctx.targets)}"
+        said = [p for t in ctx.targets for p in ctx.phrases[t]]
+        return fill_record_template(self.template, join_and(ctx.targets), str(ctx.owner_id or ""),
+                                    said)  # fmt: skip
+
+
+def _any_format(formats: list[dict[str, Any]]) -> str | None:
+    """One regex matching a value of any of the recorded formats that are more than noise (at
+    least MIN_FORMAT_SHARE of the values: `^\\d{2}$` for 1 id in 40 would match the digits in
+    every email); None: none recorded."""
+    kept = [f for f in formats if f.get("share", 1.0) >= MIN_FORMAT_SHARE] or formats[:1]
+    if not kept:
+        return None
+    return "(?:" + "|".join(f["regex"].strip("^$") for f in kept) + ")"
+
+
+MIN_FORMAT_SHARE = 0.2
+
+
+def with_defined_tool(
+    catalog: Catalog, definition: Mapping[str, Any], lookup: str | None = None
+) -> Catalog:
+    """The catalog with a write tool the runs never called, from its definition (OpenAI-style):
+    each argument a read also takes (the agent's `lookup` for it first) keeps what the read's
+    recorded calls show of it (the ids it looks records up by); the others only their type."""
+    fn = definition.get("function", definition)
+    name = str(fn.get("name", ""))
+    params = fn.get("parameters") or {}
+    props = params.get("properties") or {}
+    required = set(params.get("required") or props)
+    reads = sorted(
+        (t for t in catalog.tools.values() if t.read),
+        key=lambda t: (t.name != lookup, -t.calls, t.name),
+    )
+    arguments: dict[str, ArgSchema] = {}
+    for arg, facts in props.items():
+        kind = facts.get("type", "string") if isinstance(facts, Mapping) else "string"
+        seen = next((t.arguments[arg] for t in reads if arg in t.arguments), None)
+        if seen is not None and seen.type == kind:
+            arguments[arg] = replace(seen, required=arg in required)
+        else:
+            arguments[arg] = ArgSchema(arg, type=str(kind), required=arg in required)
+    tool = ToolSchema(name=name, arguments=arguments, read=False,
+                      description=str(fn.get("description") or ""))  # fmt: skip
+    return replace(catalog, tools={**catalog.tools, name: tool})
 
 
 def _users_words_over_calls(
