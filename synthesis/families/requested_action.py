@@ -433,7 +433,9 @@ def with_defined_tool(
             arguments[arg] = replace(seen, required=arg in required)
         else:
             arguments[arg] = ArgSchema(arg, type=str(kind), required=arg in required)
-    tool = ToolSchema(name=name, arguments=arguments, read=False,
+    # no recorded result: the world answers with the record as it now stands (an object
+    # without properties), as `RequestedActionEnv` does, not with a bare "ok"
+    tool = ToolSchema(name=name, arguments=arguments, read=False, result={"type": "object"},
                       description=str(fn.get("description") or ""))  # fmt: skip
     return replace(catalog, tools={**catalog.tools, name: tool})
 
