@@ -36,6 +36,7 @@ from tracegym.training import tokens as counters
 from tracegym.training.model import Policy
 from tracegym.training.rollout import (
     ChatEncoder,
+    parse_action,
     rollout,
     to_chat,
 )
@@ -574,6 +575,36 @@ __all__ = [
 
 
 # One capability end to end ---------------------------------------------------------------------
+def calls_tool(conversation: Sequence[dict[str, Any]], name: str) -> bool:
+    """Whether an assistant turn of `conversation` calls tool `name` (a `<tool_call>` in its
+    text, or an OpenAI-style `tool_calls` entry)."""
+    for message in conversation:
+        if message.get("role") != "assistant":
+            continue
+        for call in message.get("tool_calls") or ():
+            if (call.get("function") or call).get("name") == name:
+                return True
+        if parse_action(str(message.get("content") or "")).get("name") == name:
+            return True
+    return False
+
+
+def rehearsal_for(
+    env: Any, replay: Sequence[Sequence[dict[str, str]]]
+) -> list[Sequence[dict[str, str]]]:
+    """The agent's passing conversations to rehearse while learning `env`: all but those that
+    call the environment's action. Rehearsal keeps what the adapter must not change; the action
+    is what it is there to change, and the agent's own accepted calls of it (however it got
+    there: the demo's seed 2 looked an order up by the new address before updating it) would
+    teach a second way next to the environment's demonstrations (its adapter then dropped the
+    address after such a detour: 2/8 on its environment)."""
+    spec = getattr(env, "spec", None)
+    action = (getattr(spec, "roles", None) or {}).get("action")
+    if not action:
+        return list(replay)
+    return [c for c in replay if not calls_tool(c, action)]
+
+
 def train_capability(
     home: Any,
     env: Any,
@@ -614,7 +645,7 @@ def train_capability(
         on_step=on_step,
     )
     if replay:
-        data.conversations.extend([list(c) for c in replay])
+        data.conversations.extend([list(c) for c in rehearsal_for(env, replay)])
     adapter_id = adapters.adapter_id_for(env.env_id)
     if config.mode == "grpo":
         warm = config.warm_start_steps if config.warm_start_steps is not None else config.steps
