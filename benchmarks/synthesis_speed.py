@@ -40,6 +40,7 @@ from tracegym.analysis.pipeline import analyze
 from tracegym.synthesis.conventions import conventions_from_store
 from tracegym.synthesis.families import FAMILIES, RequestedActionEnv, build_spec
 from tracegym.synthesis.fixtures import gap, shop_traces
+from tracegym.synthesis.registry import from_spec
 from tracegym.synthesis.spec import Catalog, EnvironmentSpec, catalog_from_store, infer_catalog
 from tracegym.synthesis.world import NotSynthesizable
 
@@ -165,7 +166,7 @@ def analysed_specs(home: Path) -> tuple[list[EnvironmentSpec], str]:
 def measure(specs: list[EnvironmentSpec], tasks: int, episodes: int) -> list[tuple]:
     rows = []
     for spec in specs:
-        env = FAMILIES[spec.family](spec)
+        env = from_spec(spec)  # the spec's own class (a family may build more than one)
         env.make_task(0)  # warm the compiled generators
         started = time.perf_counter()
         for seed in range(tasks):
