@@ -945,6 +945,9 @@ def test_screenshots_with_data_fit_the_viewport(page: Any, server: Server, home:
             assert stack.startswith("Traceback") and len(stack.splitlines()) > 3
             _check_layout(page, "data-run-error")
             page.locator(".tree .node", has_text="chat").first.click()  # messages as a chat
+            # the pane switches in the page's script: wait for it (count() does not wait; under
+            # load the click's handler may not have run yet)
+            page.wait_for_selector("#detail-pane .detail:visible .chat .msg .who")
             detail = page.locator("#detail-pane .detail:visible")
             assert detail.locator(".chat .msg .who").count() >= 2
             _check_layout(page, "data-run-chat")
