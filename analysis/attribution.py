@@ -490,7 +490,7 @@ def _writes_state(turn: Turn) -> bool:
     return (
         turn.tool_result
         and not _READ_VERBS.match(_tool(turn))
-        and not any(s.operation == sc.OP_TOOL and is_user_side(s) for s in turn.spans)
+        and not any(is_user_side(s) for s in turn.spans)
     )
 
 

@@ -100,7 +100,7 @@ def is_tool(step: Step) -> bool:
 
 def is_user_side(step: Step) -> bool:
     """A tool call the user made (at most on the agent's advice): not the agent's own call."""
-    return step.attributes.get(sc.TOOL_REQUESTED_BY) not in (None, "assistant")
+    return sc.tool_requester(step.operation, step.attributes) is not None
 
 
 def is_agent_call(step: Step) -> bool:

@@ -391,9 +391,7 @@ def requested_by(span: dict[str, Any]) -> str | None:
     """Who ran a tool call when it was not the agent (tau2-bench's user-side tools: "user")."""
     if span.get("operation") != sc.OP_TOOL:
         return None
-    attributes = spanview.parse(span.get("attributes"))
-    who = attributes.get(sc.TOOL_REQUESTED_BY) if isinstance(attributes, dict) else None
-    return str(who) if who not in (None, "", "assistant") else None
+    return sc.tool_requester(sc.OP_TOOL, spanview.parse(span.get("attributes")))
 
 
 def session_of(span: dict[str, Any]) -> dict[str, str] | None:

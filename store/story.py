@@ -439,8 +439,8 @@ def _header(step: Step) -> Text:
     if step.step_index is not None:
         text.append(f"#{step.step_index} ", style="dim")
     text.append(clean(step.name), style="bold" if step.operation == sc.OP_TOOL else "")
-    who = step.attributes.get(sc.TOOL_REQUESTED_BY) if step.operation == sc.OP_TOOL else None
-    if who not in (None, "", "assistant"):
+    who = sc.tool_requester(step.operation, step.attributes)
+    if who is not None:
         text.append(f"  run by the {clean(str(who))}", style="italic")
     if step.duration_ms is not None:
         text.append(f"  {step.duration_ms:.2f} ms", style="dim")

@@ -103,3 +103,13 @@ CONTENT_ATTRIBUTES = frozenset(
         OI_OUTPUT_VALUE,
     }
 )
+
+
+def tool_requester(operation: object, attributes: object) -> str | None:
+    """Who ran a tool call when it was not the agent (`TOOL_REQUESTED_BY`: "user" on
+    tau2-bench's phone tools), else None: the one reading of that attribute, for analysis, `show`
+    and the dashboard."""
+    if operation != OP_TOOL or not isinstance(attributes, dict):
+        return None
+    who = attributes.get(TOOL_REQUESTED_BY)
+    return None if who in (None, "", "assistant") else str(who)
