@@ -98,6 +98,7 @@ class DemoConfig:
     adapter_steps: int = 20
     adapter_train_seeds: int = 32
     eval_seeds: int = 12
+    eval_looks: int = 2  # the nightly's evaluation stops an adapter once its decision is clear
     batch_size: int = 24  # dev episodes decoding together: 48 tasks in two waves
     # episodes decoding together where two arms run the same tasks (the nightly's evaluation:
     # base and adapter on every environment; held-out: the base and the routed agent); None:
@@ -454,7 +455,7 @@ def _run(
     night_config = NightlyConfig(
         model=str(folder), train=train, eval_seeds=config.eval_seeds,
         max_new_tokens=config.max_new_tokens, replay=str(replay) if config.replay else None,
-        route=config.nightly_router, batch_size=config.arms_batch,
+        route=config.nightly_router, batch_size=config.arms_batch, eval_looks=config.eval_looks,
     )  # fmt: skip
     embedder = _embedder(config.embedder, home)
 

@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from tracegym.training import adapters
-from tracegym.training.evaluate import decide, gain_p_value, rate, wilson
+from tracegym.training.evaluate import decide, gain_p_value, look_sizes, rate, settled, wilson
 from tracegym.training.model import ensure_model, load_policy, tiny_model
 from tracegym.training.rollout import (
     ChatEncoder,
@@ -166,6 +166,60 @@ def test_statistics():
     promoted, reason = decide(rate(5, 20), rate(6, 20))
     assert not promoted and "not significant" in reason
     assert decide(rate(0, 20), rate(15, 20))[0]
+
+
+def test_peeking_twice_splits_alpha():
+    assert look_sizes(12, 2) == [6, 12] and look_sizes(1, 2) == [0, 1] and look_sizes(5, 1) == [5]
+    # 0/12 -> 3/12 is p = 0.032: enough with one look, not with alpha split over two
+    assert decide(rate(0, 12), rate(3, 12))[0]
+    promoted, reason = decide(rate(0, 12), rate(3, 12), looks=2)
+    assert not promoted and "0.05 over 2 looks" in reason
+    assert settled(rate(0, 6), rate(6, 6), 12, 0.05, 2) == "significant"
+    assert settled(rate(3, 6), rate(3, 6), 12, 0.05, 2) is None  # 6 good seeds could still do it
+    assert settled(rate(6, 6), rate(0, 6), 12, 0.05, 2) == "hopeless"
+
+
+def test_sequential_evaluation_stops_each_adapter_once_clear(monkeypatch):
+    from dataclasses import dataclass
+
+    from tracegym.training import evaluate
+
+    @dataclass
+    class Result:
+        seed: int
+        passed: bool
+
+    outcome = {  # adapter -> (base passes?, adapted passes?) by seed
+        "clear": lambda s, adapted: adapted,
+        "worse": lambda s, adapted: not adapted,
+        "unclear": lambda s, adapted: s % 2 == 0,
+    }
+    calls = []
+
+    def fake_run_arms(policy, jobs, batch_size=8, **kw):
+        calls.append([(adapter_id, list(seeds)) for _, adapter_id, seeds in jobs])
+        return [
+            tuple([Result(s, outcome[a](s, arm)) for s in seeds] for arm in (False, True))
+            for _, a, seeds in jobs
+        ]
+
+    monkeypatch.setattr(evaluate, "run_arms", fake_run_arms)
+    env = press_env()
+    jobs = [(env, name, range(100, 112)) for name in outcome]
+    rows = evaluate.evaluate_capabilities(None, None, jobs, looks=2)
+    assert calls[1] == [("unclear", list(range(106, 112)))]  # the others stopped after 6 seeds
+    by = {r["adapter_id"]: r for r in rows}
+    assert by["clear"]["promoted"] and by["clear"]["adapter"] == rate(6, 6)
+    assert by["clear"]["sequential"] == {
+        "looks": 2,
+        "planned": 12,
+        "run": 6,
+        "stopped": "significant",
+    }
+    assert not by["worse"]["promoted"] and by["worse"]["sequential"]["stopped"] == "hopeless"
+    assert "could not make it significant" in by["worse"]["reason"]
+    assert by["unclear"]["base"]["n"] == 12 and by["unclear"]["sequential"]["stopped"] is None
+    assert by["unclear"]["seeds"] == [100, 111]
 
 
 def test_sft_on_in_memory_model_lowers_loss():

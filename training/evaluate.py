@@ -64,12 +64,46 @@ def rate(successes: int, n: int) -> dict[str, Any]:
     }
 
 
-def decide(base: dict[str, Any], adapted: dict[str, Any], alpha: float = ALPHA) -> tuple[bool, str]:
+def decide(
+    base: dict[str, Any], adapted: dict[str, Any], alpha: float = ALPHA, looks: int = 1
+) -> tuple[bool, str]:
+    """Promote when the gain is positive and significant at `alpha`, split evenly over `looks`
+    (Bonferroni: peeking `looks` times keeps the chance of promoting a useless adapter <= alpha)."""
+    threshold = alpha / max(1, looks)
+    split = f": {alpha} over {looks} looks" if looks > 1 else ""
     p = gain_p_value(base["passed"], base["n"], adapted["passed"], adapted["n"])
     gain = adapted["rate"] - base["rate"]
-    if p < alpha and gain > 0:
-        return True, f"held-out gain {gain:+.2f} is significant (p={p:.3g} < {alpha})"
-    return False, f"held-out gain {gain:+.2f} is not significant (p={p:.3g} >= {alpha})"
+    if p < threshold and gain > 0:
+        return (
+            True,
+            f"held-out gain {gain:+.2f} is significant (p={p:.3g} < {threshold:.3g}{split})",
+        )
+    return (
+        False,
+        f"held-out gain {gain:+.2f} is not significant (p={p:.3g} >= {threshold:.3g}{split})",
+    )
+
+
+def look_sizes(n: int, looks: int) -> list[int]:
+    """Seeds run by each look of a sequential evaluation: `n` seeds in `looks` near-equal
+    rounds, cumulative (a look may add no seed when n < looks)."""
+    looks = max(1, looks)
+    return [n * (k + 1) // looks for k in range(looks)]
+
+
+def settled(
+    base: dict[str, Any], adapted: dict[str, Any], planned: int, alpha: float, looks: int
+) -> str | None:
+    """Whether a look can stop an adapter's evaluation: "significant" (promote now),
+    "hopeless" (even if every remaining seed went to the adapter and none to the base, the gain
+    could not become significant), or None (run the next round). Stopping for futility never
+    promotes, so it keeps the error bound of `decide`."""
+    threshold = alpha / max(1, looks)
+    if decide(base, adapted, alpha, looks)[0]:
+        return "significant"
+    left = planned - base["n"]
+    best = gain_p_value(base["passed"], planned, adapted["passed"] + left, planned)
+    return "hopeless" if best >= threshold else None
 
 
 def _run(
@@ -127,36 +161,64 @@ def evaluate_capabilities(
     name: str = "policy",
     alpha: float = ALPHA,
     batch_size: int = 8,
+    looks: int = 1,
     **rollout_kwargs: Any,
 ) -> list[dict[str, Any]]:
     """`evaluate_capability` (without the router column) for each (env, adapter_id, seeds),
     the base and adapted episodes of all of them batched together (`model` a PeftModel holding
     every adapter). Greedy replies are each lane's own, so the rows are what the one-at-a-time
-    evaluation gives, up to float rounding in a different batch."""
+    evaluation gives, up to float rounding in a different batch.
+
+    `looks` > 1 makes it sequential: the seeds run in `looks` rounds, and after each round an
+    adapter whose decision is already clear (`settled`) runs no more seeds; `alpha` is split
+    over the looks. An adapter at 0/6 -> 6/6 is promoted after one round of a 12-seed plan."""
     policy = Policy(model, tokenizer, name)
     jobs = [(env, adapter_id, list(seeds)) for env, adapter_id, seeds in jobs]
-    if batch_size <= 1:
+    if batch_size <= 1 and looks <= 1:
         return [
             evaluate_capability(model, tokenizer, env, adapter_id, seeds, name=name,
                                 alpha=alpha, batch_size=batch_size, **rollout_kwargs)
             for env, adapter_id, seeds in jobs
         ]  # fmt: skip
-    arms = run_arms(policy, jobs, batch_size=batch_size, **rollout_kwargs)
+    runs: list[tuple[list[Any], list[Any]]] = [([], []) for _ in jobs]
+    stops: list[str | None] = [None] * len(jobs)
+    plans = [look_sizes(len(seeds), looks) for _, _, seeds in jobs]
 
     def passed(results: list[Any]) -> dict[str, Any]:
         return rate(sum(r.passed for r in results), len(results))
 
-    return [
-        _row(env, adapter_id, seeds, passed(b), passed(a), alpha)
-        for (env, adapter_id, seeds), (b, a) in zip(jobs, arms, strict=True)
-    ]
+    for look in range(max(1, looks)):
+        todo = [
+            j for j in range(len(jobs)) if stops[j] is None and plans[j][look] > len(runs[j][0])
+        ]
+        chunk = [(env, adapter_id, seeds[len(runs[j][0]) : plans[j][look]])
+                 for j, (env, adapter_id, seeds) in ((j, jobs[j]) for j in todo)]  # fmt: skip
+        arms = run_arms(policy, chunk, batch_size=batch_size, **rollout_kwargs) if todo else []
+        for j, (base, adapted) in zip(todo, arms, strict=True):
+            runs[j][0].extend(base)
+            runs[j][1].extend(adapted)
+            if look < looks - 1:
+                planned = len(jobs[j][2])
+                stops[j] = settled(passed(runs[j][0]), passed(runs[j][1]), planned,
+                                   alpha, looks)  # fmt: skip
+    rows = []
+    for (env, adapter_id, seeds), (base, adapted), stop in zip(jobs, runs, stops, strict=True):
+        row = _row(env, adapter_id, seeds[: len(base)], passed(base), passed(adapted), alpha, looks)
+        if looks > 1:
+            row["sequential"] = {"looks": looks, "planned": len(seeds), "run": len(base),
+                                 "stopped": stop}  # fmt: skip
+            if stop is not None:
+                why = {"significant": "", "hopeless": ": the rest could not make it significant"}
+                row["reason"] += f"; stopped after {len(base)} of {len(seeds)} seeds{why[stop]}"
+        rows.append(row)
+    return rows
 
 
 def _row(
     env: Any, adapter_id: str, seeds: list[int], base: dict[str, Any], adapted: dict[str, Any],
-    alpha: float,
+    alpha: float, looks: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
-    promoted, reason = decide(base, adapted, alpha)
+    promoted, reason = decide(base, adapted, alpha, looks)
     return {
         "env_id": env.env_id,
         "adapter_id": adapter_id,
@@ -234,8 +296,10 @@ __all__ = [
     "evaluate_capability",
     "gain",
     "gain_p_value",
+    "look_sizes",
     "rate",
     "render_markdown",
     "run_arms",
+    "settled",
     "wilson",
 ]

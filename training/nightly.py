@@ -82,6 +82,8 @@ class NightlyConfig:
     replay: str | None = None  # JSONL of the agent's passing conversations, mixed into training
     batch_size: int = 8  # evaluation episodes decoding together (base and adapted arms of
     # every environment share the waves when the router column is off)
+    eval_looks: int = 2  # with the router column off: the seeds run in this many rounds and an
+    # adapter stops once its decision is clear, p split over the looks (evaluate.settled)
     date: str | None = None  # YYYY-MM-DD (default: today, UTC)
 
     def to_dict(self) -> dict[str, Any]:
@@ -518,6 +520,7 @@ class _Night:
             rows = evaluate_capabilities(
                 model, policy.tokenizer, jobs, name=policy.name,
                 max_new_tokens=self.config.max_new_tokens, batch_size=self.config.batch_size,
+                looks=self.config.eval_looks,
             )  # fmt: skip
         except _PASS_THROUGH:
             raise
