@@ -36,6 +36,7 @@ from tracegym.examples.shop import (
 from tracegym.synthesis import registry
 from tracegym.testing import capture
 from tracegym.training import adapters
+from tracegym.training.capabilities import env_ids_of
 from tracegym.training.rollout import format_call
 from typer.testing import CliRunner
 
@@ -185,12 +186,16 @@ def test_every_stage_ran_and_left_valid_artifacts(demo_home):
             assert "Hi, my email is" in task.instruction  # the users' own wording
         assert task.oracle[0]["name"] == "find_user" and task.goal.opening == ["find_user"]
         assert {s["function"]["name"]: s for s in env.tool_schemas()}["find_user"] in TOOL_SCHEMAS
-    # training + evaluation: an adapter per environment, each with an evaluation row
+    # training + evaluation: an adapter per capability (the environments of one action train
+    # one), each with an evaluation row, stopped early only when its decision was clear
     metas = adapters.list_adapters(home)
-    assert {m["capability"]["env_id"] for m in metas} == {e["env_id"] for e in envs}
+    learnt = [env_id for m in metas for env_id in env_ids_of(m)]
+    assert sorted(learnt) == sorted(e["env_id"] for e in envs)
     for meta in metas:
         row = meta["metrics"]["eval"]
-        assert row["base"]["n"] == config.eval_seeds and row["adapter"]["n"] == config.eval_seeds
+        run = row["sequential"]["run"]
+        assert row["base"]["n"] == row["adapter"]["n"] == run <= config.eval_seeds
+        assert run == config.eval_seeds or row["sequential"]["stopped"] is not None
         assert isinstance(meta["promoted"], bool) and meta["promotion"]
     # held-out: base and routed on the same tasks, with intervals
     heldout = report["heldout"]

@@ -84,13 +84,14 @@ def test_per_lane_adapters_need_a_peft_model():
 
 
 def test_evaluation_arms_share_waves_and_keep_each_episode(peft_policy):
-    from tracegym.training.evaluate import evaluate_capabilities, run_arms
+    from tracegym.training.evaluate import EvalJob, evaluate_capabilities, run_arms
     from tracegym.training.rollout import rollout
     from tracegym.training.toy import press_env
 
     model = peft_policy.model
-    jobs = [(press_env("toy-a"), "alpha", [1_000_000, 1_000_001]),
+    plan = [(press_env("toy-a"), "alpha", [1_000_000, 1_000_001]),
             (press_env("toy-b"), "beta", [1_000_002, 1_000_003, 1_000_004])]  # fmt: skip
+    jobs = [EvalJob.of(*job) for job in plan]
     arms = run_arms(peft_policy, jobs, batch_size=6, trace=False, max_new_tokens=12)
 
     def alone(env, seed, adapter):
@@ -101,7 +102,7 @@ def test_evaluation_arms_share_waves_and_keep_each_episode(peft_policy):
         model.set_adapter(adapter)
         return rollout(peft_policy, env, seed, trace=False, max_new_tokens=12)
 
-    for (env, adapter, seeds), (base, adapted) in zip(jobs, arms, strict=True):
+    for (env, adapter, seeds), (base, adapted) in zip(plan, arms, strict=True):
         assert [r.seed for r in base] == [r.seed for r in adapted] == seeds
         assert [r.messages for r in base] == [alone(env, s, None).messages for s in seeds]
         assert [r.messages for r in adapted] == [alone(env, s, adapter).messages for s in seeds]

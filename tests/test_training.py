@@ -197,15 +197,16 @@ def test_sequential_evaluation_stops_each_adapter_once_clear(monkeypatch):
     calls = []
 
     def fake_run_arms(policy, jobs, batch_size=8, **kw):
-        calls.append([(adapter_id, list(seeds)) for _, adapter_id, seeds in jobs])
+        calls.append([(job.adapter_id, [s for _, s in job.cases]) for job in jobs])
         return [
-            tuple([Result(s, outcome[a](s, arm)) for s in seeds] for arm in (False, True))
-            for _, a, seeds in jobs
-        ]
+            tuple([Result(s, outcome[job.adapter_id](s, arm)) for _, s in job.cases]
+                  for arm in (False, True))
+            for job in jobs
+        ]  # fmt: skip
 
     monkeypatch.setattr(evaluate, "run_arms", fake_run_arms)
     env = press_env()
-    jobs = [(env, name, range(100, 112)) for name in outcome]
+    jobs = [evaluate.EvalJob.of(env, name, range(100, 112)) for name in outcome]
     rows = evaluate.evaluate_capabilities(None, None, jobs, looks=2)
     assert calls[1] == [("unclear", list(range(106, 112)))]  # the others stopped after 6 seeds
     by = {r["adapter_id"]: r for r in rows}

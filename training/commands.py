@@ -273,7 +273,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         """Held-out success of base, base + adapter and base + router, with 95% intervals."""
         from tracegym.synthesis import registry
         from tracegym.training import adapters
-        from tracegym.training.evaluate import evaluate_capability, render_markdown
+        from tracegym.training.capabilities import env_ids_of
+        from tracegym.training.evaluate import EvalJob, evaluate_job, render_markdown
         from tracegym.training.model import ModelError, ensure_model, load_policy
         from tracegym.training.router import (
             Router,
@@ -305,12 +306,9 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         rows = []
         for adapter_id in chosen:
             meta = adapters.show(target, adapter_id)
-            env = registry.load(target, meta["capability"]["env_id"])
-            h0, h1 = env.spec.heldout_seeds
-            seeds = list(range(h0, min(h1, h0 + eval_seeds)))
-            row = evaluate_capability(
-                peft_model, policy.tokenizer, env, adapter_id, seeds, name=policy.name, route=route
-            )
+            envs = [registry.load(target, env_id) for env_id in env_ids_of(meta)]
+            job = EvalJob.spread(envs, adapter_id, eval_seeds)
+            row = evaluate_job(peft_model, policy.tokenizer, job, name=policy.name, route=route)
             adapters.update(
                 target, adapter_id, eval=row, promoted=row["promoted"], promotion=row["reason"]
             )

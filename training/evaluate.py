@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tracegym.training.model import Policy
-from tracegym.training.rollout import rollout, rollout_batched
+from tracegym.training.rollout import rollout
 from tracegym.training.router import apply_weights
 
 ALPHA = 0.05
@@ -106,39 +107,79 @@ def settled(
     return "hopeless" if best >= threshold else None
 
 
+@dataclass(frozen=True)
+class EvalJob:
+    """One adapter's held-out cases: (environment, seed) pairs, from one environment or taken in
+    turn from the environments of its capability (each from its own held-out seed range)."""
+
+    adapter_id: str
+    cases: tuple[tuple[Any, int], ...]
+
+    @classmethod
+    def of(cls, env: Any, adapter_id: str, seeds: Sequence[int]) -> EvalJob:
+        return cls(adapter_id, tuple((env, int(s)) for s in seeds))
+
+    @classmethod
+    def spread(cls, envs: Sequence[Any], adapter_id: str, n: int) -> EvalJob:
+        """`n` cases over `envs` in turn: case i is envs[i % k] on that env's (i // k)-th
+        held-out seed, so every prefix of the cases covers the environments evenly."""
+        cases = []
+        for i in range(n):
+            env = envs[i % len(envs)]
+            h0, h1 = env.spec.heldout_seeds if env.spec is not None else (1_000_000, 1_001_000)
+            if h0 + i // len(envs) < h1:
+                cases.append((env, h0 + i // len(envs)))
+        return cls(adapter_id, tuple(cases))
+
+    @property
+    def env_ids(self) -> list[str]:
+        return list(dict.fromkeys(env.env_id for env, _ in self.cases))
+
+    def head(self, start: int, stop: int) -> EvalJob:
+        return EvalJob(self.adapter_id, self.cases[start:stop])
+
+
 def _run(
     policy: Policy,
-    env: Any,
-    seeds: Sequence[int],
+    cases: Sequence[tuple[Any, int]],
     adapter: str | None,
     batch_size: int = 8,
     **kw: Any,
 ) -> int:
-    """Greedy passes over `seeds`, generating for `batch_size` episodes at a time."""
+    """Greedy passes over `cases`, generating for `batch_size` episodes at a time."""
+    import copy
+
+    from tracegym.training.batching import map_batched
+
     if batch_size <= 1:
-        return sum(rollout(policy, env, s, adapter=adapter, **kw).passed for s in seeds)
-    results = rollout_batched(policy, env, seeds, batch_size=batch_size, adapter=adapter, **kw)
-    return sum(r.passed for r in results)
+        return sum(rollout(policy, copy.deepcopy(env), s, adapter=adapter, **kw).passed
+                   for env, s in cases)  # fmt: skip
+
+    def one(lane: Any, case: tuple[Any, int]) -> Any:
+        env, s = case
+        return rollout(policy, copy.deepcopy(env), s, adapter=adapter, lm=lane, **kw)
+
+    return sum(r.passed for r in map_batched(policy, one, list(cases), batch_size=batch_size))
 
 
 def run_arms(
     policy: Policy,
-    jobs: Sequence[tuple[Any, str, Sequence[int]]],
+    jobs: Sequence[EvalJob],
     batch_size: int = 8,
     **kw: Any,
 ) -> list[tuple[list[Any], list[Any]]]:
-    """(base rollouts, adapter rollouts) of each (env, adapter_id, seeds) job, every episode of
-    every job in the same waves: a lane decodes with its own adapter (or none), so the base and
-    the adapted arms, and all environments, share batched steps instead of queueing."""
+    """(base rollouts, adapter rollouts) of each job, every episode of every job in the same
+    waves: a lane decodes with its own adapter (or none), so the base and the adapted arms, and
+    all environments, share batched steps instead of queueing."""
     import copy
 
     from tracegym.training.batching import map_batched
 
     items = [
         (j, env, seed, adapter)
-        for j, (env, adapter_id, seeds) in enumerate(jobs)
-        for adapter in (None, adapter_id)
-        for seed in seeds
+        for j, job in enumerate(jobs)
+        for adapter in (None, job.adapter_id)
+        for env, seed in job.cases
     ]
 
     def one(lane: Any, item: tuple[int, Any, int, str | None]) -> Any:
@@ -156,7 +197,7 @@ def run_arms(
 def evaluate_capabilities(
     model: Any,
     tokenizer: Any,
-    jobs: Sequence[tuple[Any, str, Sequence[int]]],
+    jobs: Sequence[EvalJob],
     *,
     name: str = "policy",
     alpha: float = ALPHA,
@@ -164,25 +205,24 @@ def evaluate_capabilities(
     looks: int = 1,
     **rollout_kwargs: Any,
 ) -> list[dict[str, Any]]:
-    """`evaluate_capability` (without the router column) for each (env, adapter_id, seeds),
-    the base and adapted episodes of all of them batched together (`model` a PeftModel holding
-    every adapter). Greedy replies are each lane's own, so the rows are what the one-at-a-time
-    evaluation gives, up to float rounding in a different batch.
+    """`evaluate_job` (without the router column) for each job, the base and adapted episodes
+    of all of them batched together (`model` a PeftModel holding every adapter). Greedy replies
+    are each lane's own, so the rows are what the one-at-a-time evaluation gives, up to float
+    rounding in a different batch.
 
-    `looks` > 1 makes it sequential: the seeds run in `looks` rounds, and after each round an
-    adapter whose decision is already clear (`settled`) runs no more seeds; `alpha` is split
-    over the looks. An adapter at 0/6 -> 6/6 is promoted after one round of a 12-seed plan."""
+    `looks` > 1 makes it sequential: the cases run in `looks` rounds, and after each round an
+    adapter whose decision is already clear (`settled`) runs no more; `alpha` is split over the
+    looks. An adapter at 0/6 -> 6/6 is promoted after one round of a 12-case plan."""
     policy = Policy(model, tokenizer, name)
-    jobs = [(env, adapter_id, list(seeds)) for env, adapter_id, seeds in jobs]
     if batch_size <= 1 and looks <= 1:
         return [
-            evaluate_capability(model, tokenizer, env, adapter_id, seeds, name=name,
-                                alpha=alpha, batch_size=batch_size, **rollout_kwargs)
-            for env, adapter_id, seeds in jobs
+            evaluate_job(model, tokenizer, job, name=name, alpha=alpha, batch_size=batch_size,
+                         **rollout_kwargs)
+            for job in jobs
         ]  # fmt: skip
     runs: list[tuple[list[Any], list[Any]]] = [([], []) for _ in jobs]
     stops: list[str | None] = [None] * len(jobs)
-    plans = [look_sizes(len(seeds), looks) for _, _, seeds in jobs]
+    plans = [look_sizes(len(job.cases), looks) for job in jobs]
 
     def passed(results: list[Any]) -> dict[str, Any]:
         return rate(sum(r.passed for r in results), len(results))
@@ -191,37 +231,38 @@ def evaluate_capabilities(
         todo = [
             j for j in range(len(jobs)) if stops[j] is None and plans[j][look] > len(runs[j][0])
         ]
-        chunk = [(env, adapter_id, seeds[len(runs[j][0]) : plans[j][look]])
-                 for j, (env, adapter_id, seeds) in ((j, jobs[j]) for j in todo)]  # fmt: skip
+        chunk = [jobs[j].head(len(runs[j][0]), plans[j][look]) for j in todo]
         arms = run_arms(policy, chunk, batch_size=batch_size, **rollout_kwargs) if todo else []
         for j, (base, adapted) in zip(todo, arms, strict=True):
             runs[j][0].extend(base)
             runs[j][1].extend(adapted)
             if look < looks - 1:
-                planned = len(jobs[j][2])
+                planned = len(jobs[j].cases)
                 stops[j] = settled(passed(runs[j][0]), passed(runs[j][1]), planned,
                                    alpha, looks)  # fmt: skip
     rows = []
-    for (env, adapter_id, seeds), (base, adapted), stop in zip(jobs, runs, stops, strict=True):
-        row = _row(env, adapter_id, seeds[: len(base)], passed(base), passed(adapted), alpha, looks)
+    for job, (base, adapted), stop in zip(jobs, runs, stops, strict=True):
+        row = _row(job.head(0, len(base)), passed(base), passed(adapted), alpha, looks)
         if looks > 1:
-            row["sequential"] = {"looks": looks, "planned": len(seeds), "run": len(base),
+            row["sequential"] = {"looks": looks, "planned": len(job.cases), "run": len(base),
                                  "stopped": stop}  # fmt: skip
             if stop is not None:
                 why = {"significant": "", "hopeless": ": the rest could not make it significant"}
-                row["reason"] += f"; stopped after {len(base)} of {len(seeds)} seeds{why[stop]}"
+                row["reason"] += f"; stopped after {len(base)} of {len(job.cases)} seeds{why[stop]}"
         rows.append(row)
     return rows
 
 
 def _row(
-    env: Any, adapter_id: str, seeds: list[int], base: dict[str, Any], adapted: dict[str, Any],
-    alpha: float, looks: int = 1,
-) -> dict[str, Any]:  # fmt: skip
+    job: EvalJob, base: dict[str, Any], adapted: dict[str, Any], alpha: float, looks: int = 1
+) -> dict[str, Any]:
     promoted, reason = decide(base, adapted, alpha, looks)
+    seeds = sorted(s for _, s in job.cases)
+    env_ids = job.env_ids
     return {
-        "env_id": env.env_id,
-        "adapter_id": adapter_id,
+        "env_id": "+".join(env_ids),
+        "env_ids": env_ids,
+        "adapter_id": job.adapter_id,
         "seeds": [seeds[0], seeds[-1]] if seeds else [],
         "base": base,
         "adapter": adapted,
@@ -238,33 +279,43 @@ def evaluate_capability(
     env: Any,
     adapter_id: str,
     seeds: Sequence[int],
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """`evaluate_job` on one environment's `seeds`."""
+    return evaluate_job(model, tokenizer, EvalJob.of(env, adapter_id, seeds), **kwargs)
+
+
+def evaluate_job(
+    model: Any,
+    tokenizer: Any,
+    job: EvalJob,
     *,
     name: str = "policy",
     route: Callable[[Any, int], Mapping[str, float]] | None = None,
     alpha: float = ALPHA,
     **rollout_kwargs: Any,
 ) -> dict[str, Any]:
-    """Greedy held-out success of the base model (adapters disabled), the base with
-    `adapter_id`, and (with `route`, a task's adapter weights: see `router.rounded`, so that
-    tasks with the same mixture run as one batch) the router."""
+    """Greedy held-out success of the base model (adapters disabled), the base with the job's
+    adapter, and (with `route`, a task's adapter weights: see `router.rounded`, so that tasks
+    with the same mixture run as one batch) the router."""
     policy = Policy(model, tokenizer, name)
-    seeds = list(seeds)
+    n = len(job.cases)
     with model.disable_adapter():
-        base = rate(_run(policy, env, seeds, None, **rollout_kwargs), len(seeds))
+        base = rate(_run(policy, job.cases, None, **rollout_kwargs), n)
     model.base_model.enable_adapter_layers()  # a router may have switched them off
-    model.set_adapter(adapter_id)
-    adapted = rate(_run(policy, env, seeds, adapter_id, **rollout_kwargs), len(seeds))
-    row = _row(env, adapter_id, seeds, base, adapted, alpha)
+    model.set_adapter(job.adapter_id)
+    adapted = rate(_run(policy, job.cases, job.adapter_id, **rollout_kwargs), n)
+    row = _row(job, base, adapted, alpha)
     if route is not None:
         # route every task, then run the tasks routed to the same mixture together
-        groups: dict[tuple[tuple[str, float], ...], list[int]] = {}
-        for s in seeds:
-            groups.setdefault(tuple(sorted(route(env, s).items())), []).append(s)
+        groups: dict[tuple[tuple[str, float], ...], list[tuple[Any, int]]] = {}
+        for env, s in job.cases:
+            groups.setdefault(tuple(sorted(route(env, s).items())), []).append((env, s))
         passed = 0
         for key, group in groups.items():
             use = apply_weights(model, dict(key))
-            passed += _run(policy, env, group, use, **rollout_kwargs)
-        row["router"] = rate(passed, len(seeds))
+            passed += _run(policy, group, use, **rollout_kwargs)
+        row["router"] = rate(passed, n)
     return row
 
 
@@ -291,9 +342,11 @@ def render_markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 
 __all__ = [
+    "EvalJob",
     "decide",
     "evaluate_capabilities",
     "evaluate_capability",
+    "evaluate_job",
     "gain",
     "gain_p_value",
     "look_sizes",

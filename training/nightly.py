@@ -82,6 +82,8 @@ class NightlyConfig:
     replay: str | None = None  # JSONL of the agent's passing conversations, mixed into training
     batch_size: int = 8  # evaluation episodes decoding together (base and adapted arms of
     # every environment share the waves when the router column is off)
+    adapter_per_action: bool = True  # environments teaching the same action train one adapter
+    # (training.capabilities); off: one adapter per environment
     eval_looks: int = 2  # with the router column off: the seeds run in this many rounds and an
     # adapter stops once its decision is clear, p split over the looks (evaluate.settled)
     date: str | None = None  # YYYY-MM-DD (default: today, UTC)
@@ -341,9 +343,11 @@ class _Night:
 
         return ensure_model(self.home, self.config.model)
 
-    def _train_key(self, env: Any, base_hash: str, config: Any) -> str:
-        spec = env.spec.to_dict() if env.spec is not None else {"env_id": env.env_id}
-        key = {"spec": spec, "base": base_hash, "config": config.to_dict()}
+    def _train_key(self, capability: Any, base_hash: str, config: Any) -> str:
+        specs = [e.spec.to_dict() if e.spec is not None else {"env_id": e.env_id}
+                 for e in capability.envs]  # fmt: skip
+        key = {"spec": specs[0] if len(specs) == 1 else specs, "base": base_hash,
+               "config": config.to_dict()}  # fmt: skip
         if self.config.replay:
             key["replay"] = _file_hash(Path(self.config.replay))
         return _hash_json(key)
@@ -357,6 +361,7 @@ class _Night:
     def stage_train(self) -> dict[str, Any]:
         from tracegym.synthesis import registry
         from tracegym.training import adapters
+        from tracegym.training.capabilities import capabilities
         from tracegym.training.sft import default_config, train_capability
 
         envs = registry.list_envs(self.home)
@@ -371,12 +376,19 @@ class _Night:
         trained: list[str] = []
         kept: list[str] = []
         failed: list[dict[str, str]] = []
+        loaded = []
         for item in envs:
-            env_id = item["env_id"]
             try:
-                env = registry.load(self.home, env_id)
-                adapter_id = adapters.adapter_id_for(env.env_id)
-                key = self._train_key(env, base_hash, config)
+                loaded.append(registry.load(self.home, item["env_id"]))
+            except _PASS_THROUGH:
+                raise
+            except Exception as exc:  # this environment only: record it, train the others
+                failed.append(self.failed("train", item["env_id"], exc, env_id=item["env_id"]))
+        by_action = self.config.adapter_per_action and config.mode != "grpo"
+        for capability in capabilities(loaded, by_action=by_action):
+            adapter_id = capability.adapter_id
+            try:
+                key = self._train_key(capability, base_hash, config)
                 existing = self._adapter(adapter_id)
                 if existing is not None and existing.get("train_key") == key:
                     # trained earlier tonight (a resumed run) or on an earlier night
@@ -384,14 +396,15 @@ class _Night:
                     continue
                 self.progress("train", f"training {adapter_id}")
                 train_capability(
-                    self.home, env, folder, config, evaluate=False, on_step=self.on_step,
+                    self.home, capability, folder, config, evaluate=False, on_step=self.on_step,
                     replay=replay,
                 )  # fmt: skip
                 adapters.update(self.home, adapter_id, train_key=key, night=self.date)
             except _PASS_THROUGH:
                 raise
-            except Exception as exc:  # this environment only: record it, train the others
-                failed.append(self.failed("train", env_id, exc, env_id=env_id))
+            except Exception as exc:  # this capability only: record it, train the others
+                ids = "+".join(capability.env_ids)
+                failed.append(self.failed("train", ids, exc, env_id=ids))
                 continue
             trained.append(adapter_id)
             self.inject("train:after-adapter")
@@ -412,9 +425,8 @@ class _Night:
             return None
 
     def stage_evaluate(self) -> dict[str, Any]:
-        from tracegym.synthesis import registry
         from tracegym.training import adapters
-        from tracegym.training.evaluate import evaluate_capability
+        from tracegym.training.evaluate import evaluate_job
         from tracegym.training.model import load_policy
         from tracegym.training.router import (
             Router,
@@ -461,17 +473,12 @@ class _Night:
                 rows = []
         for adapter_id in todo:
             try:
-                meta = adapters.show(self.home, adapter_id)
-                env = registry.load(self.home, meta["capability"]["env_id"])
-                h0, h1 = env.spec.heldout_seeds
-                seeds = list(range(h0, min(h1, h0 + self.config.eval_seeds)))
+                job = self._job(adapter_id)
                 self.progress("evaluate", f"evaluating {adapter_id}")
-                row = evaluate_capability(
+                row = evaluate_job(
                     model,
                     policy.tokenizer,
-                    env,
-                    adapter_id,
-                    seeds,
+                    job,
                     name=policy.name,
                     route=route if router is not None and self.config.route else None,
                     max_new_tokens=self.config.max_new_tokens,
@@ -497,25 +504,28 @@ class _Night:
             )
         return {"status": _status(failed), "rows": rows, "routing": routing, "failed": failed}
 
+    def _job(self, adapter_id: str) -> Any:
+        """The adapter's held-out cases: `eval_seeds` of them, over its environments in turn."""
+        from tracegym.synthesis import registry
+        from tracegym.training import adapters
+        from tracegym.training.capabilities import env_ids_of
+        from tracegym.training.evaluate import EvalJob
+
+        meta = adapters.show(self.home, adapter_id)
+        envs = [registry.load(self.home, env_id) for env_id in env_ids_of(meta)]
+        return EvalJob.spread(envs, adapter_id, self.config.eval_seeds)
+
     def _evaluate_together(
         self, model: Any, policy: Any, todo: list[str]
     ) -> list[dict[str, Any]] | None:
         """Every adapter's base and adapted arms in shared waves (`evaluate_capabilities`), the
         rows recorded as the one-at-a-time loop records them; None when any of it fails, so the
         loop redoes them one by one and records which adapter failed."""
-        from tracegym.synthesis import registry
         from tracegym.training import adapters
         from tracegym.training.evaluate import evaluate_capabilities
 
         try:
-            jobs = []
-            for adapter_id in todo:
-                meta = adapters.show(self.home, adapter_id)
-                env = registry.load(self.home, meta["capability"]["env_id"])
-                h0, h1 = env.spec.heldout_seeds
-                jobs.append(
-                    (env, adapter_id, list(range(h0, min(h1, h0 + self.config.eval_seeds))))
-                )
+            jobs = [self._job(adapter_id) for adapter_id in todo]
             self.progress("evaluate", f"evaluating {', '.join(todo)} together")
             rows = evaluate_capabilities(
                 model, policy.tokenizer, jobs, name=policy.name,

@@ -178,20 +178,21 @@ def apply_weights(model: Any, weights: Mapping[str, float], name: str = COMBINED
 def heldout_tasks(
     home: str | Path, adapter_ids: Iterable[str], n: int = 20
 ) -> list[tuple[str, str]]:
-    """(request, adapter_id) pairs from each adapter's environment's held-out tasks."""
+    """(request, adapter_id) pairs from the held-out tasks of each adapter's environments."""
     from tracegym.training import adapters
+    from tracegym.training.capabilities import env_ids_of
 
     out = []
     for adapter_id in adapter_ids:
-        env_id = adapters.show(home, adapter_id)["capability"]["env_id"]
-        path = Path(home) / "envs" / env_id / "tasks_heldout.jsonl"
-        if not path.exists():
-            continue
-        with path.open(encoding="utf-8") as handle:
-            for i, line in enumerate(handle):
-                if i >= n:
-                    break
-                out.append((json.loads(line)["observation"]["content"], adapter_id))
+        for env_id in env_ids_of(adapters.show(home, adapter_id)):
+            path = Path(home) / "envs" / env_id / "tasks_heldout.jsonl"
+            if not path.exists():
+                continue
+            with path.open(encoding="utf-8") as handle:
+                for i, line in enumerate(handle):
+                    if i >= n:
+                        break
+                    out.append((json.loads(line)["observation"]["content"], adapter_id))
     return out
 
 

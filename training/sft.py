@@ -616,7 +616,9 @@ def train_capability(
     on_step: StepCallback | None = None,
     replay: Sequence[Sequence[dict[str, str]]] = (),
 ) -> dict[str, Any]:
-    """Data -> LoRA adapter -> registry -> held-out evaluation -> promotion, for one environment.
+    """Data -> LoRA adapter -> registry -> held-out evaluation -> promotion, for one environment
+    or a `Capability` (environments teaching the same action: one adapter on their mixed
+    demonstrations, `config.train_seeds` shared out over them; see training.capabilities).
 
     `replay`: conversations of the agent's own verifier-passing runs, mixed into the data so
     the adapter keeps the agent's conventions (its prompt, its first steps) while it learns the
@@ -627,74 +629,78 @@ def train_capability(
     "evaluate" (done 0 of the held-out seeds when it starts, all of them when it ends).
     Returns the adapter's metadata (with `metrics.eval`, `promoted`, `promotion`)."""
     from tracegym.training import adapters
-    from tracegym.training.evaluate import evaluate_capability
+    from tracegym.training.capabilities import Capability, capabilities, split_seeds
+    from tracegym.training.evaluate import EvalJob, evaluate_job
     from tracegym.training.model import load_policy, weights_hash
 
+    capability = env if isinstance(env, Capability) else capabilities([env])[0]
+    envs = capability.envs
     policy = load_policy(model_folder)
     config = config or default_config(policy.name)
-    spec = env.spec
-    t0, t1 = spec.train_seeds if spec is not None else (0, 10_000)
-    h0, h1 = spec.heldout_seeds if spec is not None else (1_000_000, 1_001_000)
-    train_seeds = list(range(t0, min(t1, t0 + config.train_seeds)))
-    data = capability_data(
-        env,
-        train_seeds,
-        policy=policy if config.samples else None,
-        samples=config.samples,
-        seed=config.seed,
-        on_step=on_step,
-    )
+    if config.mode == "grpo" and len(envs) > 1:
+        raise ValueError("GRPO trains on one environment; train a capability's one by one")
+    shares = split_seeds(config.train_seeds, envs)
+    conversations: list[list[dict[str, str]]] = []
+    instructions: list[str] = []
+    demonstrations = sampled = attempted = 0
+    for member, seeds in zip(envs, shares, strict=True):
+        data = capability_data(
+            member,
+            seeds,
+            policy=policy if config.samples else None,
+            samples=config.samples,
+            seed=config.seed,
+            on_step=on_step,
+        )
+        conversations += data.conversations
+        instructions += data.instructions
+        demonstrations += data.demonstrations
+        sampled += data.sampled
+        attempted += data.attempted
     if replay:
-        data.conversations.extend([list(c) for c in rehearsal_for(env, replay)])
-    adapter_id = adapters.adapter_id_for(env.env_id)
+        conversations.extend([list(c) for c in rehearsal_for(envs[0], replay)])
+    adapter_id = capability.adapter_id
     if config.mode == "grpo":
         warm = config.warm_start_steps if config.warm_start_steps is not None else config.steps
         model, sft_metrics = train_adapter(
-            policy, data.conversations, config, adapter_id, steps=warm, on_step=on_step
+            policy, conversations, config, adapter_id, steps=warm, on_step=on_step
         )
         model, metrics = train_grpo(
-            policy, env, train_seeds, config, adapter_id, model=model, on_step=on_step
+            policy, envs[0], shares[0], config, adapter_id, model=model, on_step=on_step
         )
         metrics_dict = {**metrics.to_dict(), "sft": sft_metrics.to_dict()}
     else:
-        model, metrics = train_adapter(
-            policy, data.conversations, config, adapter_id, on_step=on_step
-        )
+        model, metrics = train_adapter(policy, conversations, config, adapter_id, on_step=on_step)
         metrics_dict = metrics.to_dict()
-    metrics_dict.update(
-        demonstrations=data.demonstrations, sampled=data.sampled, attempted=data.attempted
-    )
-    gap = spec.gap if spec is not None else {}
-    router = [str(gap.get("name") or ""), str(gap.get("description") or "")]
-    router = [t for t in router if t] + data.instructions[:64]
+    metrics_dict.update(demonstrations=demonstrations, sampled=sampled, attempted=attempted)
+    router: list[str] = []
+    for member in envs:
+        gap = (member.spec.gap if member.spec is not None else {}) or {}
+        router += [t for t in (str(gap.get("name") or ""), str(gap.get("description") or "")) if t]
+    router += instructions[:64]
     adapters.save_adapter(
         home,
         model,
         adapter_id,
-        capability={
-            "id": gap.get("id") or env.env_id,
-            "name": gap.get("name") or env.env_id,
-            "env_id": env.env_id,
-            "family": env.family,
-        },
+        capability=capability.meta(),
         base_model={
             "name": policy.name,
             "hash": weights_hash(model_folder),
             "folder": str(model_folder),
         },
-        data_hash=data.hash,
+        data_hash=data_hash(conversations),
         hyperparameters=config.to_dict(),
         train_metrics=metrics_dict,
         router_texts=router,
     )
     if not evaluate:
         return adapters.show(home, adapter_id)
-    seeds = list(range(h0, min(h1, h0 + eval_seeds)))
+    job = EvalJob.spread(envs, adapter_id, eval_seeds)
     if on_step is not None:
-        on_step(TrainStep("evaluate", 0, len(seeds), name=adapter_id))
-    row = evaluate_capability(model, policy.tokenizer, env, adapter_id, seeds, name=policy.name)
+        on_step(TrainStep("evaluate", 0, len(job.cases), name=adapter_id))
+    row = evaluate_job(model, policy.tokenizer, job, name=policy.name)
     if on_step is not None:
-        on_step(TrainStep("evaluate", len(seeds), len(seeds), name=adapter_id))
+        on_step(TrainStep("evaluate", len(job.cases), len(job.cases), name=adapter_id))
     return adapters.update(
         home, adapter_id, eval=row, promoted=row["promoted"], promotion=row["reason"]
     )

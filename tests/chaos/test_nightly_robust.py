@@ -47,10 +47,10 @@ def _no_examples_for(monkeypatch: pytest.MonkeyPatch, env_id: str) -> None:
     path of sft.train_adapter, as with the demo's budget environment."""
     real = sft.train_capability
 
-    def train(home, env, folder, config, **kwargs):
-        if env.env_id == env_id:
+    def train(home, capability, folder, config, **kwargs):
+        if env_id in capability.env_ids:
             config = dataclasses.replace(config, max_length=4)
-        return real(home, env, folder, config, **kwargs)
+        return real(home, capability, folder, config, **kwargs)
 
     monkeypatch.setattr(sft, "train_capability", train)
 
@@ -82,21 +82,21 @@ def test_an_adapter_that_cannot_be_evaluated_is_recorded_and_the_others_are(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     home = _home(tmp_path, "toy-a", "toy-b")
-    real = evaluate.evaluate_capability
+    real = evaluate.evaluate_job
     real_together = evaluate.evaluate_capabilities
     crash = RuntimeError("CUDA error: device-side assert triggered\n(more detail)")
 
-    def broken(model, tokenizer, env, adapter_id, *args, **kwargs):
-        if adapter_id == "toy-a":
+    def broken(model, tokenizer, job, *args, **kwargs):
+        if job.adapter_id == "toy-a":
             raise crash
-        return real(model, tokenizer, env, adapter_id, *args, **kwargs)
+        return real(model, tokenizer, job, *args, **kwargs)
 
     def broken_together(model, tokenizer, jobs, **kwargs):
-        if any(adapter_id == "toy-a" for _, adapter_id, _ in jobs):
+        if any(job.adapter_id == "toy-a" for job in jobs):
             raise crash  # the shared waves fail as a whole: the nightly redoes them one by one
         return real_together(model, tokenizer, jobs, **kwargs)
 
-    monkeypatch.setattr(evaluate, "evaluate_capability", broken)
+    monkeypatch.setattr(evaluate, "evaluate_job", broken)
     monkeypatch.setattr(evaluate, "evaluate_capabilities", broken_together)
     result = _nightly(home)
     assert result.exit_code == 0, result.output
