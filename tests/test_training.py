@@ -223,6 +223,31 @@ def test_sequential_evaluation_stops_each_adapter_once_clear(monkeypatch):
     assert by["unclear"]["seeds"] == [100, 111]
 
 
+def test_precision_is_checked_and_bf16_only_where_native():
+    import torch
+    from tracegym.training.sft import TrainConfig, autocast_dtype, native_bf16
+
+    with pytest.raises(ValueError, match="precision must be one of"):
+        TrainConfig(precision="fp16")
+    assert native_bf16("cpu", "flags : fpu avx2 avx512f avx512_bf16") is True
+    assert native_bf16("cpu", "flags : fpu avx2 avx512f") is False
+    assert native_bf16("mps", "avx512_bf16") is False
+    assert autocast_dtype("fp32", "cpu") is None and autocast_dtype("bf16", "cpu") is torch.bfloat16
+    assert autocast_dtype("auto", "cpu") == (torch.bfloat16 if native_bf16("cpu") else None)
+
+
+def test_sft_under_bf16_autocast_learns_and_keeps_fp32_weights():
+    import torch
+
+    policy = tiny_model()
+    data = capability_data(press_env(), range(8))
+    config = default_config("tiny", steps=10, precision="bf16")
+    model, metrics = train_adapter(policy, data.conversations, config, "x")
+    assert metrics.loss_last < metrics.loss_first
+    lora = [p for n, p in model.named_parameters() if "lora_" in n]
+    assert lora and all(p.dtype == torch.float32 for p in lora)
+
+
 def test_sft_on_in_memory_model_lowers_loss():
     policy = tiny_model()
     data = capability_data(press_env(), range(8))
