@@ -74,3 +74,27 @@ def test_a_capability_trains_one_adapter_on_its_environments(tmp_path):
     assert row["env_ids"] == ["press-a", "press-b"] and row["base"]["n"] == 4
     texts = adapters.router_texts(tmp_path, capability.adapter_id)
     assert "gap of press-a" in texts and "gap of press-b" in texts
+
+
+def test_the_nightly_trains_one_adapter_for_environments_of_one_action(tmp_path):
+    pytest.importorskip("peft")
+    import json
+
+    from tracegym.cli import app
+    from tracegym.synthesis import registry
+    from typer.testing import CliRunner
+
+    for env_id in ("press-a", "press-b"):
+        registry.register(tmp_path, env(env_id, "press"), n_train=8, n_heldout=4, validity_seeds=10)
+    registry.register(tmp_path, env("alone", None), n_train=8, n_heldout=4, validity_seeds=10)
+    night = ["nightly", "--model", "tiny", "--steps", "2", "--eval-seeds", "4"]
+    night += ["--embedder", "hash", "--no-route", "--date", "2026-01-02"]
+    result = CliRunner().invoke(app, ["--home", str(tmp_path), *night])
+    assert result.exit_code == 0, result.output
+    stages = tmp_path / "nightly" / "2026-01-02" / "stages"
+    train = json.loads((stages / "train.json").read_text())
+    [group] = capabilities([env("press-a", "press"), env("press-b", "press")])
+    assert sorted(train["trained"]) == sorted([group.adapter_id, "alone"])
+    rows = {r["adapter_id"]: r for r in json.loads((stages / "evaluate.json").read_text())["rows"]}
+    assert rows[group.adapter_id]["env_ids"] == ["press-a", "press-b"]
+    assert rows["alone"]["env_ids"] == ["alone"]
