@@ -57,13 +57,12 @@ def capabilities(envs: Iterable[Any], *, by_action: bool = True) -> list[Capabil
     one environment (`adapter_id_for(env_id)`), so nights without shared actions name their
     adapters as before. A group's id is its action and a hash of its environments, so a new
     environment for the action makes a new adapter rather than silently retraining an old one."""
-    groups: dict[str, list[Any]] = {}
+    groups: dict[tuple[str | None, str], list[Any]] = {}
     for env in envs:
         action = action_of(env) if by_action else None
-        groups.setdefault(f"action:{action}" if action else f"env:{env.env_id}", []).append(env)
+        groups.setdefault((action, "" if action else env.env_id), []).append(env)
     out = []
-    for members in groups.values():
-        action = action_of(members[0]) if by_action else None
+    for (action, _), members in groups.items():
         if len(members) == 1:
             out.append(Capability(adapter_id_for(members[0].env_id), (members[0],), action))
             continue

@@ -346,6 +346,7 @@ class _Night:
     def _train_key(self, capability: Any, base_hash: str, config: Any) -> str:
         specs = [e.spec.to_dict() if e.spec is not None else {"env_id": e.env_id}
                  for e in capability.envs]  # fmt: skip
+        # one environment keys as it did before capabilities: its adapter is not retrained
         key = {"spec": specs[0] if len(specs) == 1 else specs, "base": base_hash,
                "config": config.to_dict()}  # fmt: skip
         if self.config.replay:
