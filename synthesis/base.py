@@ -358,8 +358,9 @@ class Environment:
     def verify(self, episode: Episode) -> Verdict:
         """Score an episode from the final state and the actions taken.
 
-        `Task.goal` is a `Goal` (synthesis/goal.py: required and forbidden calls, opening, order,
-        verify_after, grounded, max_invalid, memory, answer includes/excludes, amounts); its
+        `Task.goal` is a `Goal` (synthesis/goal.py: required and forbidden calls, forbidden
+        attempts, opening, order, verify_after, grounded, max_invalid, memory, answer
+        includes/excludes, amounts); its
         `state_hash` defaults to the state the oracle reaches (`expected_state_hash`).
         Reward: 0.6 x share of action checks passed + 0.4 x share of communication checks.
         """
@@ -403,6 +404,15 @@ class Environment:
                 "action",
                 ok,
                 f"{_describe(pattern)} {'was not' if ok else 'was'} called",
+            )
+        tried = [s["action"] for s in episode.calls]
+        for pattern in goal.forbidden_attempts:
+            ok = not any(call_matches(c, pattern) for c in tried)
+            add(
+                "forbidden_attempt",
+                "action",
+                ok,
+                f"{_describe(pattern)} {'was not' if ok else 'was'} tried",
             )
         opening = list(goal.opening)
         if opening:

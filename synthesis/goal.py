@@ -21,6 +21,7 @@ class Goal:
 
     required_calls: list[Call] = field(default_factory=list)  # must have run (exact arguments)
     forbidden_calls: list[Call] = field(default_factory=list)  # must not have run
+    forbidden_attempts: list[Call] = field(default_factory=list)  # not even tried (errors too)
     opening: list[str] = field(default_factory=list)  # the first successful calls, in order
     order: list[tuple[Call | str, Call | str]] = field(default_factory=list)  # before, after
     verify_after: list[tuple[Call, Call]] = field(default_factory=list)  # check after write

@@ -61,12 +61,12 @@ def test_wording_needs_requests_that_share_it():
                        ("What a lovely day it is", None)])  # fmt: skip
 
 
-def _catalog():
+def _catalog(statuses=("pending",)):
     traces = [
         [{"tool": "find_user", "arguments": {"email": f"{name}{i}@mail.com"},
           "result": {"user_id": f"U{100 + i}", "orders": [f"O{1000 + i}"]}},
          {"tool": "get_order", "arguments": {"order_id": f"O{1000 + i}"},
-          "result": {"order_id": f"O{1000 + i}", "status": "pending"}}]
+          "result": {"order_id": f"O{1000 + i}", "status": statuses[i % len(statuses)]}}]
         for i, name in enumerate(["ana", "ben", "cleo", "dan", "eva", "finn"] * 3)
     ]  # fmt: skip
     return infer_catalog(traces)
@@ -178,6 +178,45 @@ def test_an_action_never_called_on_a_record_the_user_names(lookups):
     other = task.goal.forbidden_calls[0]  # the user's other order: left alone
     assert not run_actions(env, 3, [*task.oracle[:-1], other, answer])[1].passed
     assert check_environment(env, 60).ok
+
+
+def test_the_state_the_definition_names_is_the_only_one_acted_in():
+    """refund_order was never called, so no status rule can be mined; its definition says it
+    refunds a delivered order: a share of the tasks name an order in another observed state,
+    which the oracle looks up and leaves alone, saying why; refunding it fails the task."""
+    text = "Refund a delivered order. Pending orders are cancelled."
+    described = {"type": "function", "function": {**REFUND["function"], "description": text}}
+    conventions = Conventions(runs=10, tools=[FIND, described], opening=["find_user"])
+    catalog = _catalog(("pending", "shipped", "delivered"))
+    spec = build_spec(_refund_gap(), catalog, conventions)
+    status = spec.roles["status"]
+    assert status["allowed"] == ["delivered"] and status["refused"] == ["pending", "shipped"]
+    env = from_spec(spec)
+    kinds = {"refunded": 0, "left": 0}
+    for seed in range(40):
+        task = env.make_task(seed)
+        names = [a.get("name") for a in task.oracle if "name" in a]
+        assert names[:2] == ["find_user", "get_order"]  # looked up first, always
+        target = task.oracle[1]["arguments"]["order_id"]
+        answer = task.oracle[-1]
+        if "refund_order" in names:
+            kinds["refunded"] += 1
+            assert not run_actions(env, seed, [*task.oracle[:2], answer])[1].passed
+        else:
+            kinds["left"] += 1
+            refund = {"name": "refund_order", "arguments": {"order_id": target}}
+            assert not run_actions(env, seed, [*task.oracle[:-1], refund, answer])[1].passed
+            # not even tried, on a record that does not exist (an error is still an attempt)
+            junk = {"name": "refund_order", "arguments": {"order_id": "no-such-order"}}
+            assert not run_actions(env, seed, [*task.oracle[:-1], junk, answer])[1].passed
+            assert "unchanged" in answer["answer"]
+        assert run_actions(env, seed, task.oracle)[1].passed
+    assert min(kinds.values()) >= 10, kinds  # about half and half
+    assert check_environment(env, 60).ok
+    # without the description's word, nothing is refused (as before)
+    plain = build_spec(_refund_gap(), catalog, Conventions(runs=10, tools=[FIND, REFUND],
+                                                           opening=["find_user"]))  # fmt: skip
+    assert not (plain.roles.get("status") or {}).get("refused")
 
 
 def test_an_action_on_a_record_needs_a_read_that_shows_it():

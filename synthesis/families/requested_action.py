@@ -13,6 +13,7 @@ from tracegym.analysis.gap import Gap
 from tracegym.analysis.tool_kinds import is_read_tool
 from tracegym.synthesis.base import Action, Environment, Task
 from tracegym.synthesis.conventions import Conventions
+from tracegym.synthesis.described_rules import definition_text, with_described_refusals
 from tracegym.synthesis.families.chain import (
     SYSTEM_PROMPT,
     ChainEnvironment,
@@ -324,7 +325,10 @@ class RequestedRecordActionEnv(ChainEnvironment):
     Like `RequestedActionEnv` it needs no recorded call of the action: an action never called is
     known from its definition, its id argument from the read that takes the same argument.
     What it does to the record is unknown then, so the world logs the write and changes
-    nothing the traces never showed; no status rule was mined for it, so none is enforced.
+    nothing the traces never showed. No status rule can be mined for it; where its definition
+    names the state it acts in (`described_rules`), that rule is taught: a share of the records
+    the user names (`refused_share`) are in another state, and the agent looks them up and
+    leaves them alone.
     """
 
     family = "requested_action"
@@ -336,7 +340,7 @@ class RequestedRecordActionEnv(ChainEnvironment):
         self.template: str = spec.extra.get("requested", {}).get("template", "")
 
     def default_knobs(self) -> dict[str, Any]:
-        return {"targets": 1, "distractors": 1, "slack": 4}
+        return {"targets": 1, "distractors": 1, "slack": 4, "refused_share": 0.5}
 
     def levels(self) -> list[dict[str, Any]]:
         base = dict(self.knobs)
@@ -361,6 +365,9 @@ class RequestedRecordActionEnv(ChainEnvironment):
             catalog = with_defined_tool(catalog, definition, conv.lookups.get(action))
         spec = super().build_spec(gap, catalog, conv)
         roles = Roles.from_dict(spec.roles)
+        roles.status = with_described_refusals(roles.status, spec.catalog, action, roles.lookup,
+                                               definition_text(definition))  # fmt: skip
+        spec.roles = roles.to_dict()
         ids = _any_format(spec.catalog.tools[action].arguments[roles.id_arg].formats)
         owner = spec.catalog.tools[roles.owner].arguments.get(roles.owner_arg or "") if (
             roles.owner) else None  # fmt: skip
@@ -374,17 +381,40 @@ class RequestedRecordActionEnv(ChainEnvironment):
     def generate(self, seed: int) -> Task:
         k = self.knobs
         n = max(int(k["targets"]), 1)
-        ctx = self.world_ctx(seed, n_targets=n, n_entities=n + int(k.get("distractors", 0)))
         r = self.roles
+        # with a status rule that refuses some states, a share of the targets are in one: the
+        # agent looks each record up and acts only on those the rule allows
+        refusing = bool(r.status and r.status.get("refused"))
+        pick = random.Random(f"{self.family}:refused:{seed}")
+        share = float(k.get("refused_share", 0.5)) if refusing else 0.0
+        n_refused = sum(pick.random() < share for _ in range(n))
+        ctx = self.world_ctx(seed, n_targets=n, n_entities=n + int(k.get("distractors", 0)),
+                             refused=n_refused)  # fmt: skip
         oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []
         goal = Goal(required_calls=[], forbidden_calls=[], answer_includes=[])
+        done, left = [], []
         for t in ctx.targets:
-            oracle.append(self.action_call(ctx, t))  # the lookup before it: the conventions'
-            goal.required_calls.append(self.action_call(ctx, t))
+            act = {"name": r.action, "arguments": {r.id_arg: t}}
+            if refusing:
+                read = self.lookup_call(t, ctx)
+                oracle.append(read)
+                goal.required_calls.append(read)
+            if self.allowed(ctx, t):
+                oracle.append(self.action_call(ctx, t))  # (the conventions' lookup before it)
+                goal.required_calls.append(self.action_call(ctx, t))
+                if refusing:
+                    goal.order.append((read, act))
+                done.append(t)
+            else:
+                goal.forbidden_calls.append(act)
+                goal.answer_includes.append(str(self.status_of(ctx, t)))
+                left.append(t)
             goal.answer_includes.append(t)
         for other in ctx.entities[n:]:
             goal.forbidden_calls.append({"name": r.action, "arguments": {r.id_arg: other}})
-        oracle.append({"answer": self.answer(ctx, ctx.targets, [])})
+        if not done:  # nothing to act on: not even an attempt of the action, on any record
+            goal.forbidden_attempts.append({"name": r.action})
+        oracle.append({"answer": self.answer(ctx, done, left)})
         return self.build_task(seed, ctx, self.instruction(ctx), goal, oracle)
 
     def instruction(self, ctx: Ctx) -> str:
