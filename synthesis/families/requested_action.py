@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from collections.abc import Mapping
@@ -385,9 +386,10 @@ class RequestedRecordActionEnv(ChainEnvironment):
         # with a status rule that refuses some states, a share of the targets are in one: the
         # agent looks each record up and acts only on those the rule allows
         refusing = bool(r.status and r.status.get("refused"))
-        pick = random.Random(f"{self.family}:refused:{seed}")
         share = float(k.get("refused_share", 0.5)) if refusing else 0.0
-        n_refused = sum(pick.random() < share for _ in range(n))
+        # exactly `share` of the targets of any run of consecutive seeds (one target: every
+        # other seed), so each look of an evaluation over consecutive seeds sees both kinds
+        n_refused = min(n, math.floor((seed + 1) * share * n) - math.floor(seed * share * n))
         ctx = self.world_ctx(seed, n_targets=n, n_entities=n + int(k.get("distractors", 0)),
                              refused=n_refused)  # fmt: skip
         oracle: list[Action] = self.owner_chain(ctx) if ctx.needs_owner else []
