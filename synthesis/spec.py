@@ -495,7 +495,9 @@ def _arg_schema(name: str, values: list[Any], calls: int) -> ArgSchema:
         strings = [v for v in values if isinstance(v, str)]
     if strings:
         counts = Counter(strings)
-        arg.examples = [v for v, _ in counts.most_common(MAX_EXAMPLES)]
+        # ties by value, not by the order the traces came in (their ids are random)
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        arg.examples = [v for v, _ in ranked[:MAX_EXAMPLES]]
         arg.formats = formats_of(strings)
         words = [v for v in counts if is_wordlike(v) or " " in v]
         if (
@@ -678,7 +680,10 @@ def catalog_from_store(home: str | Path, where: str = "") -> Catalog:
     condition = f"WHERE trace_id IN (SELECT trace_id FROM traces WHERE {where})" if where else ""
     query = (
         "SELECT trace_id, tool, arguments, result, status, error_type FROM tool_calls "
-        f"{condition} ORDER BY trace_id, start_time, step_index NULLS LAST"
+        # traces in the order they started (their ids are random): the same runs, recorded
+        # twice, give the same catalog wherever first-seen order breaks a tie
+        f"{condition} ORDER BY min(start_time) OVER (PARTITION BY trace_id), trace_id, "
+        "start_time, step_index NULLS LAST"
     )
     with Store(home) as store:
         rows = store.sql(query).fetchall()

@@ -128,6 +128,8 @@ def learn_wording(requests: Sequence[tuple[str, str | None]]) -> Wording:
                 wording.values[k].append(value)
     if any(len(v) < MIN_REQUESTS for v in wording.values):
         raise WordingError("the requests do not share one wording")
+    # sorted: the same requests give the same wording, in whatever order the runs came
+    wording.values = [sorted(v) for v in wording.values]
     return wording
 
 

@@ -47,7 +47,8 @@ FIND = {
 def test_wording_keeps_the_fixed_words_and_collects_the_values():
     wording = learn_wording(REQUESTS)
     assert wording.slots == ["identity", "value"]
-    assert wording.values == [["53 Hill Ln", "88 Pine Rd", "33 Hill Ln"]]  # no full stop
+    assert wording.values == [["33 Hill Ln", "53 Hill Ln", "88 Pine Rd"]]  # no full stop, sorted
+    assert learn_wording(REQUESTS[::-1]) == wording  # whatever order the runs came in
     assert wording.fill("kai1@mail.com", ["1 Oak St"]) == (
         "Hi, my email is kai1@mail.com. Please change my address to 1 Oak St."
     )

@@ -489,3 +489,17 @@ def test_custom_environment_subclass():
     _, verdict = run_actions(env, 3, [{"name": "add", "arguments": {"n": 1}}, {"answer": "1"}])
     assert verdict.reward < 1
     assert not verdict.passed and "the final state differs" in verdict.reasons[0]
+
+
+def test_the_catalog_does_not_depend_on_the_order_of_the_traces():
+    """Trace ids are random, so the store's order of the same runs is too: examples tied in
+    count are ranked by value, and the same runs give the same catalog in any order."""
+    traces = [
+        [{"tool": "find_user", "arguments": {"email": f"{name}@mail.com"},
+          "result": {"user_id": f"U{i}", "status": ("gold", "silver")[i % 2]}}]
+        for i, name in enumerate(["cleo", "ana", "finn", "ben", "eva", "dan"] * 3)
+    ]  # fmt: skip
+    forward = infer_catalog(traces).to_dict()
+    assert forward == infer_catalog(traces[::-1]).to_dict()
+    emails = forward["tools"]["find_user"]["arguments"]["email"]["examples"]
+    assert emails == sorted(emails)
