@@ -9,7 +9,7 @@ delivered). Tool definitions often say the state they act on, in the name (tau-b
 order"). `described_status_rule` reads that: exactly one of the looked-up record's observed
 status values named in the tool's name, else in the first sentence of its description, is the
 state the action is allowed in; the other observed values are refused. Anything less clear
-gives no rule (as before).
+gives no rule.
 """
 
 from __future__ import annotations
