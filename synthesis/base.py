@@ -360,8 +360,8 @@ class Environment:
 
         `Task.goal` is a `Goal` (synthesis/goal.py: required and forbidden calls, forbidden
         attempts, opening, order, verify_after, grounded, max_invalid, memory, answer
-        includes/excludes, amounts); its
-        `state_hash` defaults to the state the oracle reaches (`expected_state_hash`).
+        includes/excludes, amounts); its `state_hash` defaults to the state the oracle reaches
+        (`expected_state_hash`).
         Reward: 0.6 x share of action checks passed + 0.4 x share of communication checks.
         """
         goal = episode.task.goal
@@ -397,23 +397,14 @@ class Environment:
                 ok,
                 f"{_describe(pattern)} {'was' if ok else 'was not'} called",
             )
-        for pattern in goal.forbidden_calls:
-            ok = not any(call_matches(c, pattern) for c in done_calls)
-            add(
-                "forbidden_call",
-                "action",
-                ok,
-                f"{_describe(pattern)} {'was not' if ok else 'was'} called",
-            )
-        tried = [s["action"] for s in episode.calls]
-        for pattern in goal.forbidden_attempts:
-            ok = not any(call_matches(c, pattern) for c in tried)
-            add(
-                "forbidden_attempt",
-                "action",
-                ok,
-                f"{_describe(pattern)} {'was not' if ok else 'was'} tried",
-            )
+        tried = [s["action"] for s in episode.calls]  # failed calls too
+        for name, patterns, calls, verb in (
+            ("forbidden_call", goal.forbidden_calls, done_calls, "called"),
+            ("forbidden_attempt", goal.forbidden_attempts, tried, "tried"),
+        ):
+            for pattern in patterns:
+                ok = not any(call_matches(c, pattern) for c in calls)
+                add(name, "action", ok, f"{_describe(pattern)} {'was not' if ok else 'was'} {verb}")
         opening = list(goal.opening)
         if opening:
             head = [c.get("name") for c in done_calls[: len(opening)]]

@@ -19,20 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tracegym.synthesis.spec import Catalog, StatusRule
-
-STATUS_FIELD = "status"  # the field `world.synthetic_status` reads the observed values of
-
-
-def observed_statuses(catalog: Catalog, lookup: str | None) -> list[str]:
-    """The string values the lookup's recorded results showed in their status field."""
-    tool = catalog.tools.get(lookup or "")
-    if tool is None or tool.result.get("type") != "object":
-        return []
-    facts = (tool.result.get("properties") or {}).get(STATUS_FIELD) or {}
-    if facts.get("type") != "string":
-        return []
-    values = facts.get("enum") or facts.get("examples") or ()
-    return sorted({v for v in values if isinstance(v, str) and v.strip()})
+from tracegym.synthesis.world import STATUS_FIELD, observed_statuses
 
 
 def _named(values: list[str], text: str) -> list[str]:

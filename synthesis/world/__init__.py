@@ -68,8 +68,10 @@ from tracegym.synthesis.world.json_paths import (
     shape_at,
 )
 from tracegym.synthesis.world.roles import (
+    STATUS_FIELD,
     Roles,
     infer_roles,
+    observed_statuses,
     synthetic_status,
 )
 from tracegym.synthesis.world.state import (
@@ -90,6 +92,7 @@ __all__ = [
     "MEMORY_SEARCH",
     "MEMORY_TOOLS",
     "MEMORY_UPDATE",
+    "STATUS_FIELD",
     "Gen",
     "Maker",
     "NotSynthesizable",
@@ -118,6 +121,7 @@ __all__ = [
     "leaf_paths_cached",
     "loosen",
     "money",
+    "observed_statuses",
     "path_tokens",
     "public_state",
     "replace_at",

@@ -272,19 +272,29 @@ def infer_roles(catalog: Catalog, action: str, *, extra_tools: Sequence[str] = (
     return roles
 
 
+STATUS_FIELD = "status"  # the record field status rules and `synthetic_status` read
+
+
+def observed_statuses(catalog: Catalog | None, lookup: str | None) -> list[str]:
+    """The string values the lookup's recorded results showed in their status field, sorted."""
+    tool = catalog.tools.get(lookup or "") if catalog is not None else None
+    if tool is None or tool.result.get("type") != "object":
+        return []
+    facts = (tool.result.get("properties") or {}).get(STATUS_FIELD) or {}
+    if facts.get("type") != "string":
+        return []
+    return sorted(
+        {v for v in facts.get("enum") or facts.get("examples") or () if isinstance(v, str)}
+    )
+
+
 def synthetic_status(roles: Roles, catalog: Catalog | None = None) -> dict[str, Any] | None:
     """The looked-up record's status field with its observed values, and no rule: every observed
     value allows the action, nothing is refused, the write's effect on it is unknown. None when
     the recorded records have no status field with at least two observed values (then there is
     no status to speak of, and none is invented)."""
-    if catalog is None or not roles.lookup or roles.lookup not in catalog.tools:
-        return None
-    shape = catalog.tools[roles.lookup].result
-    facts = (shape.get("properties") or {}).get("status") if shape.get("type") == "object" else None
-    if not facts or facts.get("type") != "string":
-        return None
-    values = [v for v in facts.get("enum") or facts.get("examples") or () if isinstance(v, str)]
+    values = observed_statuses(catalog, roles.lookup)
     if len(values) < 2:
         return None
-    return {"field": "status", "allowed": sorted(values), "refused": [], "after": None,
+    return {"field": STATUS_FIELD, "allowed": values, "refused": [], "after": None,
             "mined": False}  # fmt: skip
