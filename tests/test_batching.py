@@ -168,3 +168,50 @@ def test_identical_prompts_and_short_prefixes(policy):
             alone(p) for p in prompts
         ]
         assert (stats["shared"] > 0) == shares
+
+
+# Drafts from the conversation (prompt lookup) ---------------------------------------------------
+def _repetitive_episodes(policy):
+    """Conversations that repeat themselves, as an agent's tool calls do, so drafts hold."""
+    encoder = ChatEncoder(policy.tokenizer)
+    system = encoder.message("system", "Call tools as JSON. " * 3)[0]
+    texts = ["find order O1001 O1001 O1001", "a b c a b c a b c", "hi"]
+    return encoder, [
+        (system + encoder.message("user", text)[0] + encoder.header("assistant"), turns, 16)
+        for text, turns in zip(texts, [3, 2, 3], strict=True)
+    ]
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_drafted_steps_keep_the_greedy_replies(policy, compact):
+    encoder, episodes = _repetitive_episodes(policy)
+
+    def batched(lane, episode):
+        return _converse(
+            encoder, lambda ids, budget: lane.generate(ids, budget, encoder.end_id), *episode
+        )
+
+    plain: dict[str, int] = {}
+    drafted: dict[str, int] = {}
+    reference = map_batched(policy, batched, episodes, batch_size=3, compact=compact,
+                            draft_budget=0, stats=plain)  # fmt: skip
+    got = map_batched(policy, batched, episodes, batch_size=3, compact=compact,
+                      draft_budget=64, stats=drafted)  # fmt: skip
+    assert got == reference
+    assert plain["drafted"] == plain["accepted"] == 0
+    # the random model's greedy replies loop, so its own earlier tokens predict the next ones
+    assert 0 < drafted["accepted"] <= drafted["drafted"]
+    assert drafted["forwards"] < plain["forwards"]
+
+
+def test_sampling_waves_do_not_draft(policy):
+    encoder, episodes = _repetitive_episodes(policy)
+    stats: dict[str, int] = {}
+
+    def batched(lane, episode):
+        return _converse(
+            encoder, lambda ids, budget: lane.generate(ids, budget, encoder.end_id), *episode
+        )
+
+    map_batched(policy, batched, episodes, batch_size=3, temperature=1.0, stats=stats)
+    assert stats["drafted"] == 0

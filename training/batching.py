@@ -14,7 +14,10 @@ turns: a request feeds only the tokens that are new since the lane's previous re
 Rows of different lengths are left-padded with a 0 attention mask, and positions come from the
 mask, so a batched greedy reply is the reply the model gives on its own (up to float rounding).
 Two things keep the batch small (see `Wave`): lanes that are not decoding leave the forward pass
-and padding columns are cut, and the prompt prefix every lane shares is prefilled once.
+and padding columns are cut, and the prompt prefix every lane shares is prefilled once. A third
+makes fewer steps: greedy lanes feed drafts of their next tokens, copied from their own
+conversation, and keep the ones the model agrees with (`drafts`). In the demo's dev stage (24
+lanes, SmolLM2) it took 90 forward passes instead of 224, with the same replies.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tracegym.training import tokens
+from tracegym.training.drafts import DRAFT_BUDGET, NgramIndex, draft_length
 from tracegym.training.model import Policy
 
 T = TypeVar("T")
@@ -148,7 +152,10 @@ class Wave:
     sits out (its cache rows parked) until the next step, a closed lane's rows are dropped, and
     padding columns are cut, so a late step costs what its live lanes cost. `share_prefix`
     prefills the prompt prefix common to every lane (the system message) once, at batch 1, and
-    copies its cache to every row. Both leave the replies unchanged (up to float rounding).
+    copies its cache to every row. `draft_budget` lets a greedy step feed each lane's guess of
+    its next tokens (`drafts`: what followed the same tokens earlier in its conversation) and keep
+    those the model agrees with, up to about that many tokens per step over all rows. All three
+    leave the replies unchanged (up to float rounding).
     """
 
     def __init__(
@@ -163,6 +170,7 @@ class Wave:
         share_prefix: bool = True,
         min_prefix: int = 16,
         adapters: Sequence[str | None] | None = None,
+        draft_budget: int = DRAFT_BUDGET,
     ) -> None:
         import torch
 
@@ -172,6 +180,10 @@ class Wave:
         self.compact = compact
         self.share_prefix = share_prefix
         self.min_prefix = max(1, min_prefix)
+        # tokens a decoding step may feed to check lanes' drafts (`drafts`); 0: none. Drafts are
+        # only checked against greedy choices, so sampling waves never draft
+        self.draft_budget = draft_budget if not temperature or temperature <= 0 else 0
+        self._index = [NgramIndex() for _ in range(size)]
         # each lane's LoRA adapter (None: the base model), mixed in one batch by peft's
         # `adapter_names`; None: the model as it is set
         self.adapters = _row_adapters(policy.model, adapters, size)
@@ -192,7 +204,7 @@ class Wave:
         self._cache: Any = None
         self._parked: list[_Rows] = []  # rows sitting out until the next step
         # work done, for tests and benchmarks: forward passes, token rows computed, shared tokens
-        self.stats = {"forwards": 0, "tokens": 0, "shared": 0}
+        self.stats = {"forwards": 0, "tokens": 0, "shared": 0, "drafted": 0, "accepted": 0}
         self.lanes = [Lane(self, i) for i in range(size)]
 
     # the lockstep protocol ---------------------------------------------------------------------
@@ -265,8 +277,13 @@ class Wave:
         return None if self.adapters is None else [self.adapters[s] for s in slots]
 
     def _forward(
-        self, chunk: list[list[int]], chunk_mask: list[list[int]], names: list[str] | None = None
+        self,
+        chunk: list[list[int]],
+        chunk_mask: list[list[int]],
+        names: list[str] | None = None,
+        keep: int = 1,
     ) -> Any:
+        """The logits of the chunk's last `keep` columns, `[rows, keep, vocab]`."""
         import torch
         from tracegym.training.rollout import _cache_argument
 
@@ -288,11 +305,11 @@ class Wave:
             attention_mask=self._mask,
             position_ids=positions,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=keep,
             **{_cache_argument(model): self._cache},
             **extra,
         )
-        return out.logits[:, -1].float()
+        return out.logits[:, -keep:].float()
 
     def _prefill_shared(self, news: dict[int, list[int]]) -> int:
         """On a wave's first step, prefill the prefix all rows share once and copy its cache to
@@ -312,7 +329,7 @@ class Wave:
         distinct = sorted(set(names)) if names is not None else [None]
         prefix = seqs[0][:shared]
         self._forward([prefix] * len(distinct), [[1] * shared] * len(distinct),
-                      None if names is None else distinct)  # fmt: skip
+                      None if names is None else distinct, keep=1)  # fmt: skip
         kv = _get_kv(self._cache)
         if kv is None:  # cannot copy rows: start over the usual way
             self._cache = self._mask = None
@@ -344,6 +361,87 @@ class Wave:
         best = torch.argmax(logits, dim=-1).tolist()
         tokens.add(generated=len(rows))
         return {slot: best[row] for slot, row in rows.items()}
+
+    def _drafts(self, running: set[int]) -> dict[int, list[int]]:
+        """Each running lane's draft for the next step (`drafts.NgramIndex`), only when decoding
+        greedily; lanes without one are left out."""
+        k = draft_length(len(running), self.draft_budget)
+        if k <= 0:
+            return {}
+        found = {}
+        for slot in running:
+            seq = self._consumed[slot]
+            room = self.max_length - len(seq) - 1  # positions left after the lane's next token
+            draft = self._index[slot].propose(seq, min(k, room))
+            if draft:
+                found[slot] = draft
+                self.stats["drafted"] += len(draft)
+        return found
+
+    def _verify(
+        self, logits: Any, rows: dict[int, int], drafts: dict[int, list[int]]
+    ) -> dict[int, list[int]]:
+        """Each lane's new tokens after a drafting step: the greedy token at each fed position,
+        as long as the draft agreed with the one before (the last one is always the model's)."""
+        import torch
+
+        best = torch.argmax(logits, dim=-1).tolist()  # [rows][columns]
+        replies = {}
+        for slot, row in rows.items():
+            draft = drafts.get(slot, [])
+            greedy = best[row][len(best[row]) - 1 - len(draft) :]
+            new = [greedy[0]]
+            for i, guess in enumerate(draft):
+                if guess != new[-1]:
+                    break
+                new.append(greedy[i + 1])
+            replies[slot] = new
+        tokens.add(generated=len(replies))
+        return replies
+
+    def _drop_rejected(
+        self, drafts: dict[int, list[int]], replies: dict[int, list[int]], kept: dict[int, int]
+    ) -> None:
+        """Mask the cache columns of draft tokens that are not in their lane's conversation:
+        guesses the model disagreed with, and anything fed after the reply's end. Positions come
+        from the mask, so the next tokens sit right after the kept ones; `pack` removes the
+        holes at the next request."""
+        for row, slot in enumerate(self._slots):
+            if slot not in drafts:
+                continue
+            valid = 1 + min(kept.get(slot, 0), len(replies[slot]) - 1)
+            rejected = 1 + len(drafts[slot]) - valid
+            if rejected > 0:
+                self._mask[row, -rejected:] = 0
+
+    def _extend(
+        self,
+        replies: dict[int, list[int]],
+        pending: dict[int, tuple[list[int], int, int]],
+        out: dict[int, list[int]],
+        full: dict[int, bool],
+        running: set[int],
+    ) -> dict[int, int]:
+        """Append each lane's new tokens to its reply up to its end (the stop token, its token
+        limit or the context's); returns how many of them went into the lane's conversation (all
+        but a reply's last token, which the lane's next request feeds)."""
+        kept: dict[int, int] = {}
+        for slot, new in replies.items():
+            _, max_new, stop_id = pending[slot]
+            for i, token in enumerate(new):
+                out[slot].append(token)
+                if i:  # a draft token the model agreed with (the first is counted where picked)
+                    self.stats["accepted"] += 1
+                    tokens.add(generated=1)
+                done = token == stop_id or len(out[slot]) >= max_new
+                if not done and len(self._consumed[slot]) + 1 >= self.max_length:
+                    full[slot] = done = True
+                if done:
+                    running.discard(slot)
+                    break
+                self._consumed[slot].append(token)
+                kept[slot] = i + 1
+        return kept
 
     def _step(
         self, pending: dict[int, tuple[list[int], int, int]]
@@ -379,26 +477,31 @@ class Wave:
                 if len(self._consumed[slot]) >= self.max_length:
                     full[slot] = True
                     running.discard(slot)
-            logits = self._forward(chunk, chunk_mask, self._names(self._slots))
+            logits = self._forward(chunk, chunk_mask, self._names(self._slots))[:, -1]
+            drafts: dict[int, list[int]] = {}
             while running:
                 rows = {s: i for i, s in enumerate(self._slots) if s in running}
-                for slot, token in self._pick(logits, rows).items():
-                    out[slot].append(token)
-                    _, max_new, stop_id = pending[slot]
-                    done = token == stop_id or len(out[slot]) >= max_new
-                    if not done and len(self._consumed[slot]) + 1 >= self.max_length:
-                        full[slot] = done = True
-                    if done:
-                        running.discard(slot)
-                    else:
-                        self._consumed[slot].append(token)
+                if drafts:
+                    replies = self._verify(logits, rows, drafts)
+                else:
+                    replies = {slot: [t] for slot, t in self._pick(logits, rows).items()}
+                kept = self._extend(replies, pending, out, full, running)
+                if drafts:
+                    self._drop_rejected(drafts, replies, kept)
                 if not running:
                     break
                 if self.compact:
                     self._park(running)
-                step_ids = [out[s][-1] if s in running else self.pad_id for s in self._slots]
-                step_mask = [[1] if s in running else [0] for s in self._slots]
-                logits = self._forward([[t] for t in step_ids], step_mask, self._names(self._slots))
+                drafts = self._drafts(running)
+                width = 1 + max((len(d) for d in drafts.values()), default=0)
+                step_ids, step_mask = [], []
+                for s in self._slots:
+                    row = [out[s][-1], *drafts.get(s, [])] if s in running else []
+                    step_ids.append([self.pad_id] * (width - len(row)) + row)
+                    step_mask.append([0] * (width - len(row)) + [1] * len(row))
+                logits = self._forward(step_ids, step_mask, self._names(self._slots), keep=width)
+                if not drafts:
+                    logits = logits[:, -1]
         # the last token of each reply is not in the cache yet: the lane's next request feeds it
         return {slot: (out[slot], full[slot]) for slot in pending}
 
@@ -460,13 +563,15 @@ def map_batched(
     share_prefix: bool = True,
     stats: dict[str, int] | None = None,
     adapter_of: Callable[[T], str | None] | None = None,
+    draft_budget: int = DRAFT_BUDGET,
 ) -> list[R]:
     """`[fn(lane, item) for item in items]`, run `batch_size` at a time in threads that share
     batched generation. Results keep the order of `items`; an exception in `fn` is raised after
-    its wave finishes. `compact` and `share_prefix` are `Wave`'s; `stats`, when given, adds up
-    the waves' `Wave.stats`. `adapter_of(item)`: the LoRA adapter that item's lane decodes with
-    (None: the base model), so items of different adapters share a wave (`policy.model` a
-    PeftModel holding them); without it every lane uses the model as it is set."""
+    its wave finishes. `compact`, `share_prefix` and `draft_budget` (0: no drafts) are
+    `Wave`'s; `stats`, when given, adds up the waves' `Wave.stats`. `adapter_of(item)`: the
+    LoRA adapter that item's lane decodes with (None: the base model), so items of different
+    adapters share a wave (`policy.model` a PeftModel holding them); without it every lane uses
+    the model as it is set."""
     items = list(items)
 
     def make(start: int, n: int) -> Wave:
@@ -475,7 +580,7 @@ def map_batched(
             adapters = [adapter_of(item) for item in items[start : start + n]]
         return Wave(
             policy, n, temperature=temperature, seed=seed + start, compact=compact,
-            share_prefix=share_prefix, adapters=adapters,
+            share_prefix=share_prefix, adapters=adapters, draft_budget=draft_budget,
         )  # fmt: skip
 
     return run_waves(make, fn, items, batch_size=batch_size, on_done=on_done, stats=stats)

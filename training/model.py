@@ -219,6 +219,7 @@ def ensure_model(home: str | Path, name: str | None = None) -> Path:
 
 def load_policy(folder: str | Path, device: str | None = None) -> Policy:
     """Load a model folder as a Policy (GPU when there is one, else CPU; float32)."""
+    from tracegym.training.attention import use_gqa_sdpa
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = Path(folder)
@@ -230,6 +231,7 @@ def load_policy(folder: str | Path, device: str | None = None) -> Policy:
     model = AutoModelForCausalLM.from_pretrained(folder)
     model.to(device or default_device())
     model.eval()
+    use_gqa_sdpa(model)  # shared key/value heads read in place (`attention`)
     meta = folder / "tracegym_model.json"
     name = json.loads(meta.read_text())["name"] if meta.exists() else folder.name
     return Policy(model, tokenizer, name, str(folder))
