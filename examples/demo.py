@@ -306,7 +306,9 @@ def run_heldout(
     results, routing). The routed agent uses the promoted adapters, chosen per task by the
     router (one, a weighted combination, or none when nothing matches, or when the request is
     closer to `competent`, the requests the base agent passed in dev, than to any adapter's).
-    Both agents' episodes share batched waves, each lane decoding with its own adapter or none
+    Where it chooses none, the routed agent is the base agent, so the base run is its run too
+    (not a second run that could differ only by float rounding in another batch). Both agents'
+    episodes share batched waves, each lane decoding with its own adapter or none
     (`batching.map_batched(adapter_of=...)`); both start from the dev notes in `notes_file`."""
     from tracegym.examples.lm_agent import CustomerNotes, ShopAgent
     from tracegym.training import adapters
@@ -336,8 +338,10 @@ def run_heldout(
                          notes=CustomerNotes(notes_file))  # fmt: skip
 
     base_agent, routed_agent = agent("heldout-base"), agent("heldout-routed")
+    # a task the router sends to no adapter is the base agent's: its base run is its routed run
+    adapted = [t for t in tasks if use[t.task_id] is not None]
     items = [(base_agent, t, None) for t in tasks]
-    items += [(routed_agent, t, use[t.task_id]) for t in tasks]
+    items += [(routed_agent, t, use[t.task_id]) for t in adapted]
     done = [0]
 
     def tick(_: Any) -> None:
@@ -351,7 +355,11 @@ def run_heldout(
         adapter_of=(lambda item: item[2]) if promoted else None,
     )  # fmt: skip
     rows = [r.to_dict() for r in results]
-    return rows[: len(tasks)], rows[len(tasks) :], {"promoted": promoted, "routes": routes}
+    base = rows[: len(tasks)]
+    routed_runs = {t.task_id: row for t, row in zip(adapted, rows[len(tasks) :], strict=True)}
+    routed = [routed_runs.get(t.task_id, row) for t, row in zip(tasks, base, strict=True)]
+    on_base = len(tasks) - len(adapted)
+    return base, routed, {"promoted": promoted, "routes": routes, "on_base": on_base}
 
 
 def passed_requests(results: list[dict[str, Any]]) -> list[str]:
@@ -630,6 +638,15 @@ def _pct(row: dict[str, Any]) -> str:
     return f"{row['rate']:.0%} ({row['passed']}/{row['n']}, 95% CI {lo:.0%}-{hi:.0%})"
 
 
+def _routing_line(heldout: dict[str, Any], routing: dict[str, Any]) -> str:
+    n = heldout["base"]["n"]
+    on_base = routing.get("on_base", n)
+    return (
+        f"The router sent {n - on_base} of {n} held-out tasks to an adapter; the other "
+        f"{on_base} are the base agent's, so their base run counts for both agents."
+    )
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """The report a person reads (report.md)."""
     h = report["heldout"]
@@ -642,6 +659,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{'do not overlap' if h['intervals_disjoint'] else 'overlap'}).",
         "",
         evidence_line(h),
+        "",
+        _routing_line(h, h.get("routing") or {}),
         "",
         "| request | base | routed |",
         "|---|---|---|",
