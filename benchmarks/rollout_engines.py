@@ -4,7 +4,9 @@ The demo's agent (`examples.lm_agent.ShopAgent`, greedy, the demo's 48 new token
 turns) solves the same tasks (`examples.shop.make_task`, seeds from 1000) through each engine, in
 one run, batch 8 as the demo does:
 
-- torch: today's path, `training.batching.map_batched` over the PyTorch model (the reference);
+- torch: today's path, `training.batching.map_batched` over the PyTorch model (the reference),
+  drafts from the conversation on (`training.drafts`);
+- torch-nodraft: the same without drafts (one token a lane and step);
 - torch-bf16: the same in bfloat16 weights and activations;
 - torch-int8: the same with `torch.ao.quantization.quantize_dynamic` (int8 Linear layers but
   the output head);
@@ -41,9 +43,10 @@ import torch
 from tracegym.examples.lm_agent import ShopAgent, TaskResult
 from tracegym.examples.shop import make_task
 from tracegym.training.batching import map_batched
+from tracegym.training.drafts import DRAFT_BUDGET
 from tracegym.training.model import ensure_model, load_policy
 
-ENGINES = ("torch", "torch-bf16", "torch-int8", "ct2-float32", "ct2-int8")
+ENGINES = ("torch", "torch-nodraft", "torch-bf16", "torch-int8", "ct2-float32", "ct2-int8")
 
 
 def find_model(home: Path) -> Path:
@@ -87,10 +90,13 @@ def run_engine(name: str, folder: Path, agent: ShopAgent, tasks: list[Any], args
                 policy.model, spec, dtype=torch.qint8
             )
 
+        budget = 0 if name == "torch-nodraft" else DRAFT_BUDGET
+
         def solve() -> list[TaskResult]:
             return map_batched(
-                policy, lambda lane, t: agent.run(t, lane=lane), tasks, batch_size=args.batch_size
-            )
+                policy, lambda lane, t: agent.run(t, lane=lane), tasks,
+                batch_size=args.batch_size, draft_budget=budget,
+            )  # fmt: skip
 
     load_before = os.getloadavg()
     started = time.perf_counter()
