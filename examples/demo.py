@@ -7,7 +7,8 @@
     nightly   tracegym's nightly job: compaction, analysis (gaps), synthesis (environments),
               training (one adapter per gap), evaluation (promotion)
     heldout   the base agent and the routed agent (promoted adapters, chosen per task by the
-              router) on the held-out tasks, also traced
+              router) on the held-out tasks, also traced; a task routed to no adapter is the
+              base agent's, run once
     report    <home>/demo/report.md and report.json: gaps (coverage, delta, an example failed
               run and its attributed step), environments, adapters, held-out success before and
               after with 95% Wilson intervals, and where to look next
