@@ -356,10 +356,8 @@ class Wave:
                 probs = torch.softmax(logits[row] / self.temperature, dim=-1).cpu()
                 token = torch.multinomial(probs, 1, generator=self.generators[slot])
                 picks[slot] = int(token.item())
-            tokens.add(generated=len(rows))
             return picks
         best = torch.argmax(logits, dim=-1).tolist()
-        tokens.add(generated=len(rows))
         return {slot: best[row] for slot, row in rows.items()}
 
     def _drafts(self, running: set[int]) -> dict[int, list[int]]:
@@ -396,7 +394,6 @@ class Wave:
                     break
                 new.append(greedy[i + 1])
             replies[slot] = new
-        tokens.add(generated=len(replies))
         return replies
 
     def _drop_rejected(
@@ -426,13 +423,13 @@ class Wave:
         limit or the context's); returns how many of them went into the lane's conversation (all
         but a reply's last token, which the lane's next request feeds)."""
         kept: dict[int, int] = {}
+        generated = 0
         for slot, new in replies.items():
             _, max_new, stop_id = pending[slot]
             for i, token in enumerate(new):
                 out[slot].append(token)
-                if i:  # a draft token the model agreed with (the first is counted where picked)
-                    self.stats["accepted"] += 1
-                    tokens.add(generated=1)
+                generated += 1
+                self.stats["accepted"] += i > 0  # a draft token the model agreed with
                 done = token == stop_id or len(out[slot]) >= max_new
                 if not done and len(self._consumed[slot]) + 1 >= self.max_length:
                     full[slot] = done = True
@@ -441,6 +438,7 @@ class Wave:
                     break
                 self._consumed[slot].append(token)
                 kept[slot] = i + 1
+        tokens.add(generated=generated)
         return kept
 
     def _step(

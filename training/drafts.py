@@ -30,7 +30,7 @@ class NgramIndex:
         for end in range(max(self._indexed, 1), len(seq)):
             for n in range(1, min(LONGEST_MATCH, end) + 1):
                 self._last[tuple(seq[end - n : end])] = end
-        self._indexed = max(self._indexed, len(seq))
+        self._indexed = len(seq)
 
     def propose(self, seq: list[int], length: int) -> list[int]:
         """Up to `length` tokens that followed the latest earlier occurrence of the longest
