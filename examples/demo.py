@@ -98,6 +98,10 @@ class DemoConfig:
     base_steps: int = 40
     adapter_steps: int = 20
     adapter_train_seeds: int = 32
+    # an adapter taught a rule on contrast pairs (a refund only for delivered orders): its
+    # steps, at 3e-3 (None: adapter_steps, at the others' rate); 20 steps, or 1e-3, left
+    # SmolLM2 refunding every order (docs/demo.md)
+    contrast_steps: int | None = 40
     eval_seeds: int = 12
     eval_looks: int = 2  # the nightly's evaluation stops an adapter once its decision is clear
     batch_size: int = 24  # dev episodes decoding together: 48 tasks in two waves
@@ -148,7 +152,7 @@ class DemoConfig:
         sizes = dict(
             model="tiny", dev_tasks=24, heldout_tasks=24, base_demos=16, base_steps=8,
             adapter_steps=6, adapter_train_seeds=8, eval_seeds=4, max_new_tokens=24,
-            embedder="hash",
+            embedder="hash", contrast_steps=None,
         )  # fmt: skip
         return cls(**{**sizes, **overrides})
 
@@ -454,9 +458,11 @@ def _run(
     lr = 1e-2 if config.tiny_model else 1e-3
     # bf16 autocast where the hardware has it: a SmolLM2 step in about half the time
     precision = "fp32" if config.tiny_model else "auto"
+    contrast = {"contrast_steps": config.contrast_steps, "contrast_lr": lr * 3}
     train = {"steps": config.adapter_steps, "train_seeds": config.adapter_train_seeds,
              "batch_size": 4, "max_length": 1024, "layers": upper_layers(folder), "lr": lr,
-             "precision": precision, **config.adapter_train}  # fmt: skip
+             "precision": precision, **(contrast if config.contrast_steps else {}),
+             **config.adapter_train}  # fmt: skip
     # rehearsal: the agent's own verifier-passing dev conversations go into every adapter's
     # data, so adapters learn the environments' capability without forgetting the agent's
     # conventions (its prompt, finding the customer first)

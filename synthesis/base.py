@@ -221,6 +221,13 @@ class Environment:
         """The tools the agent sees, in the OpenAI function-calling format."""
         raise NotImplementedError
 
+    def contrast_knobs(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """Knob overrides giving two versions of each task, one where the environment's rule
+        allows the action and one where it refuses it (None: no such rule). Trained side by
+        side, the two versions of a seed differ where the rule looks, so that is what the
+        adapter must read to tell their replies apart (see training.sft.capability_data)."""
+        return None
+
     # Difficulty ladder (used by calibration) -----------------------------------------------
     def levels(self) -> list[dict[str, Any]]:
         """Knob settings from easiest to hardest (default: just the current knobs)."""

@@ -273,3 +273,29 @@ def test_the_users_words_win_over_recorded_calls_that_fit_none_of_them():
     assert check_environment(env, 100).ok
     # where the recorded calls fit the words, nothing is overruled
     assert build_spec(_gap(), _catalog(), conventions).extra["requested"]["overruled_formats"] == {}
+
+
+def test_contrast_versions_ask_the_same_and_differ_in_what_the_rule_allows():
+    """`contrast_knobs`: the same seed with its order allowed, then refused. The request and
+    the order named are the same; only the looked-up status, and so the oracle's action,
+    differ. Without a rule that refuses there is nothing to contrast."""
+    text = "Refund a delivered order. Pending orders are cancelled."
+    described = {"type": "function", "function": {**REFUND["function"], "description": text}}
+    conventions = Conventions(runs=10, tools=[FIND, described], opening=["find_user"])
+    spec = build_spec(_refund_gap(), _catalog(("pending", "shipped", "delivered")), conventions)
+    env = from_spec(spec)
+    knobs = env.contrast_knobs()
+    assert knobs is not None
+    allowed, refused = (from_spec(spec, **k) for k in knobs)
+    for seed in range(6):
+        a, r = allowed.make_task(seed), refused.make_task(seed)
+        assert a.instruction == r.instruction
+        order = a.oracle[1]["arguments"]["order_id"]
+        assert r.oracle[1]["arguments"]["order_id"] == order
+        assert "refund_order" in [x.get("name") for x in a.oracle]
+        assert "refund_order" not in [x.get("name") for x in r.oracle]
+        assert run_actions(allowed, seed, a.oracle)[1].passed
+        assert run_actions(refused, seed, r.oracle)[1].passed
+    plain = build_spec(_refund_gap(), _catalog(("pending", "shipped", "delivered")),
+                       Conventions(runs=10, tools=[FIND, REFUND], opening=["find_user"]))  # fmt: skip
+    assert from_spec(plain).contrast_knobs() is None

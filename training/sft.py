@@ -29,10 +29,11 @@ import json
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tracegym.training import tokens as counters
+from tracegym.training.frozen import FrozenPrefix
 from tracegym.training.model import Policy
 from tracegym.training.rollout import (
     ChatEncoder,
@@ -83,6 +84,17 @@ class TrainConfig:
     # GPU that supports it, a CPU with AVX512-BF16 or AMX), else fp32. On this project's 2-core
     # AVX512-BF16 machine a SmolLM2 step took 1.7 s instead of 3.8 (docs/demo.md).
     precision: str = "fp32"
+    # contrast pairs: where an environment has a rule that allows or refuses its action, half
+    # the train seeds give both versions of their task, batched together (capability_data)
+    contrast_pairs: bool = True
+    # a capability taught on contrast pairs trains this many steps at this rate (None: `steps`,
+    # `lr`): reading the field the rule looks at takes more updates than the rest (SmolLM2
+    # learned a refund's status rule in 40 steps at 3e-3, not in 20 or at 1e-3: docs/demo.md)
+    contrast_steps: int | None = None
+    contrast_lr: float | None = None
+    # with `layers`, run the frozen layers below them once per example, not once per step
+    # (training.frozen; the same loss up to float rounding)
+    frozen_prefix: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -175,6 +187,8 @@ class CapabilityData:
     sampled: int  # verifier-passing rollouts kept
     attempted: int  # rollouts tried
     instructions: list[str]  # the train tasks' requests (for the router)
+    # indices of `conversations` to train in the same batch: a seed's allowed and refused task
+    groups: list[tuple[int, ...]] = field(default_factory=list)
 
     @property
     def hash(self) -> str:
@@ -195,21 +209,39 @@ def capability_data(
     temperature: float = 1.0,
     seed: int = 0,
     on_step: StepCallback | None = None,
+    contrast: bool = False,
 ) -> CapabilityData:
     """Oracle demonstrations for `seeds`, plus verifier-passing sampled rollouts of `policy`
-    (`on_step` gets a "sample" TrainStep after each rollout)."""
+    (`on_step` gets a "sample" TrainStep after each rollout).
+
+    With `contrast`, where `env` has a rule that allows or refuses its action
+    (`contrast_knobs`), the first half of the seeds give both versions of their task, the
+    action allowed and refused, as a group to train in one batch: the two differ where the rule
+    looks, so fitting both teaches the rule. Alternating seeds alone taught SmolLM2 "always
+    refund" on three shops (docs/demo.md)."""
     import torch
     from tracegym.synthesis.registry import demonstration
 
-    conversations = []
-    instructions = []
+    conversations: list[list[dict[str, str]]] = []
+    instructions: list[str] = []
+    groups: list[tuple[int, ...]] = []
     tools = env.tool_schemas()
-    for s in seeds:
-        demo = demonstration(env, s)
-        if not demo["passed"]:
-            continue
-        conversations.append(to_chat(demo["messages"], tools, demo.get("system_prompt", "")))
-        instructions.append(demo["messages"][1]["content"] if demo["system_prompt"] else "")
+    knobs = env.contrast_knobs() if contrast else None
+    versions = [[env]] * len(seeds)
+    if knobs is not None:
+        pair = [type(env)(env.spec, **{**env.knobs, **k}) for k in knobs]
+        versions = [pair] * ((len(seeds) + 1) // 2)
+    for s, envs in zip(seeds, versions, strict=False):
+        group = []
+        for version in envs:
+            demo = demonstration(version, s)
+            if not demo["passed"]:
+                continue
+            group.append(len(conversations))
+            conversations.append(to_chat(demo["messages"], tools, demo.get("system_prompt", "")))
+            instructions.append(demo["messages"][1]["content"] if demo["system_prompt"] else "")
+        if len(group) > 1:
+            groups.append(tuple(group))
     n_demos = len(conversations)
     kept = attempted = 0
     if policy is not None and samples > 0:
@@ -227,20 +259,45 @@ def capability_data(
                         TrainStep("sample", attempted, total, None, kept / attempted, env.env_id)
                     )
     instructions = [i for i in instructions if i]
-    return CapabilityData(env.env_id, conversations, n_demos, kept, attempted, instructions)
+    return CapabilityData(env.env_id, conversations, n_demos, kept, attempted, instructions, groups)
 
 
 def encode_examples(
     tokenizer: Any, conversations: Sequence[Sequence[dict[str, str]]], max_length: int
 ) -> list[tuple[list[int], list[int]]]:
+    return _encode(tokenizer, conversations, max_length)[0]
+
+
+def _encode(
+    tokenizer: Any, conversations: Sequence[Sequence[dict[str, str]]], max_length: int
+) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
+    """The examples, and the index of the conversation each came from (a conversation with no
+    assistant token within `max_length` gives none)."""
     encoder = ChatEncoder(tokenizer)
-    out = []
-    for conv in conversations:
+    out, kept = [], []
+    for index, conv in enumerate(conversations):
         ids, mask = encoder.conversation(conv)
         ids, mask = ids[:max_length], mask[:max_length]
         if any(mask):
             out.append((ids, mask))
-    return out
+            kept.append(index)
+    return out, kept
+
+
+def batch_units(kept: Sequence[int], groups: Sequence[Sequence[int]] = ()) -> list[list[int]]:
+    """The example indices a batch takes whole, in order of their first example: each group of
+    conversations (those of it that were kept: `kept[i]` is example i's conversation), every
+    other example alone."""
+    position = {conversation: i for i, conversation in enumerate(kept)}
+    units: list[list[int]] = []
+    grouped: set[int] = set()
+    for group in groups:
+        unit = [position[c] for c in group if c in position and position[c] not in grouped]
+        if unit:
+            units.append(unit)
+            grouped.update(unit)
+    units += [[i] for i in range(len(kept)) if i not in grouped]
+    return sorted(units, key=lambda unit: unit[0])
 
 
 def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int, device: Any) -> dict:
@@ -323,12 +380,16 @@ def sft_loss(model: Any, inputs: dict) -> Any:
     labels = inputs["labels"]
     keep = labels.new_zeros(labels.shape, dtype=bool)
     keep[:, :-1] = labels[:, 1:] != -100
+    # the adapted layers' input, where the frozen ones below ran beforehand (training.frozen)
+    feed = "inputs_embeds" if "inputs_embeds" in inputs else "input_ids"
     out = model(
-        input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], logits_to_keep=keep
+        **{feed: inputs[feed]}, attention_mask=inputs["attention_mask"], logits_to_keep=keep
     )
     logits = out.logits
     if logits.dim() != 2 or logits.shape[0] != int(keep.sum()):
-        return model(**inputs).loss
+        return model(
+            **{feed: inputs[feed]}, attention_mask=inputs["attention_mask"], labels=labels
+        ).loss
     return F.cross_entropy(logits.float(), labels[:, 1:][keep[:, :-1]])
 
 
@@ -341,15 +402,19 @@ def train_adapter(
     progress: Callable[[int, float], None] | None = None,
     steps: int | None = None,
     on_step: StepCallback | None = None,
+    groups: Sequence[Sequence[int]] = (),
 ) -> tuple[Any, TrainMetrics]:
     """Train a LoRA adapter on `conversations` (SFT, loss on assistant tokens). Returns the
     PeftModel (wrapping `policy.model`, adapter active) and the metrics.
 
     `steps` overrides `config.steps` (GRPO's warm start); `on_step` gets an "sft" TrainStep
-    after each step; `progress(step_index, loss)` is the older, narrower form of it."""
+    after each step; `progress(step_index, loss)` is the older, narrower form of it.
+    `groups`: indices of conversations that always share a batch (a batch takes whole groups,
+    so it may hold up to a group's size - 1 more than `config.batch_size`)."""
     import torch
 
-    examples = encode_examples(policy.tokenizer, conversations, config.max_length)
+    examples, kept = _encode(policy.tokenizer, conversations, config.max_length)
+    units = batch_units(kept, groups)
     if not examples:
         raise NoTrainingData(
             f"no training examples for {adapter_name}: {_why_none(conversations, config)}"
@@ -358,10 +423,15 @@ def train_adapter(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     rng = random.Random(config.seed)
-    order: list[int] = []
+    order: list[list[int]] = []
     device = policy.device
     device_type = torch.device(device).type
     dtype = autocast_dtype(config.precision, device_type)
+
+    def autocast() -> Any:
+        return torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+    prefix = FrozenPrefix.of(model, config.layers, autocast) if config.frozen_prefix else None
     pad = policy.tokenizer.pad_token_id or 0
     losses: list[float] = []
     tokens = trained = 0
@@ -369,16 +439,21 @@ def train_adapter(
     model.train()
     started = time.perf_counter()
     for step in range(total):
-        batch_idx = []
+        batch_idx: list[int] = []
         while len(batch_idx) < min(config.batch_size, len(examples)):
             if not order:
-                order = list(range(len(examples)))
+                order = list(units)
                 rng.shuffle(order)
-            batch_idx.append(order.pop())
+            batch_idx.extend(order.pop())
         batch = [examples[i] for i in batch_idx]
         inputs = collate(batch, pad, device)
-        with torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = sft_loss(model, inputs)
+        if prefix is None:
+            with autocast():
+                loss = sft_loss(model, inputs)
+        else:
+            inputs["inputs_embeds"] = prefix.batch(batch_idx, examples)
+            with autocast(), prefix.upper():
+                loss = sft_loss(model, inputs)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -606,6 +681,7 @@ __all__ = [
     "TrainStep",
     "attach_lora",
     "autocast_dtype",
+    "batch_units",
     "capability_data",
     "collate",
     "data_hash",
@@ -689,6 +765,7 @@ def train_capability(
     shares = split_seeds(config.train_seeds, envs)
     conversations: list[list[dict[str, str]]] = []
     instructions: list[str] = []
+    groups: list[tuple[int, ...]] = []
     demonstrations = sampled = attempted = 0
     for member, seeds in zip(envs, shares, strict=True):
         data = capability_data(
@@ -698,7 +775,9 @@ def train_capability(
             samples=config.samples,
             seed=config.seed,
             on_step=on_step,
+            contrast=config.contrast_pairs,
         )
+        groups += [tuple(len(conversations) + i for i in g) for g in data.groups]
         conversations += data.conversations
         instructions += data.instructions
         demonstrations += data.demonstrations
@@ -707,19 +786,28 @@ def train_capability(
     if replay:
         conversations.extend([list(c) for c in rehearsal_for(envs[0], replay)])
     adapter_id = capability.adapter_id
+    if groups:
+        config = replace(
+            config,
+            steps=config.contrast_steps or config.steps,
+            lr=config.contrast_lr or config.lr,
+        )
     if config.mode == "grpo":
         warm = config.warm_start_steps if config.warm_start_steps is not None else config.steps
         model, sft_metrics = train_adapter(
-            policy, conversations, config, adapter_id, steps=warm, on_step=on_step
+            policy, conversations, config, adapter_id, steps=warm, on_step=on_step, groups=groups
         )
         model, metrics = train_grpo(
             policy, envs[0], shares[0], config, adapter_id, model=model, on_step=on_step
         )
         metrics_dict = {**metrics.to_dict(), "sft": sft_metrics.to_dict()}
     else:
-        model, metrics = train_adapter(policy, conversations, config, adapter_id, on_step=on_step)
+        model, metrics = train_adapter(
+            policy, conversations, config, adapter_id, on_step=on_step, groups=groups
+        )
         metrics_dict = metrics.to_dict()
-    metrics_dict.update(demonstrations=demonstrations, sampled=sampled, attempted=attempted)
+    metrics_dict.update(demonstrations=demonstrations, sampled=sampled, attempted=attempted,
+                        contrast_pairs=len(groups))  # fmt: skip
     router: list[str] = []
     for member in envs:
         gap = (member.spec.gap if member.spec is not None else {}) or {}

@@ -350,6 +350,12 @@ class RequestedRecordActionEnv(ChainEnvironment):
             for t, d in ((1, 0), (1, 1), (1, 2), (2, 1), (2, 2), (3, 2))
         ]
 
+    def contrast_knobs(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """Every target allowed, and every target refused (with a status rule that refuses)."""
+        if not (self.roles.status and self.roles.status.get("refused")):
+            return None
+        return {"refused_share": 0.0}, {"refused_share": 1.0}
+
     @classmethod
     def choose_action(cls, gap: Gap, catalog: Catalog) -> tuple[str, list[str], str]:
         action = gap.key.split(":", 1)[1]
