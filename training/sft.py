@@ -217,8 +217,8 @@ def capability_data(
     With `contrast`, where `env` has a rule that allows or refuses its action
     (`contrast_knobs`), the first half of the seeds give both versions of their task, the
     action allowed and refused, as a group to train in one batch: the two differ where the rule
-    looks, so fitting both teaches the rule. Alternating seeds alone taught SmolLM2 "always
-    refund" on three shops (docs/demo.md)."""
+    looks, so fitting both teaches the rule. Alternating seeds alone did not teach SmolLM2 a
+    refund's status rule on three shops (docs/demo.md)."""
     import torch
     from tracegym.synthesis.registry import demonstration
 

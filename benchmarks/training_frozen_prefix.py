@@ -1,0 +1,92 @@
+"""SFT with the frozen lower layers run once per example (training.frozen) against the whole
+model every step, alternating, in one run: seconds, the ratio, and the losses of both.
+
+The data: a quick demo home's rule-bearing capability (`--home`: its requested_action
+environment's contrast pairs and the agent's passing dev runs, as the nightly trains them), or,
+without `--home`, the toy environment's demonstrations. LoRA on the upper 40% of the layers, as
+the demo trains SmolLM2.
+
+    .venv/bin/python benchmarks/training_frozen_prefix.py --model <shop-base folder> \
+        --home <quick demo home> --steps 40
+    .venv/bin/python benchmarks/training_frozen_prefix.py   # a 10-layer tiny model, toy data
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tracegym.training.model import load_policy, tiny_model
+from tracegym.training.sft import (
+    TrainConfig,
+    capability_data,
+    default_config,
+    rehearsal_for,
+    train_adapter,
+)
+from tracegym.training.toy import press_env
+
+
+def data_of(home: str | None) -> tuple[list[Any], list[tuple[int, ...]]]:
+    """Conversations and contrast groups to train on."""
+    if home is None:
+        return capability_data(press_env(), range(16)).conversations, []
+    from tracegym.synthesis import registry
+    from tracegym.training.capabilities import split_seeds
+
+    env_id = next(
+        e["env_id"]
+        for e in registry.read_index(home)["environments"]
+        if e["env_id"].startswith("requested_action-")
+    )
+    env = registry.load(home, env_id)
+    data = capability_data(env, split_seeds(12, [env])[0], contrast=True)
+    replay_file = Path(home) / "demo" / "stages" / "replay.jsonl"
+    replay = [json.loads(line) for line in replay_file.read_text().splitlines() if line]
+    return data.conversations + [list(c) for c in rehearsal_for(env, replay)], data.groups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="a model folder (default: the tiny model)")
+    parser.add_argument("--home", default=None, help="a quick demo home (default: toy data)")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+
+    def fresh() -> Any:
+        return load_policy(args.model) if args.model else tiny_model(layers=10)
+
+    policy = fresh()
+    n = policy.model.config.num_hidden_layers
+    layers = list(range(n - n * 2 // 5, n))
+    conversations, groups = data_of(args.home)
+    base = default_config(policy.name).to_dict()
+    settings = {**base, "steps": args.steps, "batch_size": 2, "layers": layers, "lr": 3e-3,
+                "precision": "auto"}  # fmt: skip
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    losses: dict[bool, tuple[float, float]] = {}
+    for _ in range(args.repeats):
+        for frozen in (False, True):
+            policy = fresh()
+            config = TrainConfig.from_dict({**settings, "frozen_prefix": frozen})
+            started = time.perf_counter()
+            _, metrics = train_adapter(policy, conversations, config, "bench", groups=groups)
+            seconds[frozen].append(time.perf_counter() - started)
+            losses[frozen] = (metrics.loss_first, metrics.loss_last)
+    print(f"model {policy.name}: {n} layers, LoRA on {len(layers)}; {len(conversations)} "
+          f"conversations ({len(groups)} contrast pairs), {args.steps} steps of 2")  # fmt: skip
+    for frozen in (False, True):
+        label = "frozen prefix" if frozen else "whole model (baseline)"
+        runs = ", ".join(f"{s:.1f}" for s in seconds[frozen])
+        first, last = losses[frozen]
+        print(f"  {label:24s} best {min(seconds[frozen]):6.1f} s  (runs: {runs})  "
+              f"loss {first:.4f} -> {last:.4f}")  # fmt: skip
+    print(f"  ratio (frozen / whole, best runs): {min(seconds[True]) / min(seconds[False]):.2f}")
+
+
+if __name__ == "__main__":
+    main()
