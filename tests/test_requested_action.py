@@ -296,6 +296,7 @@ def test_contrast_versions_ask_the_same_and_differ_in_what_the_rule_allows():
         assert "refund_order" not in [x.get("name") for x in r.oracle]
         assert run_actions(allowed, seed, a.oracle)[1].passed
         assert run_actions(refused, seed, r.oracle)[1].passed
+    plain_conventions = Conventions(runs=10, tools=[FIND, REFUND], opening=["find_user"])
     plain = build_spec(_refund_gap(), _catalog(("pending", "shipped", "delivered")),
-                       Conventions(runs=10, tools=[FIND, REFUND], opening=["find_user"]))  # fmt: skip
+                       plain_conventions)  # fmt: skip
     assert from_spec(plain).contrast_knobs() is None
