@@ -99,8 +99,8 @@ class DemoConfig:
     adapter_steps: int = 20
     adapter_train_seeds: int = 32
     # an adapter taught a rule on contrast pairs (a refund only for delivered orders): its
-    # steps, at 3e-3 (None: adapter_steps, at the others' rate); 20 steps, or 1e-3, left
-    # SmolLM2 refunding every order (docs/demo.md)
+    # steps, at 3e-3 (None: adapter_steps, at the others' rate); 20 steps, or 1e-3, did not
+    # teach SmolLM2 the rule on development seed 5 (docs/demo.md)
     contrast_steps: int | None = 40
     eval_seeds: int = 12
     eval_looks: int = 2  # the nightly's evaluation stops an adapter once its decision is clear
