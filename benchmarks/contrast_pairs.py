@@ -39,6 +39,12 @@ def rule_environment(home: Path) -> str:
     raise SystemExit(f"no environment under {home} has a rule that refuses its action")
 
 
+def replay_of(home: Path) -> list[Any]:
+    """The agent's passing dev conversations the demo mixed into adapter training."""
+    lines = (home / "demo" / "stages" / "replay.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--home", required=True, type=Path)
@@ -50,8 +56,7 @@ def main() -> None:
     meta = json.loads((home / "adapters" / env_id / "meta.json").read_text())
     settings = meta["hyperparameters"]
     env = registry.load(home, env_id)
-    replay_file = home / "demo" / "stages" / "replay.jsonl"
-    replay = [json.loads(line) for line in replay_file.read_text().splitlines() if line]
+    replay = replay_of(home)
     seeds = split_seeds(int(settings["train_seeds"]), [env])[0]
     first = env.spec.heldout_seeds[0]
     cases = list(range(first, first + args.tasks))

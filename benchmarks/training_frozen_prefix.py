@@ -14,10 +14,12 @@ the demo trains SmolLM2.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tracegym.training.model import load_policy, tiny_model
 from tracegym.training.sft import (
@@ -30,29 +32,24 @@ from tracegym.training.sft import (
 from tracegym.training.toy import press_env
 
 
-def data_of(home: str | None) -> tuple[list[Any], list[tuple[int, ...]]]:
+def data_of(home: Path | None) -> tuple[list[Any], list[tuple[int, ...]]]:
     """Conversations and contrast groups to train on."""
     if home is None:
         return capability_data(press_env(), range(16)).conversations, []
+    from contrast_pairs import replay_of, rule_environment
     from tracegym.synthesis import registry
     from tracegym.training.capabilities import split_seeds
 
-    env_id = next(
-        e["env_id"]
-        for e in registry.read_index(home)["environments"]
-        if e["env_id"].startswith("requested_action-")
-    )
-    env = registry.load(home, env_id)
+    env = registry.load(home, rule_environment(home))
     data = capability_data(env, split_seeds(12, [env])[0], contrast=True)
-    replay_file = Path(home) / "demo" / "stages" / "replay.jsonl"
-    replay = [json.loads(line) for line in replay_file.read_text().splitlines() if line]
-    return data.conversations + [list(c) for c in rehearsal_for(env, replay)], data.groups
+    replay = rehearsal_for(env, replay_of(home))
+    return data.conversations + [list(c) for c in replay], data.groups
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="a model folder (default: the tiny model)")
-    parser.add_argument("--home", default=None, help="a quick demo home (default: toy data)")
+    parser.add_argument("--home", type=Path, help="a quick demo home (default: toy data)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()

@@ -55,7 +55,6 @@ class FrozenPrefix:
 
     def batch(self, indices: Sequence[int], examples: Sequence[tuple[list[int], list[int]]]) -> Any:
         """The batch's prefix outputs, right-padded with zeros like `sft.collate`'s ids."""
-
         rows = [self.states(i, examples[i][0]) for i in indices]
         width = max(len(r) for r in rows)
         out = rows[0].new_zeros((len(rows), width, rows[0].shape[-1]))
