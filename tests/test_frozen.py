@@ -25,7 +25,7 @@ def _train(frozen_prefix: bool) -> tuple[list[float], dict[str, object], int, in
     policy.model.model.layers[0].register_forward_hook(lambda *_: runs.__setitem__(0, runs[0] + 1))
     data = capability_data(press_env(), range(4))
     config = default_config("tiny", steps=6, batch_size=2, layers=[2, 3],
-                            frozen_prefix=frozen_prefix)  # fmt: skip
+                            frozen_prefix=frozen_prefix, shared_prefix=False)  # fmt: skip
     losses: list[float] = []
     model, _ = train_adapter(policy, data.conversations, config, "x",
                              progress=lambda _, loss: losses.append(loss))  # fmt: skip

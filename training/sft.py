@@ -24,6 +24,7 @@ a command or the nightly can show progress within a long training.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -41,6 +42,7 @@ from tracegym.training.rollout import (
     rollout,
     to_chat,
 )
+from tracegym.training.shared_prefix import shared_prefix_loss
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -95,6 +97,10 @@ class TrainConfig:
     # with `layers`, run the frozen layers below them once per example, not once per step
     # (training.frozen; the same loss up to float rounding)
     frozen_prefix: bool = True
+    # run the beginning a batch's conversations share (the system message; a contrast pair's
+    # task up to the rule's field) once per step, not once per row (training.shared_prefix; the
+    # same loss up to float rounding)
+    shared_prefix: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -447,12 +453,11 @@ def train_adapter(
             batch_idx.extend(order.pop())
         batch = [examples[i] for i in batch_idx]
         inputs = collate(batch, pad, device)
-        if prefix is None:
-            with autocast():
-                loss = sft_loss(model, inputs)
-        else:
+        if prefix is not None:
             inputs["inputs_embeds"] = prefix.batch(batch_idx, examples)
-            with autocast(), prefix.upper():
+        with autocast(), prefix.upper() if prefix is not None else contextlib.nullcontext():
+            loss = shared_prefix_loss(model, inputs, batch) if config.shared_prefix else None
+            if loss is None:
                 loss = sft_loss(model, inputs)
         loss.backward()
         optimizer.step()

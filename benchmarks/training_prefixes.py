@@ -1,14 +1,15 @@
-"""SFT with the frozen lower layers run once per example (training.frozen) against the whole
-model every step, alternating, in one run: seconds, the ratio, and the losses of both.
+"""SFT three ways, alternating in one run: the whole model every step (the baseline), the
+frozen lower layers run once per example (training.frozen), and that with each batch's common
+beginning run once (training.shared_prefix). Seconds, ratios against the baseline, losses.
 
 The data: a quick demo home's rule-bearing capability (`--home`: its requested_action
 environment's contrast pairs and the agent's passing dev runs, as the nightly trains them), or,
 without `--home`, the toy environment's demonstrations. LoRA on the upper 40% of the layers, as
 the demo trains SmolLM2.
 
-    .venv/bin/python benchmarks/training_frozen_prefix.py --model <shop-base folder> \
+    .venv/bin/python benchmarks/training_prefixes.py --model <shop-base folder> \
         --home <quick demo home> --steps 40
-    .venv/bin/python benchmarks/training_frozen_prefix.py   # a 10-layer tiny model, toy data
+    .venv/bin/python benchmarks/training_prefixes.py   # a 10-layer tiny model, toy data
 """
 
 from __future__ import annotations
@@ -64,25 +65,27 @@ def main() -> None:
     base = default_config(policy.name).to_dict()
     settings = {**base, "steps": args.steps, "batch_size": 2, "layers": layers, "lr": 3e-3,
                 "precision": "auto"}  # fmt: skip
-    seconds: dict[bool, list[float]] = {False: [], True: []}
-    losses: dict[bool, tuple[float, float]] = {}
+    ways = {"whole model (baseline)": {"frozen_prefix": False, "shared_prefix": False},
+            "frozen prefix": {"frozen_prefix": True, "shared_prefix": False},
+            "frozen + shared prefix": {"frozen_prefix": True, "shared_prefix": True}}  # fmt: skip
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
+    losses: dict[str, tuple[float, float]] = {}
     for _ in range(args.repeats):
-        for frozen in (False, True):
+        for way, switches in ways.items():
             policy = fresh()
-            config = TrainConfig.from_dict({**settings, "frozen_prefix": frozen})
+            config = TrainConfig.from_dict({**settings, **switches})
             started = time.perf_counter()
             _, metrics = train_adapter(policy, conversations, config, "bench", groups=groups)
-            seconds[frozen].append(time.perf_counter() - started)
-            losses[frozen] = (metrics.loss_first, metrics.loss_last)
+            seconds[way].append(time.perf_counter() - started)
+            losses[way] = (metrics.loss_first, metrics.loss_last)
     print(f"model {policy.name}: {n} layers, LoRA on {len(layers)}; {len(conversations)} "
           f"conversations ({len(groups)} contrast pairs), {args.steps} steps of 2")  # fmt: skip
-    for frozen in (False, True):
-        label = "frozen prefix" if frozen else "whole model (baseline)"
-        runs = ", ".join(f"{s:.1f}" for s in seconds[frozen])
-        first, last = losses[frozen]
-        print(f"  {label:24s} best {min(seconds[frozen]):6.1f} s  (runs: {runs})  "
-              f"loss {first:.4f} -> {last:.4f}")  # fmt: skip
-    print(f"  ratio (frozen / whole, best runs): {min(seconds[True]) / min(seconds[False]):.2f}")
+    baseline = min(seconds["whole model (baseline)"])
+    for way, runs in seconds.items():
+        listed = ", ".join(f"{s:.1f}" for s in runs)
+        first, last = losses[way]
+        print(f"  {way:24s} best {min(runs):6.1f} s  ratio {min(runs) / baseline:.2f}  "
+              f"(runs: {listed})  loss {first:.4f} -> {last:.4f}")  # fmt: skip
 
 
 if __name__ == "__main__":
