@@ -81,7 +81,7 @@ def shared_prefix_loss(
     # the common part's last position predicts a token that may differ: it runs with the rows
     shared = common_length(examples) - 1 if rows > 1 else 0
     stack = _stack(model)
-    if shared < min_shared or stack is None:
+    if shared < min_shared or stack is None or not hasattr(DynamicCache, "batch_repeat_interleave"):
         return None
     feed = "inputs_embeds" if "inputs_embeds" in inputs else "input_ids"
     tokens, labels, attention = inputs[feed], inputs["labels"], inputs["attention_mask"]
