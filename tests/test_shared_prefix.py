@@ -55,7 +55,8 @@ def test_the_loss_and_gradients_are_the_whole_batchs():
     import torch
 
     model, examples, inputs = _toy_batch(3)
-    assert common_length(examples) > 32  # the system message and the task's start
+    shortest = min(len(ids) for ids, _ in examples)
+    assert common_length(examples) > max(32, shortest / 2)  # the system message, the task's start
     whole, whole_grads = _loss_and_grads(model, lambda: sft_loss(model, inputs))
     shared, shared_grads = _loss_and_grads(
         model, lambda: shared_prefix_loss(model, inputs, examples)
@@ -72,6 +73,11 @@ def test_none_where_there_is_nothing_worth_sharing():
     one = collate(examples[:1], 0, "cpu")
     assert shared_prefix_loss(model, one, examples[:1]) is None
     assert shared_prefix_loss(model, inputs, examples, min_shared=10_000) is None
+    common = common_length(examples)
+    shortest = min(len(ids) for ids, _ in examples)
+    assert shared_prefix_loss(model, inputs, examples, min_share=common / shortest) is None
+    just_enough = (common - 2) / shortest
+    assert shared_prefix_loss(model, inputs, examples, min_share=just_enough) is not None
 
 
 def _train(shared_prefix: bool) -> tuple[list[float], dict[str, object], int]:
