@@ -21,9 +21,9 @@ from typing import Any
 
 MIN_SHARED = 32  # tokens in common worth a second, batch-1 pass
 # ... and at least this share of the shortest row. Below it the second pass's fixed cost ate the
-# saving: on SmolLM2 (demo seeds 0 and 9, the data this was chosen on) a batch of two sharing 36% of their
-# positions (the system message alone) stepped 2-4% faster in isolation and no faster in the
-# nightly; a contrast pair (72%) 10-12% faster, its capability's training 5-13%
+# saving: on SmolLM2 (demo seeds 0 and 9, the data this was chosen on) a batch of two sharing
+# 36% of their positions (the system message alone) stepped 2-4% faster in isolation and no
+# faster in the nightly; a contrast pair (72%) 10-12% faster, its capability's training 5-13%
 # (docs/training.md)
 MIN_SHARE = 0.5
 
