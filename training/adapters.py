@@ -157,6 +157,7 @@ def router_texts(home: str | Path, adapter_id: str) -> list[str]:
 def load_adapters(model: Any, home: str | Path, adapter_ids: Sequence[str]) -> Any:
     """`model` (a base model or a PeftModel) with the registered adapters loaded by name."""
     from peft import PeftModel
+    from tracegym.training.model import quiet_peft
 
     for adapter_id in adapter_ids:
         path = adapters_dir(home) / adapter_id / "weights"
@@ -166,7 +167,8 @@ def load_adapters(model: Any, home: str | Path, adapter_ids: Sequence[str]) -> A
             if adapter_id not in model.peft_config:
                 model.load_adapter(str(path), adapter_name=adapter_id)
         else:
-            model = PeftModel.from_pretrained(model, str(path), adapter_name=adapter_id)
+            with quiet_peft():
+                model = PeftModel.from_pretrained(model, str(path), adapter_name=adapter_id)
     model.eval()
     return model
 

@@ -17,12 +17,15 @@ Nothing downloads: HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE are set on import.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -255,6 +258,18 @@ def weights_hash(folder: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """peft (0.21) asks transformers (5.x) `is_gradient_checkpointing` whenever it wraps a
+    model, and transformers answers with a FutureWarning the user can do nothing about; it
+    printed twice in every demo. Only that warning is silenced, only while peft wraps."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        yield
+
+
 __all__ = [
     "DEFAULT_MODEL",
     "ModelError",
@@ -264,6 +279,7 @@ __all__ = [
     "ensure_model",
     "load_policy",
     "models_dir",
+    "quiet_peft",
     "tiny_model",
     "tiny_tokenizer",
     "weights_hash",

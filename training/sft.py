@@ -35,7 +35,7 @@ from typing import Any
 
 from tracegym.training import tokens as counters
 from tracegym.training.frozen import FrozenPrefix
-from tracegym.training.model import Policy
+from tracegym.training.model import Policy, quiet_peft
 from tracegym.training.rollout import (
     ChatEncoder,
     parse_action,
@@ -354,7 +354,8 @@ def attach_lora(model: Any, config: TrainConfig, adapter_name: str) -> Any:
         model.add_adapter(adapter_name, lora)
         model.set_adapter(adapter_name)
         return model
-    return get_peft_model(model, lora, adapter_name=adapter_name)
+    with quiet_peft():
+        return get_peft_model(model, lora, adapter_name=adapter_name)
 
 
 @dataclass
