@@ -19,6 +19,8 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from tracegym.training.batching import _common_prefix
+
 MIN_SHARED = 32  # tokens in common worth a second, batch-1 pass
 # ... and at least this share of the shortest row. Below it the second pass's fixed cost ate the
 # saving: on SmolLM2 (demo seeds 0 and 9, the data this was chosen on) a batch of two sharing
@@ -31,14 +33,8 @@ MIN_SHARE = 0.5
 def common_length(examples: Sequence[tuple[list[int], list[int]]]) -> int:
     """Positions whose tokens and labels every example shares, leaving each example at least
     one position of its own."""
-    first_ids, first_mask = examples[0]
-    n = min(len(ids) for ids, _ in examples) - 1
-    for ids, mask in examples[1:]:
-        i = 0
-        while i < n and ids[i] == first_ids[i] and mask[i] == first_mask[i]:
-            i += 1
-        n = i
-    return max(0, n)
+    pairs = [list(zip(ids, mask, strict=True)) for ids, mask in examples]
+    return max(0, min(_common_prefix(pairs), min(len(p) for p in pairs) - 1))
 
 
 @contextlib.contextmanager
