@@ -232,9 +232,57 @@ def _init(
         state.tracer = target.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__)
         if not _installed.atexit_registered:
             atexit.register(shutdown)
+            _register_child_exit_flush()
             _installed.atexit_registered = True
     shutdown_all(old, settings.shutdown_timeout_s)
     return settings.home if use_spool else None
+
+
+def _shutdown_at_child_exit() -> None:
+    """`shutdown` for a multiprocessing child on its way out; never raises into its exit."""
+    try:
+        shutdown()
+    except BaseException as exc:
+        internal.swallow("child_exit", exc)
+
+
+def _arm_child_exit(installation: _Installation) -> None:
+    """In a multiprocessing child, after the registry of exit finalizers was cleared: flush
+    and stop the pipelines when the child ends. Its normal end is `os._exit` after
+    multiprocessing's `util._exit_function()`, so atexit (and its `shutdown`) never runs there
+    and whatever the batch processors still held was lost. The lowest priority: after the
+    finalizers of the child's queues and pools, whose work may still end spans."""
+    try:
+        from multiprocessing import util
+
+        util.Finalize(None, _shutdown_at_child_exit, exitpriority=-100)
+    except Exception as exc:
+        internal.report_error("child_exit", exc)
+
+
+def _register_child_exit_flush() -> None:
+    """Arm `_arm_child_exit` in every child multiprocessing starts by forking (the 'fork' and
+    'forkserver' methods). A hook of `os.register_at_fork` would come too early: the child's
+    bootstrap clears the finalizers registered before it runs `util._run_after_forkers()`."""
+    try:
+        from multiprocessing import parent_process, util
+
+        util.register_after_fork(_installed, _arm_child_exit)
+    except Exception as exc:
+        internal.report_error("child_exit", exc)
+        return
+    if parent_process() is not None:  # `init` inside a child: arm it now
+        _arm_child_exit(_installed)
+
+
+def _reset_lock_in_child() -> None:
+    """A fork while another thread held the lock (an `init`) would leave it held forever in the
+    child, and the child's exit flush waiting on it."""
+    _installed.lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 def flush(timeout_s: float = 30.0) -> bool:
