@@ -374,3 +374,96 @@ def test_async_generator_llm_usage_charged(cap):
     chat = a(cap.one("chat streaming"))
     assert (chat[sc.INPUT_TOKENS], chat[sc.OUTPUT_TOKENS]) == (3, 6)
     assert a(cap.one("invoke_agent stream-agent"))[sc.USED_TOKENS] == 9
+
+
+# Issue 31 item 14: a generator left with `break` is closed, not failed -------------------------
+
+
+def test_generators_left_with_break_under_asyncio_run_are_not_errors(cap):
+    """Before the fix the async generator's span was ERROR `CancelledError` with an exception
+    event: `asyncio.run` cancels the finalizer task that would close the abandoned generator,
+    which throws the CancelledError in at its yield."""
+    cleaned = []
+
+    @tg.tool
+    async def numbers():
+        i = 0
+        try:
+            while True:
+                yield i
+                i += 1
+        finally:
+            cleaned.append("async")
+
+    @tg.tool
+    def counting():
+        i = 0
+        try:
+            while True:
+                yield i
+                i += 1
+        finally:
+            cleaned.append("sync")
+
+    async def main():
+        seen = []
+        async for n in numbers():  # no aclose(): left to asyncio's finalizer
+            seen.append(n)
+            if n == 2:
+                break
+        for n in counting():
+            seen.append(n)
+            if n == 1:
+                break
+        return seen
+
+    assert asyncio.run(main()) == [0, 1, 2, 0, 1]
+    assert sorted(cleaned) == ["async", "sync"]  # both generators' own cleanup ran
+    for name, items in (("execute_tool numbers", 3), ("execute_tool counting", 2)):
+        span = cap.one(name)
+        assert span.end_time is not None
+        assert span.status.status_code is StatusCode.UNSET, (name, span.status.description)
+        assert not span.events, name
+        assert sc.ERROR_TYPE not in a(span)
+        assert a(span)[sc.GENERATOR_ITEMS] == items
+    assert tg.stats().internal_errors == 0
+
+
+def test_generators_that_really_raise_are_still_errors(cap):
+    @tg.tool
+    async def broken_async():
+        yield 1
+        raise ValueError("async boom")
+
+    @tg.tool
+    def broken_sync():
+        yield 1
+        raise KeyError("sync boom")
+
+    @tg.tool
+    async def refuses():
+        yield 1  # a ValueError thrown in at this yield is not handled: it fails the generator
+        yield 2
+
+    async def main():
+        with pytest.raises(ValueError, match="async boom"):
+            async for _ in broken_async():
+                pass
+        with pytest.raises(KeyError):
+            for _ in broken_sync():
+                await asyncio.sleep(0)
+        agen = refuses()
+        assert await agen.__anext__() == 1
+        with pytest.raises(ValueError, match="thrown"):
+            await agen.athrow(ValueError("thrown"))
+
+    asyncio.run(main())
+    for name, error in (
+        ("execute_tool broken_async", "ValueError"),
+        ("execute_tool broken_sync", "KeyError"),
+        ("execute_tool refuses", "ValueError"),
+    ):
+        span = cap.one(name)
+        assert span.status.status_code is StatusCode.ERROR, name
+        assert a(span)[sc.ERROR_TYPE] == error
+        assert [e.name for e in span.events] == ["exception"], name

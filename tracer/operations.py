@@ -597,6 +597,7 @@ def _wrap_async_generator(op: Operation, fn: Callable[..., Any]) -> Callable[...
         if handle is not None:
             handle.deactivate()
         yielded = _Yielded()
+        thrown: BaseException | None = None  # what the consumer threw in at the last yield
         try:
             agen = fn(*args, **kwargs)
             method, arg = agen.asend, None
@@ -606,6 +607,7 @@ def _wrap_async_generator(op: Operation, fn: Callable[..., Any]) -> Callable[...
                 except StopAsyncIteration:
                     break
                 yielded.add(item)
+                thrown = None
                 try:
                     arg = yield item
                     method = agen.asend
@@ -613,12 +615,19 @@ def _wrap_async_generator(op: Operation, fn: Callable[..., Any]) -> Callable[...
                     await _arun_in(handle, lambda _: agen.aclose(), None)
                     raise
                 except BaseException as exc:
-                    method, arg = agen.athrow, exc
+                    method, arg, thrown = agen.athrow, exc, exc
         except GeneratorExit:
             yielded.finish(op, handle)
             raise
         except BaseException as exc:
-            yielded.fail(op, handle, exc)
+            if exc is thrown and isinstance(exc, asyncio.CancelledError):
+                # Let go of, not failed: a generator left by `break` is closed by asyncio's
+                # finalizer task, and `asyncio.run` cancels that task before its first step,
+                # which throws the CancelledError in at the yield (the undecorated generator
+                # gets it too); it comes back out unchanged.
+                yielded.finish(op, handle)
+            else:
+                yielded.fail(op, handle, exc)
             raise
         yielded.finish(op, handle)
 
