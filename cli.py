@@ -1,7 +1,8 @@
 """The `tracegym` command: one Typer app; each stage registers its own commands.
 
     tracegym [--home DIR] demo | summary | outcome | version          (this module)
-    tracegym [--home DIR] sql | traces | show | compact | import | collect   (store/commands.py)
+    tracegym [--home DIR] sql | traces | show | compact | doctor | import | collect | export
+                                                                        (store/commands.py)
     tracegym [--home DIR] analyze | attribute                           (analysis/commands.py)
     tracegym [--home DIR] synthesize | envs ...                         (synthesis/commands.py)
     tracegym [--home DIR] nightly | train | evaluate | adapters ...     (training/commands.py)
@@ -45,7 +46,16 @@ from typer.core import TyperGroup
 # The commands the stages register (`register(app, home_of, fail)` in each module), in the order
 # `--help` lists them. tests/test_cli_show.py checks this against what the modules register.
 LAZY_COMMANDS: dict[str, tuple[str, ...]] = {
-    "tracegym.store.commands": ("sql", "traces", "show", "compact", "import", "collect", "export"),
+    "tracegym.store.commands": (
+        "sql",
+        "traces",
+        "show",
+        "compact",
+        "doctor",
+        "import",
+        "collect",
+        "export",
+    ),
     "tracegym.analysis.commands": ("analyze", "attribute"),
     "tracegym.synthesis.commands": ("synthesize", "envs"),
     "tracegym.training.commands": ("nightly", "train", "evaluate", "adapters"),

@@ -1,4 +1,5 @@
-"""The store's commands: `tracegym sql`, `traces`, `show`, `compact`, `import`, `collect`.
+"""The store's commands: `tracegym sql`, `traces`, `show`, `compact`, `doctor`, `import`,
+`collect`, `export`.
 
 Registered on the main `tracegym` app by `register(app)`; DuckDB and friends are imported
 inside each command, so the bare (tracer-only) install keeps a working CLI.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -43,15 +45,24 @@ class OutputFormat(str, Enum):
     parquet = "parquet"
 
 
-def _open_store(home: Path, fail: Any) -> Any:
+def _open_store(home: Path, fail: Any, *, compact_on_open: bool = True) -> Any:
     try:
         from tracegym.store.store import Store
     except ImportError as exc:
         fail(f"the store needs the analysis extra: pip install 'tracegym[analysis]' ({exc.name})")
     try:
-        return Store(home)
+        return Store(home, compact_on_open=compact_on_open)
     except Exception as exc:  # a broken lake file, a permission problem ...
         fail(f"cannot open the store under {home}: {exc}")
+
+
+def query_error(exc: BaseException) -> str:
+    """DuckDB's error in one line, with what to do when the query names an extension."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else repr(exc)
+    if "extension" in text.lower() and ("not in the catalog" in text or "not loaded" in text):
+        line += " (the store loads no DuckDB extensions: query the views with built-in functions)"
+    return line
 
 
 def _json_default(value: Any) -> Any:
@@ -166,24 +177,19 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         """Run read-only SQL over spans, traces, tool_calls, llm_calls, memory_ops, outcomes."""
         from tracegym.store.store import ReadOnlyError
 
+        if fmt is OutputFormat.parquet and output is None:
+            fail("--format parquet writes a file: give --output FILE")
         store = _open_store(existing_home(home_of(ctx, home), fail), fail)
-        try:
-            relation = store.sql(query)
+        try:  # planned and fetched in one retry: a compaction may move files in between
+            if fmt is OutputFormat.parquet:
+                store.run(query, None, lambda rel: text_json(rel).write_parquet(str(output)))
+                typer.echo(f"wrote {output}")
+                return
+            columns, rows = dataclasses.astuple(store.fetch(query))
         except ReadOnlyError as exc:
             fail(str(exc))
         except Exception as exc:  # DuckDB's own errors say what is wrong with the query
-            fail(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
-        if fmt is OutputFormat.parquet:
-            if output is None:
-                fail("--format parquet writes a file: give --output FILE")
-            text_json(relation).write_parquet(str(output))
-            typer.echo(f"wrote {output}")
-            return
-        try:
-            rows = relation.fetchall()
-        except Exception as exc:
-            fail(str(exc).strip().splitlines()[0])
-        columns = list(relation.columns)
+            fail(query_error(exc))
         if output is not None:
             with open(output, "w", encoding="utf-8") as handle:
                 saved, sys.stdout = sys.stdout, handle
@@ -207,7 +213,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
 
         store = _open_store(existing_home(home_of(ctx, home), fail), fail)
         where = "WHERE success = false" if failed else ""
-        rows = store.sql(
+        rows = store.fetch(
             "SELECT trace_id, coalesce(run_id, left(trace_id, 12)) AS run, "
             "left(trace_id, 12) AS trace, agent, "
             "strftime(start_time, '%m-%d %H:%M:%S') AS started, round(duration_ms, 1) AS ms, "
@@ -216,7 +222,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             "AS outcome, reward "
             f"FROM traces {where} ORDER BY start_time DESC, trace_id LIMIT $limit",
             {"limit": limit},
-        ).fetchall()
+        ).rows
         requests = requests_of(store, [row[0] for row in rows])
         console = table_console()
         console.print(traces_table(rows, requests, console.width))
@@ -238,14 +244,14 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
 
         store = _open_store(existing_home(home_of(ctx, home), fail), fail)
         ids = (
-            store.sql(
+            store.fetch(
                 "SELECT DISTINCT trace_id FROM traces WHERE run_id = $id",
                 {"id": trace},
-            ).fetchall()
-            or store.sql(
+            ).rows
+            or store.fetch(
                 "SELECT DISTINCT trace_id FROM traces WHERE starts_with(trace_id, $p)",
                 {"p": trace.lower()},
-            ).fetchall()
+            ).rows
         )
         if not ids:
             fail(f"no run with trace id or run id {trace!r} under {store.home}")
@@ -257,16 +263,55 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
     @app.command()
     def compact(ctx: typer.Context, home: HomeOption = None) -> None:
         """Move complete spool files into the Parquet lake (queries also do this first)."""
+        import duckdb
+
         target = existing_home(home_of(ctx, home), fail)
-        store = _open_store(target, fail)
-        report = store.last_compaction
-        if report is not None and report.busy:  # opening skips a running one: queue behind it
-            typer.echo("another process is compacting this store: waiting for it", err=True)
-            report = store.compact(wait=True)
+        store = _open_store(target, fail, compact_on_open=False)
+        try:
+            report = store.compact(wait=False)
+            if report.busy:  # another process is compacting: queue behind it
+                typer.echo("another process is compacting this store: waiting for it", err=True)
+                report = store.compact(wait=True)
+        except (OSError, duckdb.Error) as exc:
+            fail(
+                f"could not compact {target}: {query_error(exc)} (nothing is lost: spool files "
+                "stay until their spans are in the lake)",
+                1,
+            )
         typer.echo(
             f"compacted {report.files} spool files, {report.spans} spans, {report.parts} parts"
             f" under {target}; {len(report.skipped_live)} files still being written"
         )
+
+    @app.command()
+    def doctor(
+        ctx: typer.Context,
+        repair: Annotated[
+            bool,
+            typer.Option(
+                "--repair",
+                help="Move corrupt lake parts into lake/quarantine/ (never deleted) and remove "
+                "dead compactions' staging folders.",
+            ),
+        ] = False,
+        home: HomeOption = None,
+    ) -> None:
+        """Check the store's files: corrupt lake parts (every row is read), spool files cut
+        mid-line, dead compactions' staging, the quarantine. Exit code 1 while a corrupt part
+        is still in the lake. Writes nothing without --repair."""
+        try:
+            from tracegym.store.health import examine
+            from tracegym.store.health import repair as fix
+        except ImportError as exc:
+            fail(f"doctor needs the analysis extra: pip install 'tracegym[analysis]' ({exc.name})")
+        target = existing_home(home_of(ctx, home), fail)
+        health = examine(target)
+        if repair:
+            health = fix(health)
+        for line in doctor_lines(health):
+            typer.echo(line)
+        if health.corrupt_in_place:
+            raise typer.Exit(1)
 
     @app.command("import")
     def import_(
@@ -361,6 +406,37 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             pass
         finally:
             receiver.stop()
+
+
+def doctor_lines(health: Any) -> list[str]:
+    """`tracegym doctor`'s report (paths relative to the home), as plain lines."""
+
+    def rel(path: Path) -> str:
+        return str(path.relative_to(health.home)) if path.is_relative_to(health.home) else str(path)
+
+    lines = [f"tracegym store: {health.home}"]
+    lines.append(f"lake parts: {health.parts} read whole, {len(health.corrupt)} corrupt")
+    for bad in health.corrupt:
+        moved = health.moved.get(bad.path)
+        fate = f"moved to {rel(moved)}" if moved else "still in the lake (--repair moves it)"
+        lines.append(f"  corrupt: {rel(bad.path)}: {bad.reason}; {fate}")
+    lines.append(
+        f"spool: {health.spool_files} files ({health.live_files} being written), "
+        f"{len(health.cut_tails)} with a cut last line (compaction drops that line)"
+    )
+    lines.extend(f"  cut last line: {rel(path)}" for path in health.cut_tails)
+    if health.compacting:
+        lines.append("staging: a compaction is running")
+    else:
+        state = "removed" if health.staging_removed else "--repair removes them"
+        lines.append(
+            f"staging: {len(health.staging)} folders left by dead compactions"
+            + (f" ({state})" if health.staging else "")
+        )
+    lines.append(f"quarantine: {len(health.quarantine)} files")
+    lines.extend(f"  {rel(path)}" for path in health.quarantine)
+    lines.append("status: " + ("corrupt parts in the lake" if health.corrupt_in_place else "ok"))
+    return lines
 
 
 def parse_params(pairs: list[str] | None, fail: Any) -> dict[str, Any]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 from tracegym.store.lake import CompactionReport, compact
@@ -16,6 +18,18 @@ from tracegym.tracer.config import resolve_home
 # PRAGMAs that only read (the catalog, the version); every other one sets or runs something.
 _READ_PRAGMAS = {"show_tables", "show_tables_expanded", "table_info", "database_list", "version"}
 _ANALYZE = {"ANALYZE", "ANALYSE"}
+
+
+log = logging.getLogger("tracegym.store")
+T = TypeVar("T")
+
+
+@dataclass
+class Rows:
+    """A query's column names and rows, fetched."""
+
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
 
 
 class ReadOnlyError(ValueError):
@@ -158,13 +172,30 @@ class Store:
     def __init__(self, home: str | Path | None = None, *, compact_on_open: bool = True) -> None:
         self.home = resolve_home(home)
         self.con = duckdb.connect()
-        self.last_compaction: CompactionReport | None = (
-            compact(self.home, self.con, wait=False)  # never queue behind the nightly's
-            if compact_on_open
-            else None
-        )
+        # Never fetch or load an extension a query names (sqlite_scan ...): no download, no
+        # ~/.duckdb written, a plain error instead.
+        self.con.execute("SET autoinstall_known_extensions = false")
+        self.con.execute("SET autoload_known_extensions = false")
+        self.last_compaction: CompactionReport | None = None
+        self.compaction_error: str | None = None
+        if compact_on_open:
+            self._compact_for_reading()
         self._views = LiveViews(self.con, self.home)
         self.con.execute("SET lock_configuration = true")  # no PRAGMA/SET can loosen it now
+
+    def _compact_for_reading(self) -> None:
+        """Compact before reading, unless the disk refuses (full, read-only, not ours): then
+        read the lake plus the spool as they are (exactly once either way), with a note."""
+        try:
+            self.last_compaction = compact(self.home, self.con, wait=False)  # never queue
+        except (OSError, duckdb.Error) as exc:
+            text = str(exc).strip()
+            self.compaction_error = text.splitlines()[0] if text else type(exc).__name__
+            log.warning(
+                "note: could not compact %s (%s): reading the lake and the spool as they are",
+                self.home,
+                self.compaction_error,
+            )
 
     def compact(self, *, wait: bool = True) -> CompactionReport:
         """Move complete spool files into the lake, then refresh the views. `wait`: queue
@@ -174,19 +205,34 @@ class Store:
         return self.last_compaction
 
     def sql(self, query: str, params: Any = None) -> duckdb.DuckDBPyRelation:
-        """A DuckDB relation for a read-only query (`.fetchall()`, `.pl()`, `.df()` ...)."""
+        """A DuckDB relation for a read-only query (`.fetchall()`, `.pl()`, `.df()` ...).
+
+        Planned now, run when fetched: a compaction that moves its spool files in between fails
+        that fetch (an IO error). `fetch`, `run`, `pl` and `df` plan and fetch in one retry."""
         check_read_only(query)
         return _as_relation(self._views.run(lambda: self.con.sql(query, params=params)))
+
+    def fetch(self, query: str, params: Any = None) -> Rows:
+        """A read-only query's column names and rows, run and fetched over fresh views again
+        when a compaction moves its files meanwhile (a relation from `sql` is fetched later,
+        outside that retry)."""
+        return self.run(query, params, lambda rel: Rows(list(rel.columns), rel.fetchall()))
+
+    def run(self, query: str, params: Any, use: Callable[[duckdb.DuckDBPyRelation], T]) -> T:
+        """`use(relation)` for a read-only query, retried as a whole (planning and fetching)
+        when a compaction or a damaged part gets in the way (see `LiveViews.run`)."""
+        check_read_only(query)
+        return self._views.run(lambda: use(_as_relation(self.con.sql(query, params=params))))
 
     def pl(self, query: str, params: Any = None) -> Any:
         """The query's result as a Polars DataFrame (JSON columns as text)."""
         require("polars", "Store.pl()")
-        return self.sql(query, params).pl()
+        return self.run(query, params, lambda rel: rel.pl())
 
     def df(self, query: str, params: Any = None) -> Any:
         """The query's result as a pandas DataFrame (JSON columns as text)."""
         require("pandas", "Store.df()")
-        return self.sql(query, params).df()
+        return self.run(query, params, lambda rel: rel.df())
 
     def rows(
         self, query: str, params: Any = None, *, batch: int = 4096

@@ -21,6 +21,7 @@ from typing import TypeVar
 
 import duckdb
 from tracegym.store.lake import complete_spool_files, lake_dir
+from tracegym.store.parts import lake_parts, may_be_corrupt, screen
 from tracegym.store.schema import empty_source, lake_read_select, read_json_source, row_select
 from tracegym.tracer import semconv as sc
 
@@ -39,11 +40,18 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _lake_part(directory: Path, listed: list[str]) -> str | None:
-    """The lake's parts under `directory`, less those of the spool files `listed` (stems)."""
-    if not directory.is_dir() or not any(directory.rglob("*.parquet")):
+def _lake_part(
+    directory: Path, listed: list[str], bad: frozenset[Path] = frozenset()
+) -> str | None:
+    """The lake's parts under `directory`, less those of the spool files `listed` (stems) and
+    the `bad` ones that could not be moved aside (then named one by one, not globbed)."""
+    found = sorted(directory.rglob("*.parquet")) if directory.is_dir() else []
+    kept = [p for p in found if p not in bad]
+    if not kept:
         return None
     glob = _literal(str(directory / "**" / "*.parquet"))
+    if len(kept) < len(found):
+        glob = "[" + ", ".join(_literal(str(p)) for p in kept) + "]"
     if not listed:
         return lake_read_select(f"read_parquet({glob}, hive_partitioning=true)")
     stems = ", ".join(_literal(stem) for stem in listed)
@@ -54,9 +62,11 @@ def _lake_part(directory: Path, listed: list[str]) -> str | None:
     )
 
 
-def _table_sql(home: Path, table: str, live: str | None, listed: list[str]) -> str:
+def _table_sql(
+    home: Path, table: str, live: str | None, listed: list[str], bad: frozenset[Path] = frozenset()
+) -> str:
     """One lake table (`spans` or `outcomes`) plus its rows from the live spool."""
-    parts = [p for p in (_lake_part(lake_dir(home) / table, listed), live) if p]
+    parts = [p for p in (_lake_part(lake_dir(home) / table, listed, bad), live) if p]
     if not parts:  # an empty store still has typed, queryable views
         parts.append(f"SELECT * EXCLUDE (_table) FROM ({row_select(empty_source())})")
     return "\nUNION ALL BY NAME\n".join(f"({p})" for p in parts)
@@ -234,17 +244,19 @@ def gap_runs_sql(home: Path) -> str:
 
 
 def register_views(con: duckdb.DuckDBPyConnection, home: Path) -> list[Path]:
-    """(Re)create the views over `home` on `con`; returns the spool files they read."""
+    """(Re)create the views over `home` on `con`; returns the spool files they read. Lake
+    parts that fail a cheap check are moved aside or left out (see store/parts.py)."""
     home = Path(home)
     ready, writing = complete_spool_files(home)
     pending = ready + writing
     live, listed = _live_sql(pending), [p.stem for p in pending]
+    bad = frozenset(screen(home, listed).in_place)
     for view, table in (("spans", "spans"), ("_outcome_spans", "outcomes"),
                         ("_nightly_spans", "nightly")):  # fmt: skip
         live_rows = (
             f"SELECT * EXCLUDE (_table) FROM ({live}) WHERE _table = '{table}'" if live else None
         )
-        body = _table_sql(home, table, live_rows, listed)
+        body = _table_sql(home, table, live_rows, listed, bad)
         con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS {body}")
     for name in ["outcomes", "traces", "tool_calls", "llm_calls", "memory_ops", "nightly"]:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEW_SQL[name]}")
@@ -253,35 +265,54 @@ def register_views(con: duckdb.DuckDBPyConnection, home: Path) -> list[Path]:
 
 
 class LiveViews:
-    """The views on one connection, recreated when the spool moves under them.
+    """The views on one connection, recreated when the files move under them.
 
     `run(fn)` retries `fn` over fresh views while it fails with an IO error and the spool's
-    file list has changed since the views were made (another process compacted files they read;
-    their parts are in the lake now). Any other IO error is raised as it is.
+    file list or the lake's parts have changed since the views were made (another process
+    compacted files they read, or moved a part aside). A read error that could come from a
+    damaged part has every part read whole once (store/parts.py): when some are bad, they are
+    moved aside or left out and `fn` runs again. Any other error is raised as it is.
     """
 
-    TRIES = 10  # each retry needs a file to have vanished: a compaction moving on
+    TRIES = 10  # each retry needs a file to have vanished or a bad part found
 
     def __init__(self, con: duckdb.DuckDBPyConnection, home: Path) -> None:
         self.con, self.home = con, Path(home)
         self.listed: list[Path] = []
+        self.parts: list[Path] = []
         self.refresh()
 
     def refresh(self) -> None:
         """Recreate the views; again if a file they list vanishes while they are created."""
         for _ in range(self.TRIES - 1):
             with contextlib.suppress(duckdb.IOException):
-                self.listed = register_views(self.con, self.home)
+                self._register()
                 return
+        self._register()
+
+    def _register(self) -> None:
         self.listed = register_views(self.con, self.home)
+        self.parts = lake_parts(self.home)  # after: registering may move bad parts aside
 
     def run(self, fn: Callable[[], T]) -> T:
         for _ in range(self.TRIES - 1):
             try:
                 return fn()
-            except duckdb.IOException:
-                before = self.listed
-                self.refresh()
-                if self.listed == before:
+            except duckdb.Error as exc:
+                if not self._recovered(exc):
                     raise
         return fn()
+
+    def _recovered(self, exc: duckdb.Error) -> bool:
+        """Whether fresh views may now answer what failed with `exc`."""
+        if isinstance(exc, duckdb.IOException):
+            before = (self.listed, self.parts)
+            self.refresh()
+            if (self.listed, self.parts) != before:
+                return True
+        if not may_be_corrupt(exc):
+            return False
+        if not screen(self.home, [p.stem for p in self.listed], deep=True).found:
+            return False
+        self.refresh()
+        return True

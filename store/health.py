@@ -1,0 +1,104 @@
+"""`tracegym doctor`: what state the store's files are in, and the one repair it may make.
+
+It reads every row of every lake part (queries check footers only, see store/parts.py), and
+looks at what crashes leave behind: spool files cut mid-line, staging folders of compactions
+that died, parts already moved aside. It writes nothing unless asked to repair: then corrupt
+parts go to the quarantine (never deleted) and dead compactions' staging folders are removed
+(their spool files are still in place: the next compaction redoes them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tracegym.store.lake import LOCK_FILE, STAGING_DIR, compaction_lock, lake_dir
+from tracegym.store.parts import BadPart, check, lake_parts, move_aside, quarantined
+from tracegym.tracer.spool_files import is_complete, spool_dir
+
+
+@dataclass
+class Health:
+    """One look at a store's files (and what a repair did)."""
+
+    home: Path
+    parts: int = 0
+    corrupt: list[BadPart] = field(default_factory=list)
+    spool_files: int = 0
+    live_files: int = 0  # held by a writer right now
+    cut_tails: list[Path] = field(default_factory=list)  # complete files whose last line is cut
+    staging: list[Path] = field(default_factory=list)  # left by compactions that died
+    compacting: bool = False  # a compaction holds the lock: its staging folder is not stale
+    quarantine: list[Path] = field(default_factory=list)
+    moved: dict[Path, Path] = field(default_factory=dict)  # by the repair
+    staging_removed: bool = False
+
+    @property
+    def corrupt_in_place(self) -> list[BadPart]:
+        return [bad for bad in self.corrupt if bad.path not in self.moved]
+
+
+def _compacting(home: Path) -> bool:
+    """Whether a compaction holds the lake's lock (asked without creating or writing a file)."""
+    try:
+        fd = os.open(lake_dir(home) / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the lock if we took it
+
+
+def _cut(path: Path) -> bool:
+    """Whether the file's last line has no newline (a crash-cut line compaction will drop)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            if handle.tell() == 0:
+                return False
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) != b"\n"
+    except OSError:
+        return False
+
+
+def examine(home: Path) -> Health:
+    """Look at every file of the store under `home`; reads every lake part whole."""
+    home = Path(home)
+    health = Health(home)
+    parts = lake_parts(home)
+    health.parts = len(parts)
+    health.corrupt = check(parts, deep=True)
+    directory = spool_dir(home)
+    files = sorted(directory.glob("*.jsonl")) if directory.is_dir() else []
+    health.spool_files = len(files)
+    for path in files:
+        if not is_complete(path):
+            health.live_files += 1
+        elif _cut(path):
+            health.cut_tails.append(path)
+    health.compacting = _compacting(home)
+    staging = lake_dir(home) / STAGING_DIR
+    if staging.is_dir() and not health.compacting:
+        health.staging = sorted(staging.iterdir())
+    health.quarantine = quarantined(home)
+    return health
+
+
+def repair(health: Health) -> Health:
+    """Move the corrupt parts aside and clear dead compactions' staging, under the lock."""
+    health.moved = move_aside(health.home, health.corrupt, wait=True)
+    if health.staging:
+        with contextlib.suppress(OSError), compaction_lock(health.home, wait=True):
+            shutil.rmtree(lake_dir(health.home) / STAGING_DIR)
+            health.staging_removed = True
+    health.quarantine = quarantined(health.home)
+    return health
