@@ -238,14 +238,26 @@ class Store:
         self, query: str, params: Any = None, *, batch: int = 4096
     ) -> Iterator[dict[str, Any]]:
         """The rows of a read-only query as dicts, fetched `batch` at a time (a large result
-        is never held whole). Run no other query on this store until it is exhausted."""
+        is never held whole). Run no other query on this store until it is exhausted.
+
+        The first batch is fetched inside the retry around compactions and damaged parts; a
+        damaged part met later is moved aside too, but the error is raised (rows were given)."""
         check_read_only(query)
-        # The temp views live on this connection only.
-        cursor = self._views.run(lambda: self.con.execute(query, params))
+
+        def start() -> tuple[duckdb.DuckDBPyConnection, list[tuple[Any, ...]]]:
+            cursor = self.con.execute(query, params)  # the temp views live on this connection
+            return cursor, cursor.fetchmany(batch)
+
+        cursor, chunk = self._views.run(start)
         names = [d[0] for d in cursor.description]
-        while chunk := cursor.fetchmany(batch):
+        while chunk:
             for row in chunk:
                 yield dict(zip(names, row, strict=True))
+            try:
+                chunk = cursor.fetchmany(batch)
+            except duckdb.Error as exc:
+                self._views.recover(exc)  # names and moves a damaged part aside for next time
+                raise
 
     def records(self) -> Iterator[dict[str, Any]]:
         """Every span and outcome record, shaped like spool lines (attributes as dicts)."""

@@ -299,12 +299,13 @@ class LiveViews:
             try:
                 return fn()
             except duckdb.Error as exc:
-                if not self._recovered(exc):
+                if not self.recover(exc):
                     raise
         return fn()
 
-    def _recovered(self, exc: duckdb.Error) -> bool:
-        """Whether fresh views may now answer what failed with `exc`."""
+    def recover(self, exc: duckdb.Error) -> bool:
+        """After `exc`, refresh the views (moving damaged parts aside where that is why);
+        whether they may now answer what failed."""
         if isinstance(exc, duckdb.IOException):
             before = (self.listed, self.parts)
             self.refresh()
