@@ -12,29 +12,42 @@ text when the encoding itself is unsupported), with
 
 | status | when |
 |--------|------|
-| 400 | the body does not decode, or a span is invalid (the message says which and why) |
+| 400 | the body does not decode, or a span is invalid (the message says which and why); bad
+  framing (a Content-Length or chunk size that is not plain digits / hex digits, over-long
+  chunk or trailer lines, more than 10,000 gzip members) |
 | 401 | a token is set and the `Authorization: Bearer` header is missing or wrong |
 | 404 | any other path |
 | 405 | any other method on /v1/traces |
+| 408 | the body did not arrive whole within `body_deadline_s`, or stalled for `body_timeout_s` |
 | 411 | no Content-Length (and not chunked) |
-| 413 | the body, compressed or not, exceeds `max_body_bytes` |
+| 413 | the body, however framed, compressed or not, exceeds `max_body_bytes` |
 | 415 | another Content-Type or Content-Encoding |
+| 501 | a Transfer-Encoding other than `chunked` |
 | 503 | busy (see below), or the spool could not be written: the exporter retries |
+
+`GET /healthz` answers 200 `{"status":"ok"}` without the token (it tells nothing else).
 
 A request is all or nothing: it is converted whole (`tracegym.store.otlp`) before anything is
 written, then its records go to the spool through one `SpoolAppender.append`, a single
 O_APPEND write. The receiver binds 127.0.0.1 unless told otherwise, stays quiet unless
 `log_requests=True`, and survives any input (a handler error answers 500 and is counted).
 
-Bounded: at most `max_requests` requests (default 2) are read and converted at once. Each holds
-its body (at most `max_body_bytes`), the decompressed copy and the converted records, about six
-times the body for small spans (a 19 MiB request of 32,000 spans: ~120 MB), so memory stays
-near `max_requests x 6 x max_body_bytes`. Measured, 8 concurrent 19 MiB requests: 974 MB peak
-with all 8 at once (the old behaviour), 337 MB with 2, in about the same time (conversion holds
-the GIL). A request finding them all busy waits up to `busy_wait_s` (default 5 s), then gets
-503 with `Retry-After: 1`, which OTLP/HTTP exporters retry. A body must keep arriving
-(`body_timeout_s`, 10 s between reads) or the connection is closed. Connections beyond
-`max_connections` (default 1024, one thread each) get a 503 at once.
+Bounded: bodies are read without holding a request slot (two clients trickling a byte at a
+time once held both, and everyone else got 503), each charged as it arrives to one budget of
+`max_buffered_bytes` (default 4 x `max_body_bytes`), so a slow client holds only what it sent.
+Then at most `max_requests` requests (default 2) are converted at once. Each holds its body (at
+most `max_body_bytes`), the decompressed copy and the converted records, about six times the
+body for small spans (a 19 MiB request of 32,000 spans: ~120 MB), so memory stays near
+`max_buffered_bytes + max_requests x 5 x max_body_bytes`. Measured, 8 concurrent 19 MiB
+requests: 974 MB peak with all 8 converted at once (before slots), 337 MB with 2, in about the
+same time (conversion holds the GIL). A body that finds the budget full, or a read body that
+finds every slot busy, waits up to `busy_wait_s` (default 5 s), then gets 503 with
+`Retry-After: 1`, which OTLP/HTTP exporters retry. A body must keep arriving (`body_timeout_s`,
+10 s between reads) and arrive whole within `body_deadline_s` (30 s from the request line;
+OTLP exporters give up after 10 s), or it gets 408 and the connection is closed. Connections
+beyond `max_connections` (default 1024, one thread each) get a 503 at once. Gzip and deflate
+output stops at `max_body_bytes`; gzip members cost time linear in the body
+(`store/receiver_body.py`).
 
 Secrets are redacted before anything is written (on by default; `redact=False` turns it off),
 with the tracer's `Redactor`: span, event, link and resource attributes at any depth, and status
@@ -48,7 +61,7 @@ import json
 import socket
 import sys
 import threading
-import zlib
+import time
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -64,22 +77,29 @@ from tracegym.store.otlp import (
     records_from_request,
     redact_records,
 )
+from tracegym.store.receiver_body import MAX_GZIP_MEMBERS as MAX_GZIP_MEMBERS
+from tracegym.store.receiver_body import BodyReader, ByteBudget, inflate, parse_content_length
+from tracegym.store.receiver_body import HTTPError as _HTTPError
 from tracegym.store.records import SpoolAppender
 from tracegym.tracer.config import resolve_home
 from tracegym.tracer.redact import Redactor
 
 TRACES_PATH = "/v1/traces"
+HEALTH_PATH = "/healthz"
 DEFAULT_PORT = 4318
 DEFAULT_MAX_BODY_BYTES = 20 << 20  # the OpenTelemetry Collector's default limit
 DEFAULT_MAX_REQUESTS = 2  # conversion holds the GIL: more at once would only cost memory
 DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_BODY_DEADLINE_S = 30.0  # OTLP exporters give up after 10 s by default
 RETRY_AFTER_S = 1
 
 PROTOBUF_TYPES = frozenset({"application/x-protobuf", "application/protobuf"})
 JSON_TYPE = "application/json"
 
 # google.rpc.Code values for the Status body of each HTTP error.
-_RPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 500: 13, 503: 14}
+_RPC_CODES = {
+    400: 3, 401: 16, 404: 5, 405: 12, 408: 4, 411: 3, 413: 8, 415: 3, 500: 13, 501: 12, 503: 14
+}  # fmt: skip
 
 
 _COUNTERS = (
@@ -88,7 +108,7 @@ _COUNTERS = (
     "rejected_requests",
     "rejected_spans",
     "errors",
-    "busy_requests",  # answered 503 because `max_requests` were being received
+    "busy_requests",  # answered 503: no request slot or no room in the body budget in time
     "refused_connections",  # beyond `max_connections`
     "redacted_spans",
 )
@@ -102,17 +122,6 @@ _BUSY_ANSWER = (
 
 def _no_such_path(path: str) -> str:
     return f"no such path {path[:200]!r}; POST to {TRACES_PATH}"
-
-
-class _HTTPError(Exception):
-    def __init__(
-        self, status: int, message: str, *, close: bool = False, retry_after: int | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.close = close  # the body was not (fully) read: the connection cannot be reused
-        self.retry_after = retry_after
 
 
 def _status_protobuf(code: int, message: str) -> bytes:
@@ -131,35 +140,6 @@ def _status_protobuf(code: int, message: str) -> bytes:
 
     text = message.encode("utf-8")
     return b"\x08" + varint(code) + b"\x12" + varint(len(text)) + text
-
-
-def _decompress(data: bytes, encoding: str, limit: int) -> bytes:
-    """Undo gzip/deflate, refusing (413) output beyond `limit` bytes."""
-    if encoding == "gzip":
-        wbits_options: tuple[int, ...] = (31,)
-    else:  # deflate: zlib-wrapped per RFC 9110, though some clients send it raw
-        wbits_options = (15, -15)
-    last_error: Exception | None = None
-    for wbits in wbits_options:
-        try:
-            out = bytearray()
-            rest = data
-            while rest:
-                inflater = zlib.decompressobj(wbits)
-                out += inflater.decompress(rest, limit + 1 - len(out))
-                if len(out) > limit:
-                    raise _HTTPError(
-                        413, f"decompressed body exceeds {limit} bytes", close=False
-                    ) from None
-                if inflater.unconsumed_tail:  # stopped at the limit with input left
-                    raise _HTTPError(413, f"decompressed body exceeds {limit} bytes")
-                if not inflater.eof:
-                    raise OTLPFormatError(f"truncated {encoding} body")
-                rest = inflater.unused_data if wbits == 31 else b""  # gzip may have members
-            return bytes(out)
-        except zlib.error as exc:
-            last_error = exc
-    raise OTLPFormatError(f"invalid {encoding} body: {last_error}")
 
 
 class _Server(ThreadingHTTPServer):
@@ -223,6 +203,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing --------------------------------------------------------------------------
 
+    _started = 0.0  # monotonic time the request line was read: the body's deadline runs from it
+
+    def parse_request(self) -> bool:
+        self._started = time.monotonic()
+        return super().parse_request()
+
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.receiver.log_requests:
             super().log_message(format, *args)
@@ -265,46 +251,21 @@ class _Handler(BaseHTTPRequestHandler):
             body, content_type = (error.message + "\n").encode(), "text/plain; charset=utf-8"
         self._send(error.status, body, content_type, headers, close=error.close)
 
-    def _read_body(self, limit: int) -> bytes:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return self._read_chunked(limit)
-        length_header = self.headers.get("Content-Length")
-        if length_header is None:
+    def _read_body(self, reader: BodyReader) -> bytes:
+        coding = self.headers.get("Transfer-Encoding")
+        if coding is not None:
+            if coding.strip(" \t").lower() != "chunked":
+                raise _HTTPError(
+                    501, f"unsupported Transfer-Encoding {coding[:40]!r}; use chunked", close=True
+                )
+            return reader.read_chunked()
+        lengths = self.headers.get_all("Content-Length") or []
+        if not lengths:
             raise _HTTPError(411, "Content-Length required", close=True)
-        try:
-            length = int(length_header)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            raise _HTTPError(400, f"invalid Content-Length {length_header!r}", close=True) from None
-        if length > limit:
-            raise _HTTPError(
-                413, f"body of {length} bytes exceeds the limit of {limit} bytes", close=True
-            )
-        body = self.rfile.read(length)
-        if len(body) != length:
-            raise _HTTPError(400, "body shorter than its Content-Length", close=True)
-        return body
-
-    def _read_chunked(self, limit: int) -> bytes:
-        body = bytearray()
-        while True:
-            line = self.rfile.readline(1024)
-            try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise _HTTPError(400, "invalid chunked encoding", close=True) from None
-            if size == 0:
-                while self.rfile.readline(1024).strip():  # trailers
-                    pass
-                return bytes(body)
-            if len(body) + size > limit:
-                raise _HTTPError(413, f"body exceeds the limit of {limit} bytes", close=True)
-            chunk = self.rfile.read(size)
-            if len(chunk) != size:
-                raise _HTTPError(400, "truncated chunked body", close=True)
-            body += chunk
-            self.rfile.readline(1024)  # the CRLF after each chunk
+        length_header = lengths[0]
+        if any(other != length_header for other in lengths):
+            raise _HTTPError(400, "conflicting Content-Length headers", close=True)
+        return reader.read_length(parse_content_length(length_header))
 
     # -- methods ---------------------------------------------------------------------------
 
@@ -354,31 +315,47 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HTTPError(
                 415, f"unsupported Content-Encoding {encoding!r}; use gzip or none", close=True
             )
+        reader = BodyReader(
+            self.rfile,
+            self.connection,
+            limit=receiver.max_body_bytes,
+            budget=receiver._budget,
+            deadline=self._started + receiver.body_deadline_s,
+            stall_s=receiver.body_timeout_s,
+            busy_wait_s=receiver.busy_wait_s,
+            retry_after=RETRY_AFTER_S,
+        )
+        try:
+            self._receive(receiver, media, encoding, reader)
+        finally:
+            reader.release()
+
+    def _receive(self, receiver: Receiver, media: str, encoding: str, reader: BodyReader) -> None:
+        """Read the body (no slot held: a slow client keeps no one else waiting), then, in
+        one of `max_requests` slots, convert, redact and write it."""
+        try:
+            body = self._read_body(reader)
+        finally:
+            self.connection.settimeout(self.timeout)
+            if reader.busy:
+                receiver._count(busy_requests=1)
         if not receiver._slots.acquire(timeout=receiver.busy_wait_s):
             receiver._count(busy_requests=1)
             raise _HTTPError(
                 503,
-                f"busy: {receiver.max_requests} requests are being received; retry",
-                close=True,
+                f"busy: {receiver.max_requests} requests are being converted; retry",
                 retry_after=RETRY_AFTER_S,
             )
         try:
-            self._receive(receiver, media, encoding)
+            self._convert(receiver, media, encoding, body)
         finally:
             receiver._slots.release()
 
-    def _receive(self, receiver: Receiver, media: str, encoding: str) -> None:
-        """Read, convert, redact and write one request: what holds a slot (and memory)."""
-        limit = receiver.max_body_bytes
-        self.connection.settimeout(receiver.body_timeout_s)  # a stalled body frees its slot
-        try:
-            body = self._read_body(limit)
-        finally:
-            self.connection.settimeout(self.timeout)
+    def _convert(self, receiver: Receiver, media: str, encoding: str, body: bytes) -> None:
         spans = 0
         try:
             if encoding in ("gzip", "deflate"):
-                body = _decompress(body, encoding, limit)
+                body = inflate(body, encoding, receiver.max_body_bytes)
             if media == JSON_TYPE:
                 request = parse_json(body)
                 spans = count_spans_json(request) if isinstance(request, dict) else 0
@@ -410,6 +387,14 @@ class _Handler(BaseHTTPRequestHandler):
         else:  # an empty ExportTraceServiceResponse encodes as no bytes
             self._send(200, b"", "application/x-protobuf")
 
+    def _get(self) -> None:
+        if self.path.split("?", 1)[0] != HEALTH_PATH:
+            self._not_allowed()
+            return
+        # Liveness only: no counters, no configuration, nothing that needs the token.
+        has_body = "Content-Length" in self.headers or "Transfer-Encoding" in self.headers
+        self._send(200, b'{"status":"ok"}', JSON_TYPE, close=has_body)  # a body goes unread
+
     def _not_allowed(self) -> None:
         receiver = self.server.receiver
         receiver._count(rejected_requests=1)
@@ -421,7 +406,8 @@ class _Handler(BaseHTTPRequestHandler):
             error = _HTTPError(404, _no_such_path(self.path), close=True)
         self._send_error(error, None)
 
-    do_GET = do_HEAD = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+    do_GET = do_HEAD = _get
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
 
 
 class Receiver:
@@ -431,8 +417,9 @@ class Receiver:
     `serve_forever()` serves on the calling thread until `stop()` (or Ctrl-C). Counters:
     `stats()`. Usable as a context manager (start / stop). `redact` (default True) scrubs
     secrets from what is received, with `redact_patterns` added to the built-in rules;
-    `max_requests`, `busy_wait_s`, `body_timeout_s` and `max_connections` bound memory and
-    threads (see the module's docstring).
+    `max_requests`, `max_buffered_bytes` (default 4 x `max_body_bytes`), `busy_wait_s`,
+    `body_timeout_s`, `body_deadline_s` and `max_connections` bound memory, time and threads
+    (see the module's docstring).
     """
 
     def __init__(
@@ -450,6 +437,8 @@ class Receiver:
         busy_wait_s: float = 5.0,
         body_timeout_s: float = 10.0,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        body_deadline_s: float = DEFAULT_BODY_DEADLINE_S,
+        max_buffered_bytes: int | None = None,
     ) -> None:
         self.home = resolve_home(home)
         self.host = host
@@ -462,6 +451,10 @@ class Receiver:
         self.busy_wait_s = max(0.0, float(busy_wait_s))
         self.body_timeout_s = max(0.1, float(body_timeout_s))
         self.max_connections = max(1, int(max_connections))
+        self.body_deadline_s = max(0.1, float(body_deadline_s))
+        buffered = 4 * self.max_body_bytes if max_buffered_bytes is None else max_buffered_bytes
+        self.max_buffered_bytes = max(self.max_body_bytes, int(buffered))  # one body always fits
+        self._budget = ByteBudget(self.max_buffered_bytes)
         self._slots = threading.BoundedSemaphore(self.max_requests)
         self._appender = SpoolAppender(self.home)
         self._server: _Server | None = None

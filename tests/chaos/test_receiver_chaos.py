@@ -3,9 +3,11 @@
 - Times that do not fit the store's BIGINT nanoseconds (`startTimeUnixNano = 2**70` was
   accepted and stored as NULL) or are negative: 400, naming the span; nothing written.
 - One thread per connection and no cap (8 concurrent 19 MiB requests peaked at 555 MB): now at
-  most `max_requests` bodies are read and converted at once; the next waits `busy_wait_s`, then
-  gets 503 + Retry-After; a stalled body is cut after `body_timeout_s`; connections beyond
-  `max_connections` get a 503 at once. The server answers normally afterwards.
+  most `max_requests` requests are converted at once, and the bodies being read hold at most
+  `max_buffered_bytes` (issue 31: no longer slots that slow clients could hold); a body that
+  finds no room waits `busy_wait_s`, then gets 503 + Retry-After; a stalled body gets 408 after
+  `body_timeout_s`; connections beyond `max_connections` get a 503 at once. The server answers
+  normally afterwards.
 - Secrets in received spans reached the spool verbatim: now redacted by default (grep the raw
   spool bytes), with `redact=False` to keep them.
 """
@@ -133,72 +135,79 @@ def test_largest_time_and_end_before_start_are_kept(receiver, home):
 # -- bounded concurrency ------------------------------------------------------------------------
 
 
-def stall(receiver: Receiver, length: int = 100_000) -> socket.socket:
-    """A client that sends its headers and the first bytes of the body, then nothing."""
+def stall(receiver: Receiver, length: int = 100_000, sent: int = 1) -> socket.socket:
+    """A client that sends its headers and the first `sent` bytes of the body, then nothing."""
     sock = socket.create_connection(("127.0.0.1", receiver.port), timeout=10)
     sock.sendall(
         b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n{" % length
+        b"Content-Length: %d\r\n\r\n{" % length + b" " * (sent - 1)
     )
     return sock
 
 
-def answer_while_busy(receiver: Receiver) -> tuple[int, dict[str, str], float]:
-    """Post until the stalled clients hold every slot (a probe sent before they took theirs
-    is accepted); the first 503's headers and how long it took."""
+def wait_for_buffered(receiver: Receiver, n: int) -> None:
+    """Until the stalled bodies' bytes are held (counted in the receiver's body budget)."""
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        start = time.monotonic()
-        status, _, headers = post(receiver.url, request_of(span()))
-        if status != 200:
-            return status, headers, time.monotonic() - start
-    raise AssertionError("the stalled clients never filled the slots")
+    while receiver._budget.used < n:
+        assert time.monotonic() < deadline, "the stalled bodies were never read"
+        time.sleep(0.01)
 
 
-def test_the_request_beyond_the_cap_is_refused_and_the_server_recovers(home):
-    with Receiver(home, port=0, max_requests=2, busy_wait_s=0.2) as receiver:
-        stalled = [stall(receiver), stall(receiver)]
+def test_the_body_beyond_the_budget_is_refused_and_the_server_recovers(home):
+    """Bodies being read may hold `max_buffered_bytes` at once (issue 31 item 9: no longer
+    `max_requests` bodies, which two slow clients could hold); past it, 503 + Retry-After."""
+    with Receiver(
+        home, port=0, max_body_bytes=100_000, max_buffered_bytes=200_000, busy_wait_s=0.2
+    ) as receiver:
+        stalled = [stall(receiver, sent=99_999), stall(receiver, sent=99_999)]
         try:
-            status, headers, took = answer_while_busy(receiver)
+            wait_for_buffered(receiver, 2 * 99_999)
+            start = time.monotonic()
+            status, _, headers = post(receiver.url, request_of(span()))
             assert status == 503
             assert headers.get("Retry-After") == "1"  # what OTLP/HTTP exporters honour
-            assert took < 0.2 + 2.0  # waited briefly, did not hang
-            assert receiver.stats()["busy_requests"] >= 1
+            assert time.monotonic() - start < 0.2 + 5.0  # waited briefly, did not hang
+            assert receiver.stats()["busy_requests"] == 1
         finally:
             for sock in stalled:
                 sock.close()
-        # the hung-up bodies free their slots: requests are accepted again
+        # the hung-up bodies free their bytes: requests are accepted again
         deadline = time.monotonic() + 10
         while post(receiver.url, request_of(span()))[0] != 200:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        assert receiver._budget.used == 0
 
 
-def test_a_waiting_request_gets_the_freed_slot(home):
-    with Receiver(home, port=0, max_requests=1, busy_wait_s=8) as receiver:
-        stalled = stall(receiver)
-        time.sleep(0.2)  # let it take the one slot
+def test_a_waiting_request_gets_the_freed_room(home):
+    with Receiver(
+        home, port=0, max_body_bytes=100_000, max_buffered_bytes=100_000, busy_wait_s=8
+    ) as receiver:
+        stalled = stall(receiver, sent=99_999)
+        wait_for_buffered(receiver, 99_999)
         result: list[int] = []
         waiter = threading.Thread(
             target=lambda: result.append(post(receiver.url, request_of(span()))[0])
         )
         waiter.start()
         time.sleep(0.3)
-        assert not result  # waiting for the slot ...
+        assert not result  # waiting for room ...
         stalled.close()
         waiter.join(10)
-        assert result == [200]  # ... and served once it was free
+        assert result == [200]  # ... and served once there was some
 
 
-def test_a_stalled_body_loses_its_slot(home):
-    with Receiver(home, port=0, max_requests=1, busy_wait_s=0.1, body_timeout_s=0.5) as receiver:
-        stalled = stall(receiver)  # never closed by the client
+def test_a_stalled_body_is_answered_408_and_gives_its_bytes_back(home):
+    with Receiver(home, port=0, busy_wait_s=0.1, body_timeout_s=0.5) as receiver:
+        stalled = stall(receiver, sent=5_000)  # never closed by the client
         try:
-            deadline = time.monotonic() + 10
-            while post(receiver.url, request_of(span()))[0] != 200:
-                assert time.monotonic() < deadline, "the stalled body kept its slot"
-                time.sleep(0.1)
-            assert stalled.recv(1) == b""  # the receiver hung up on it
+            answer = b""
+            while chunk := stalled.recv(4096):  # the receiver answers, then hangs up on it
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408 "), answer
+            assert b"stopped arriving" in answer
+            assert receiver._budget.used == 0
+            assert post(receiver.url, request_of(span()))[0] == 200
         finally:
             stalled.close()
 
