@@ -78,11 +78,13 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from tracegym.store.records import span_record
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.openinference import stored
+from tracegym.tracer.redact import Redactor
+from tracegym.tracer.redact import redact_records as _redact_records
 from tracegym.tracer.serialize import content_hash
 
 __all__ = [
@@ -666,87 +668,16 @@ def records_from_json(body: bytes | str) -> list[dict[str, Any]]:
 # Redaction of received spans
 
 
-class _Redactor(Protocol):
-    def redact(self, text: str) -> str: ...
-
-    def redact_attributes(self, attributes: Any) -> dict[str, Any] | None: ...
-
-
-def _redact_value(redactor: _Redactor, value: Any) -> Any:
-    """`value` with secrets replaced, at any depth (OTLP values nest: arrays, key-value lists)."""
-    kind = type(value)
-    if kind is str:
-        return redactor.redact(value)
-    if kind is dict:
-        clean = _redact_mapping(redactor, value)
-        return value if clean is None else clean
-    if kind is list or kind is tuple:
-        items = [_redact_value(redactor, v) for v in value]
-        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
-    return value
-
-
-def _nests(value: Any) -> bool:
-    kind = type(value)
-    return kind is dict or kind is list or kind is tuple
-
-
-def _redact_mapping(redactor: _Redactor, attributes: dict[str, Any]) -> dict[str, Any] | None:
-    """A redacted copy of `attributes`, or None when nothing changed.
-
-    The tracer's `redact_attributes` handles this level (secret-named keys, text, lists of
-    text); values nested below it are walked here."""
-    out = redactor.redact_attributes(attributes)
-    for key, value in (out if out is not None else attributes).items():
-        kind = type(value)
-        if kind is dict or ((kind is list or kind is tuple) and any(map(_nests, value))):
-            clean = _redact_value(redactor, value)
-            if clean is not value:
-                if out is None:
-                    out = dict(attributes)
-                out[key] = clean
-    return out
-
-
-def _redact_record(redactor: _Redactor, record: dict[str, Any]) -> bool:
-    changed = False
-    clean = _redact_mapping(redactor, record["attributes"])
-    if clean is not None:
-        record["attributes"], changed = clean, True
-    for item in (*record["events"], *record["links"]):
-        clean = _redact_mapping(redactor, item["attributes"])
-        if clean is not None:
-            item["attributes"], changed = clean, True
-    message = record["status_message"]
-    if message:
-        clean_message = redactor.redact(message)
-        if clean_message != message:
-            record["status_message"], changed = clean_message, True
-    return changed
-
-
-def redact_records(records: list[dict[str, Any]], redactor: _Redactor) -> int:
-    """Replace secrets in received records in place, as the tracer does before it writes:
-    attributes (at any depth), event and link attributes, status messages, resources. Returns
-    how many records had a secret removed. Raises OTLPFormatError for values too deep to check
-    (never store what could not be checked)."""
-    redacted = 0
-    last_resource: dict[str, Any] | None = None
-    last_clean: dict[str, Any] | None = None
+def redact_records(records: list[dict[str, Any]], redactor: Redactor) -> int:
+    """Replace secrets in received records in place, through the tracer's one redaction path
+    (`tracegym.tracer.redact.redact_records`: names, attributes at any depth, event names and
+    attributes, link attributes, status messages, resources). Returns how many records had a
+    secret removed. Raises OTLPFormatError for values too deep to check (never store what
+    could not be checked)."""
     try:
-        for record in records:
-            changed = _redact_record(redactor, record)
-            resource = record["resource"]
-            if resource:
-                # The spans of one resourceSpans carry equal copies of its resource: check once.
-                if last_resource is None or resource != last_resource:
-                    last_resource, last_clean = resource, _redact_mapping(redactor, resource)
-                if last_clean is not None:
-                    record["resource"], changed = dict(last_clean), True
-            redacted += changed
+        return _redact_records(records, redactor)
     except RecursionError:
         raise OTLPFormatError("values nested too deeply to check for secrets") from None
-    return redacted
 
 
 def count_spans_json(request: Any) -> int:

@@ -1,4 +1,10 @@
-"""Secret scrubbing in front of every exporter.
+"""Secret scrubbing: one path for every way a span comes in.
+
+Every text a span carries can hold a secret: its name, attribute values (at any depth), event
+names and attributes, link attributes, status message and resource attributes. `redact_parts`
+is the one function that knows that list; `redact_span` (the tracer's spans, before any
+exporter) and `redact_record` / `redact_records` (spool records: the OTLP receiver and every
+importer) only carry a span into it and back.
 
 Spans are immutable once ended, so redaction (like Logfire's scrubber) hands on a copy of the
 span with secrets replaced, and the original when nothing matched. tracegym's own pipelines run
@@ -10,16 +16,18 @@ same span by span, synchronously, for processors an application adds itself.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from itertools import chain
 from operator import attrgetter
 from typing import Any
 
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.trace import Status
+from opentelemetry.trace import Link, Status
 from tracegym.tracer import internal
-from tracegym.tracer.foreign import attribute_maps, replace_span
+from tracegym.tracer.foreign import attribute_maps
 from tracegym.tracer.foreign import attributes_of as _attributes_of
 from tracegym.tracer.processors import FanOutSpanProcessor
 from tracegym.tracer.serialize import TRUNCATION_MARKER
@@ -173,6 +181,9 @@ _SECRET_KEY = re.compile(
 _SDK_EVENTS = attrgetter("_events._dq")  # the SDK's deque: `events` copies it into a tuple
 _EVENTS = attrgetter("events")
 _DESCRIPTION = attrgetter("_status._description")
+_NAME = attrgetter("name")
+_LINKS = attrgetter("links")
+_RESOURCE = attrgetter("resource")
 _SCALARS = frozenset({str, int, float, bool})
 
 _CUT_RE = re.compile(_CUT)
@@ -233,6 +244,10 @@ class Redactor:
         self._always = bool(extra_patterns)
         self._key_cache: dict[str, bool] = {}
         self._innocent_keys: set[str] = set()  # keys `_secret_key` found innocent
+        # The last resource checked and its redacted copy (None: clean). Spans of one process,
+        # or of one OTLP request, share one resource: it is checked once, not per span.
+        self._last_resource: tuple[Mapping[str, Any], dict[str, Any] | None] | None = None
+        self._last_resource_copy: tuple[Resource, Resource] | None = None
 
     def might_hold_secret(self, text: str) -> bool:
         """Cheap pre-check: False means `text` certainly holds no built-in secret shape."""
@@ -284,8 +299,15 @@ class Redactor:
             with_events = any(map(_SDK_EVENTS, spans))
         except AttributeError:
             with_events = any(map(_EVENTS, spans))
+        names = list(map(_NAME, spans))
         if with_events:
-            maps += [dict(e.attributes or {}) for span in spans for e in span.events]
+            events = [e for span in spans for e in span.events]
+            maps += [dict(e.attributes or {}) for e in events]
+            names += [e.name for e in events]
+        if any(map(_LINKS, spans)):
+            maps += [dict(link.attributes or {}) for span in spans for link in span.links]
+        resources = {id(r): r for r in map(_RESOURCE, spans) if r is not None}
+        maps += [dict(r.attributes) for r in resources.values()]
         innocent = self._innocent_keys
         keys = chain.from_iterable(map(dict.keys, maps))
         if not innocent.issuperset(keys):
@@ -310,6 +332,7 @@ class Redactor:
                 elif isinstance(value, (tuple, list)):
                     texts.extend(v for v in value if isinstance(v, str))
         texts += descriptions
+        texts += [name for name in set(names) if isinstance(name, str)]
         return not self.might_hold_secret("\n".join(texts))
 
     def redact_attributes(self, attributes: Any) -> dict[str, Any] | None:
@@ -349,26 +372,212 @@ class Redactor:
                 out[key] = new
         return out
 
+    def redact_value(self, value: Any) -> Any:
+        """`value` with secrets replaced at any depth (received and imported values nest:
+        arrays, key-value lists); `value` itself when it held none. RecursionError when it
+        nests deeper than Python can walk (never store what could not be checked)."""
+        kind = type(value)
+        if kind is str:
+            return self.redact(value)
+        if kind is dict:
+            clean = self.redact_mapping(value)
+            return value if clean is None else clean
+        if kind is list or kind is tuple:
+            items = [self.redact_value(v) for v in value]
+            return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+        return value
+
+    def redact_mapping(self, attributes: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """A redacted copy of `attributes`, nested values included, or None when nothing
+        changed. `redact_attributes` handles the top level (secret-named keys, text, lists of
+        text); values nested below it are walked here."""
+        if not attributes:
+            return None
+        out = self.redact_attributes(attributes)
+        for key, value in (out if out is not None else attributes).items():
+            kind = type(value)
+            if kind is dict or ((kind is list or kind is tuple) and any(map(_nests, value))):
+                clean = self.redact_value(value)
+                if clean is not value:
+                    if out is None:
+                        out = dict(attributes)
+                    out[key] = clean
+        return out
+
+    def redact_resource(self, resource: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """`redact_mapping` for a resource, remembering the last one: the spans of a process
+        (or of one received request) share one."""
+        if not resource:
+            return None
+        last = self._last_resource
+        if last is not None and (last[0] is resource or last[0] == resource):
+            return last[1]
+        clean = self.redact_mapping(resource)
+        self._last_resource = (resource, clean)
+        return clean
+
+    def resource_copy(self, resource: Resource, attributes: Mapping[str, Any]) -> Resource:
+        """A Resource with `attributes` in place of `resource`'s, made once per resource."""
+        last = self._last_resource_copy
+        if last is not None and last[0] is resource:
+            return last[1]
+        copy = Resource(dict(attributes), resource.schema_url)
+        self._last_resource_copy = (resource, copy)
+        return copy
+
+
+def _nests(value: Any) -> bool:
+    kind = type(value)
+    return kind is dict or kind is list or kind is tuple
+
+
+@dataclass(frozen=True)
+class SpanParts:
+    """What a span carries that came from its maker, so where a secret can hide, whatever
+    brought the span in (the tracer, the OTLP receiver, an importer)."""
+
+    name: Any
+    status_message: str | None
+    attributes: Mapping[str, Any]
+    events: tuple[tuple[Any, Mapping[str, Any]], ...]  # (name, attributes) per event
+    links: tuple[Mapping[str, Any], ...]  # attributes per link
+    resource: Mapping[str, Any]
+
+
+def _redact_text(redactor: Redactor, text: Any) -> Any:
+    return redactor.redact(text) if isinstance(text, str) and text else text
+
+
+def redact_parts(parts: SpanParts, redactor: Redactor) -> SpanParts | None:
+    """`parts` with every secret replaced, or None when there was none: the one redaction
+    path. A part that did not change is the same object as before."""
+    changes: dict[str, Any] = {}
+    name = _redact_text(redactor, parts.name)
+    if name != parts.name:
+        changes["name"] = name
+    message = _redact_text(redactor, parts.status_message)
+    if message != parts.status_message:
+        changes["status_message"] = message
+    attributes = redactor.redact_mapping(parts.attributes)
+    if attributes is not None:
+        changes["attributes"] = attributes
+    events: list[tuple[Any, Mapping[str, Any]]] | None = None
+    for i, (event_name, event_attributes) in enumerate(parts.events):
+        new_name = _redact_text(redactor, event_name)
+        new_attributes = redactor.redact_mapping(event_attributes)
+        if new_name != event_name or new_attributes is not None:
+            if events is None:
+                events = list(parts.events)
+            kept = event_attributes if new_attributes is None else new_attributes
+            events[i] = (new_name if new_name != event_name else event_name, kept)
+    if events is not None:
+        changes["events"] = tuple(events)
+    links: list[Mapping[str, Any]] | None = None
+    for i, link_attributes in enumerate(parts.links):
+        new_link = redactor.redact_mapping(link_attributes)
+        if new_link is not None:
+            if links is None:
+                links = list(parts.links)
+            links[i] = new_link
+    if links is not None:
+        changes["links"] = tuple(links)
+    resource = redactor.redact_resource(parts.resource)
+    if resource is not None:
+        changes["resource"] = resource
+    return replace(parts, **changes) if changes else None
+
+
+def redact_record(record: dict[str, Any], redactor: Redactor) -> bool:
+    """Replace secrets in one spool record (the receiver's and importers' spans) in place;
+    True when it had one. RecursionError for values nested too deeply to check."""
+    events = record.get("events") or []
+    links = record.get("links") or []
+    parts = SpanParts(
+        name=record.get("name"),
+        status_message=record.get("status_message"),
+        attributes=record.get("attributes") or {},
+        events=tuple((e.get("name"), e.get("attributes") or {}) for e in events),
+        links=tuple(link.get("attributes") or {} for link in links),
+        resource=record.get("resource") or {},
+    )
+    clean = redact_parts(parts, redactor)
+    if clean is None:
+        return False
+    if clean.name is not parts.name:
+        record["name"] = clean.name
+    if clean.status_message is not parts.status_message:
+        record["status_message"] = clean.status_message
+    if clean.attributes is not parts.attributes:
+        record["attributes"] = clean.attributes
+    if clean.events is not parts.events:
+        for event, (name, attributes), (old_name, old_attributes) in zip(
+            events, clean.events, parts.events, strict=True
+        ):
+            if name is not old_name:
+                event["name"] = name
+            if attributes is not old_attributes:
+                event["attributes"] = attributes
+    if clean.links is not parts.links:
+        for link, attributes, old in zip(links, clean.links, parts.links, strict=True):
+            if attributes is not old:
+                link["attributes"] = attributes
+    if clean.resource is not parts.resource:
+        record["resource"] = dict(clean.resource)  # records do not share a resource dict
+    return True
+
+
+def redact_records(records: Iterable[dict[str, Any]], redactor: Redactor) -> int:
+    """`redact_record` for each of `records`; how many had a secret removed."""
+    return sum(redact_record(record, redactor) for record in records)
+
 
 def redact_span(span: ReadableSpan, redactor: Redactor) -> ReadableSpan:
     """`span` itself when it holds no secret, else a copy with every secret replaced."""
-    attributes = redactor.redact_attributes(_attributes_of(span))
     status = span.status
-    if status.description:
-        clean = redactor.redact(status.description)
-        if clean != status.description:
-            status = Status(status.status_code, clean)
-    events = None
-    for i, event in enumerate(span.events):
-        new = redactor.redact_attributes(event.attributes)
-        if new is not None:
-            if events is None:
-                events = list(span.events)
-            events[i] = Event(event.name, new, event.timestamp)
-    if attributes is None and events is None and status is span.status:
+    resource = span.resource
+    parts = SpanParts(
+        name=span.name,
+        status_message=status.description,
+        attributes=_attributes_of(span) or {},
+        events=tuple((e.name, e.attributes or {}) for e in span.events),
+        links=tuple(link.attributes or {} for link in span.links),
+        resource=resource.attributes if resource is not None else {},
+    )
+    clean = redact_parts(parts, redactor)
+    if clean is None:
         return span
     internal.add("spans_redacted")
-    return replace_span(span, attributes=attributes, events=events, status=status)
+    if clean.status_message is not parts.status_message:
+        status = Status(status.status_code, clean.status_message)
+    events: Sequence[Event] = span.events
+    if clean.events is not parts.events:
+        events = [
+            Event(name, attributes, event.timestamp)
+            for (name, attributes), event in zip(clean.events, span.events, strict=True)
+        ]
+    links: Sequence[Link] = span.links
+    if clean.links is not parts.links:
+        links = [
+            Link(link.context, attributes)
+            for attributes, link in zip(clean.links, span.links, strict=True)
+        ]
+    if resource is not None and clean.resource is not parts.resource:
+        resource = redactor.resource_copy(resource, clean.resource)
+    attributes = span.attributes if clean.attributes is parts.attributes else clean.attributes
+    return ReadableSpan(
+        name=clean.name,
+        context=span.context,
+        parent=span.parent,
+        resource=resource,
+        attributes=attributes,
+        events=events,
+        links=links,
+        kind=span.kind,
+        status=status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
 
 
 _SPLIT_MIN = 16  # a dirty batch this small is redacted span by span

@@ -94,14 +94,28 @@ def _wants_otlp(endpoint: str | None) -> bool:
     return "otlp" in os.environ.get("OTEL_TRACES_EXPORTER", "").lower()
 
 
-def _provider_for(service: str | None, provider: Any) -> Any:
+def _resource(service: str | None, redactor: Redactor | None) -> Resource:
+    """The resource of a provider tracegym creates (OTEL_RESOURCE_ATTRIBUTES included), with
+    secrets redacted (`deployment.db_url=postgres://svc:pw@db/x`): it rides on every span, to
+    every exporter, including ones the application adds later."""
+    resource = Resource.create({SERVICE_NAME: service} if service else {})
+    if redactor is None:
+        return resource
+    try:
+        clean = redactor.redact_mapping(resource.attributes)
+    except Exception as exc:  # the exporters' redaction still sees every span's resource
+        internal.report_error("redact.resource", exc)
+        return resource
+    return resource if clean is None else Resource(clean, resource.schema_url)
+
+
+def _provider_for(service: str | None, provider: Any, redactor: Redactor | None = None) -> Any:
     if provider is not None:
         return provider
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):  # the application's own: add to it
         return current
-    attributes = {SERVICE_NAME: service} if service else {}
-    created = TracerProvider(resource=Resource.create(attributes))
+    created = TracerProvider(resource=_resource(service, redactor))
     trace.set_tracer_provider(created)
     if trace.get_tracer_provider() is not created:  # someone else won the one-time set
         internal.logger.info("tracegym: a global TracerProvider exists; using a private one")
@@ -215,7 +229,7 @@ def _init(
     ]
 
     with _installed.lock:
-        target = _provider_for(service, provider)
+        target = _provider_for(service, provider, redactor)
         old = _installed.batches
         if _installed.processor is not None and _installed.provider is target:
             _installed.processor.replace(batches)

@@ -1,4 +1,4 @@
-"""Issue 13 item 10: secrets must not reach disk.
+"""Issue 13 item 10 and issue 31 item 11: secrets must not reach disk.
 
 Before the fix `export DB_PASSWORD=...`, `AWS_SECRET_ACCESS_KEY=...`, a bare AWS secret key,
 the JSON keys `token`, `secret_key` and `passphrase`, and a PEM private key cut by the
@@ -6,6 +6,11 @@ the JSON keys `token`, `secret_key` and `passphrase`, and a PEM private key cut 
 thread, redaction later on already-truncated text). Every shape of the corpus goes through the
 real pipeline (`tracegym.init`, batch processor, redacting exporter, spool) and the raw spool
 bytes are searched for it.
+
+Issue 31 item 11: span names (`tg.step(f"clone https://x:{token}@host")`), event names, link
+attributes and resource attributes (OTEL_RESOURCE_ATTRIBUTES) reached the spool verbatim; they
+now go through the same `redact_parts` as everything else (the importers' side of it is in
+tests/test_importers.py, the receiver's in test_receiver_chaos.py).
 """
 
 from __future__ import annotations
@@ -14,9 +19,12 @@ import contextlib
 import json
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import tracegym as tg
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Link, Status, StatusCode
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.redact import REDACTED, Redactor
 from tracegym.tracer.serialize import TRUNCATION_MARKER
@@ -165,3 +173,115 @@ def test_hostile_text_costs_the_redactor_linear_time():
     for text in hostile:
         redactor.redact(text)
     assert time.perf_counter() - start < 0.5
+
+
+@tg.agent(name="named")
+def named(texts):
+    for text in texts:
+        with tg.step(f"clone {text}"):
+            tg.current_span().add_event(f"note {text}", {"detail": "fine"})
+
+
+def _foreign_spans(provider: TracerProvider, texts: list[str]) -> None:
+    """Another instrumentation's spans: the text as span name, event name, link attribute and
+    status message."""
+    tracer = provider.get_tracer("someone.else")
+    with tracer.start_as_current_span("anchor") as anchor:
+        context = anchor.get_span_context()
+    for text in texts:
+        span = tracer.start_span(text, links=[Link(context, {"why": text})])
+        span.add_event(text)
+        span.set_status(Status(StatusCode.ERROR, text))
+        span.end()
+
+
+def test_corpus_in_span_event_and_link_never_reaches_the_spool(tracer_setup, tmp_path):
+    """Before the fix every secret in a step's name, an event's name or a link's attributes
+    was written as it was."""
+    provider = tracer_setup(home=tmp_path)
+    texts = [text for _, text, _ in SECRETS]
+    named(texts)
+    _foreign_spans(provider, texts)
+    assert tg.flush(10)
+    raw = spool_bytes(tmp_path)
+    assert raw.count(b"\n") == 2 + 2 * len(SECRETS)  # every span arrived
+    assert [name for name, _, secret in SECRETS if secret.encode() in raw] == []
+    records = list(iter_spool(tmp_path))
+    steps = [r for r in records if r["name"].startswith("step clone ")]
+    assert len(steps) == len(SECRETS) and all(REDACTED in r["name"] for r in steps)
+
+
+def test_innocent_corpus_in_names_arrives_intact(tracer_setup, tmp_path):
+    provider = tracer_setup(home=tmp_path)
+    named(INNOCENT)
+    _foreign_spans(provider, INNOCENT)
+    assert tg.flush(10)
+    records = list(iter_spool(tmp_path))
+    names = {r["name"] for r in records}
+    assert {f"step clone {text}" for text in INNOCENT} <= names
+    assert set(INNOCENT) <= names
+    events = {e["name"] for r in records for e in r["events"]}
+    assert {f"note {text}" for text in INNOCENT} <= events
+    links = [link["attributes"]["why"] for r in records for link in r["links"]]
+    assert sorted(links) == sorted(INNOCENT)
+    assert REDACTED.encode() not in spool_bytes(tmp_path)
+    assert tg.stats().spans_redacted == 0
+
+
+def _resource_env(texts: list[str]) -> str:
+    """OTEL_RESOURCE_ATTRIBUTES with one attribute per text (values are percent-encoded)."""
+    return ",".join(f"deployment.note{i}={quote(text, safe='')}" for i, text in enumerate(texts))
+
+
+def test_corpus_in_resource_attributes_of_the_apps_provider_never_reaches_the_spool(
+    tracer_setup, tmp_path, monkeypatch
+):
+    """`OTEL_RESOURCE_ATTRIBUTES=deployment.db_url=postgres://svc:pw@db/x` was stored as it
+    was, on every span."""
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", _resource_env([t for _, t, _ in SECRETS]))
+    provider = TracerProvider()  # reads the variable, as the application's own would
+    tracer_setup(home=tmp_path, provider=provider)
+    leaky(["nothing secret"])
+    assert tg.flush(10)
+    raw = spool_bytes(tmp_path)
+    assert [name for name, _, secret in SECRETS if secret.encode() in raw] == []
+    (record, *_) = list(iter_spool(tmp_path))
+    assert len(record["resource"]) >= len(SECRETS)
+
+
+def test_innocent_resource_attributes_arrive_intact(tracer_setup, tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", _resource_env(INNOCENT))
+    tracer_setup(home=tmp_path, provider=TracerProvider())
+    leaky(["nothing secret"])
+    assert tg.flush(10)
+    for record in iter_spool(tmp_path):
+        values = [record["resource"][f"deployment.note{i}"] for i in range(len(INNOCENT))]
+        assert values == [text.strip() for text in INNOCENT]
+    assert tg.stats().spans_redacted == 0
+
+
+def test_the_resource_tracegym_creates_holds_no_secret(run_python, tmp_path):
+    """With no provider of the application's, `init` makes one: its resource (what every
+    exporter, the application's own included, sees) is redacted when it is made."""
+    password = PASSWORDS[3]
+    result = run_python(
+        """
+        import json
+        from opentelemetry import trace
+        import tracegym as tg
+        tg.init("svc")
+        with tg.step("one"):
+            pass
+        assert tg.flush(10)
+        print(json.dumps(dict(trace.get_tracer_provider().resource.attributes)))
+        """,
+        env={
+            "TRACEGYM_HOME": str(tmp_path / "home"),
+            "OTEL_RESOURCE_ATTRIBUTES": f"deployment.db_url=postgres://svc:{password}@db/x",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    resource = json.loads(result.stdout.strip().splitlines()[-1])
+    assert resource["deployment.db_url"] == f"postgres://{REDACTED}@db/x"
+    assert resource["service.name"] == "svc"
+    assert password.encode() not in spool_bytes(tmp_path / "home")
