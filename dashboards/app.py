@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from tracegym.dashboards import pages
+from tracegym.dashboards import pages, params
 from tracegym.dashboards.db import Database, SqlBox, SqlBoxBusy
 from tracegym.dashboards.findings import FindingsModel
 from tracegym.dashboards.queries import RunFilters
@@ -109,10 +109,7 @@ def create_app(
 
     def runs(request: Request) -> Response:
         q = request.query_params
-        try:
-            page = max(1, int(q.get("page", "1")))
-        except ValueError:
-            page = 1
+        page = params.integer(q, "page", 1, 1, params.MAX_PAGE)
         filters = RunFilters(
             **{
                 k: q.get(k, "").strip()[:500]
@@ -214,6 +211,11 @@ def create_app(
         message = f"There is no page at {request.url.path}."
         return render(request, "missing.html", "", 404, message=message)
 
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found})
+    async def bad_parameter(request: Request, exc: Exception) -> Response:
+        """A malformed or out-of-range query-string value: 400 with what was wrong."""
+        return render(request, "bad_request.html", "", 400, message=str(exc))
+
+    handlers = {404: not_found, params.BadParameter: bad_parameter}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     app.state.ctx = ctx
     return Guard(app, token, loopback_only_hosts=loopback)  # type: ignore[return-value]

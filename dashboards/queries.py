@@ -101,7 +101,7 @@ class RunFilters:
     tool: str = ""
     finding: str = ""  # a gap id (its evidence runs) or a detector name
     q: str = ""  # free text in span names, arguments, results, errors
-    page: int = 1
+    page: int = 1  # from 1 (app.py refuses the rest: the OFFSET is a BIGINT)
 
     def active(self) -> dict[str, str]:
         return {k: v for k, v in vars(self).items() if k != "page" and v}
@@ -171,7 +171,7 @@ def runs(filters: RunFilters, finding_traces: list[str] | None) -> Query:
     if (since := _date(filters.since)) is not None:
         where.append("make_timestamp(start_ns // 1000) >= $since")
         params["since"] = dt.datetime.combine(since, dt.time())
-    if (until := _date(filters.until)) is not None:
+    if (until := _date(filters.until)) is not None and until < dt.date.max:  # max: no bound
         where.append("make_timestamp(start_ns // 1000) < $until")
         params["until"] = dt.datetime.combine(until + dt.timedelta(days=1), dt.time())
     if filters.tool:
