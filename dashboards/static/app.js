@@ -40,9 +40,15 @@ function wrap(text, width) {
   return lines.map(esc).join("<br>");
 }
 
-// Plotly reads a little HTML in labels: trace content is shown as text, never as tags.
+// Plotly reads a little HTML in every string it draws (tick labels, hover text, legend
+// names, titles: <a href>, <b>, <br>, entities): every string from the data islands (tool
+// names, run ids, gap and adapter names, dates) goes through esc, so it is shown as text.
 function esc(text) {
   return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
+function escAll(texts) {
+  return (texts || []).map(esc);
 }
 
 function intervalTrace(name, items, names, color) {
@@ -57,45 +63,49 @@ function intervalTrace(name, items, names, color) {
 
 const CHARTS = {
   daily(d) {
+    const days = escAll(d.days);
     return [[
-      { type: "bar", name: "runs", x: d.days, y: d.runs, marker: { color: "#9bb7d4" } },
-      { type: "scatter", mode: "lines+markers", name: "success rate", x: d.days, y: d.rate,
+      { type: "bar", name: "runs", x: days, y: d.runs, marker: { color: "#9bb7d4" } },
+      { type: "scatter", mode: "lines+markers", name: "success rate", x: days, y: d.rate,
         yaxis: "y2", line: { color: "#2a7d46" } },
     ], { xaxis: { type: "category", automargin: true },
          yaxis: { title: { text: "runs" }, rangemode: "tozero", tickformat: ",d" },
          yaxis2: { title: { text: "success rate" }, overlaying: "y", side: "right",
                    range: [0, 1.02], tick0: 0, dtick: 0.2, tickformat: ".0%" },
-         bargap: d.days.length < 6 ? 0.6 : 0.2,
+         bargap: days.length < 6 ? 0.6 : 0.2,
          legend: { orientation: "h", x: 0, y: 1.12 }, margin: { l: 60, r: 60, t: 36, b: 60 } }];
   },
   per_run(d) {
     const r = d.per_run;
+    const labels = escAll(r.labels);
     const colours = { success: "#2a7d46", failure: "#c0392b", unknown: "#9aa3b2" };
     return [["success", "failure", "unknown"].map((kind) => {
       const pick = r.outcome.map((o, i) => (o === kind ? i : -1)).filter((i) => i >= 0);
-      return { type: "bar", name: kind, x: pick.map((i) => r.labels[i]),
+      return { type: "bar", name: kind, x: pick.map((i) => labels[i]),
                y: pick.map((i) => r.spans[i]), customdata: pick.map((i) => r.ids[i]),
                marker: { color: colours[kind] }, hovertemplate: "%{x}: %{y} spans<extra></extra>" };
-    }), { xaxis: { type: "category", categoryorder: "array", categoryarray: r.labels,
+    }), { xaxis: { type: "category", categoryorder: "array", categoryarray: labels,
                    automargin: true, tickangle: -45 },
           yaxis: { title: { text: "spans" }, rangemode: "tozero", tickformat: ",d" },
           barmode: "overlay", legend: { orientation: "h", x: 0, y: 1.12 },
           margin: { l: 60, r: 20, t: 36, b: 90 } }];
   },
   tools(d) {
+    const tools = escAll(d.tools);
     return [[
-      { type: "bar", name: "errors", x: d.tools, y: d.tool_errors, marker: { color: "#c0392b" } },
-      { type: "bar", name: "failed runs calling it", x: d.tools, y: d.tool_failed_runs,
+      { type: "bar", name: "errors", x: tools, y: d.tool_errors, marker: { color: "#c0392b" } },
+      { type: "bar", name: "failed runs calling it", x: tools, y: d.tool_failed_runs,
         marker: { color: "#e6a23c" } },
     ], { barmode: "group", yaxis: { rangemode: "tozero", tickformat: ",d" },
          xaxis: { automargin: true }, legend: { orientation: "h", x: 0, y: 1.15 },
          margin: { l: 50, r: 20, t: 36, b: 60 } }];
   },
   nightly(d) {
+    const nights = escAll(d.nights);
     return [[
-      { type: "scatter", mode: "lines+markers", name: "gaps", x: d.nights, y: d.night_gaps },
-      { type: "bar", name: "adapters trained", x: d.nights, y: d.night_trained },
-      { type: "bar", name: "adapters promoted", x: d.nights, y: d.night_promoted },
+      { type: "scatter", mode: "lines+markers", name: "gaps", x: nights, y: d.night_gaps },
+      { type: "bar", name: "adapters trained", x: nights, y: d.night_trained },
+      { type: "bar", name: "adapters promoted", x: nights, y: d.night_promoted },
     ], { barmode: "group", xaxis: { type: "category" }, bargap: d.nights.length < 6 ? 0.5 : 0.2,
          yaxis: { rangemode: "tozero", tickformat: ",d" },
          legend: { orientation: "h", x: 0, y: 1.15 }, margin: { l: 50, r: 20, t: 36, b: 40 } }];
@@ -127,7 +137,7 @@ const CHARTS = {
     });
     const label = (key) => {
       if (key.startsWith("gap:")) return esc(d.names[key.slice(4)] || key.slice(4));
-      if (key.startsWith("group:")) return "signature group " + key.slice(6);
+      if (key.startsWith("group:")) return "signature group " + esc(key.slice(6));
       return "no gap";
     };
     const order = (key) => (key.startsWith("group:") ? Number(key.slice(6)) : 0);
@@ -149,10 +159,11 @@ const CHARTS = {
                       margin: { l: 50, r: 10, t: 10, b: 40 } }];
   },
   adapters(d) {
+    const names = escAll(d.names);
     return [[
-      intervalTrace("base", d.base, d.names, "#9bb7d4"),
-      intervalTrace("with adapter", d.adapter, d.names, "#2a7d46"),
-      intervalTrace("routed", d.router, d.names, "#e6a23c"),
+      intervalTrace("base", d.base, names, "#9bb7d4"),
+      intervalTrace("with adapter", d.adapter, names, "#2a7d46"),
+      intervalTrace("routed", d.router, names, "#e6a23c"),
     ], { barmode: "group", yaxis: { range: [0, 1], tick0: 0, dtick: 0.2, tickformat: ".0%",
                                      title: { text: "held-out success (95% CI)" } },
          legend: { orientation: "h", x: 0, y: 1.12 }, margin: { l: 60, r: 20, t: 36, b: 40 } }];
