@@ -62,7 +62,10 @@ def build(trace_id: str, spans: list[dict[str, Any]], outcome: dict[str, Any] | 
         "outcome_source": outcome["source"] if outcome else None,
         "outcome_labels": outcome["labels"] if outcome else None,
     }  # fmt: skip
-    return build_runs(spans, [trace])[0]
+    # A garbage row (no start, no span id) has no place in the step order: left out here,
+    # still shown in the waterfall.
+    usable = [s for s in spans if s["start_ns"] is not None and s["span_id"] is not None]
+    return build_runs(usable, [trace])[0]
 
 
 def load_runs(db: Database, trace_ids: list[str]) -> list[Any]:

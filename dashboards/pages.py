@@ -36,6 +36,14 @@ def _iso(value: Any) -> str:
     return value.isoformat(sep=" ", timespec="seconds") if hasattr(value, "isoformat") else ""
 
 
+UNKNOWN_TIME = "unknown time"
+
+
+def _when(value: Any, shape: str) -> str:
+    """A time as `shape`; a NULL (a garbage row's missing start) as "unknown time", not a 500."""
+    return value.strftime(shape) if hasattr(value, "strftime") else UNKNOWN_TIME
+
+
 def chat_pretty(text: Any, role: str) -> str:
     """A chat span's recorded messages (the GenAI shape or an older one) as a transcript, one
     `[role] text` entry per message with its tool calls; "" when the text holds no JSON."""
@@ -106,7 +114,9 @@ def overview(ctx: Context) -> dict[str, Any]:
     shape = "%Y-%m-%d %H:00" if unit == "hour" else "%Y-%m-%d %H:%M"
     chart = {
         "per": (unit or "hour") if hours else "day",
-        "days": [b["hour"].strftime(shape) if hours else str(b["day"]) for b in buckets],
+        "days": [
+            _when(b["hour"] if hours else b["day"], shape if hours else "%Y-%m-%d") for b in buckets
+        ],
         "runs": [b["runs"] for b in buckets],
         "rate": [
             round(b["succeeded"] / (b["succeeded"] + b["failed"]), 4)
@@ -118,7 +128,7 @@ def overview(ctx: Context) -> dict[str, Any]:
         "tools": [r["tool"] for r in tools],
         "tool_errors": [r["errors"] for r in tools],
         "tool_failed_runs": [r["failed_runs"] for r in tools],
-        "nights": [str(n["date"]) for n in stored_nights],
+        "nights": [str(n["date"] or UNKNOWN_TIME) for n in stored_nights],
         "night_gaps": [n["gaps"] for n in stored_nights],
         "night_promoted": [n["adapters_promoted"] for n in stored_nights],
         "night_trained": [n["adapters_trained"] for n in stored_nights],
@@ -141,7 +151,8 @@ def _per_run(ctx: Context) -> dict[str, list[Any]]:
     rows = ctx.run(queries.recent_runs()).dicts()
     return {
         "labels": [
-            f"{r['start_time']:%H:%M:%S} {(r['run_id'] or r['trace_id'])[:8]}" for r in rows
+            f"{_when(r['start_time'], '%H:%M:%S')} {(r['run_id'] or r['trace_id'] or '')[:8]}"
+            for r in rows
         ],
         "ids": [r["trace_id"] for r in rows],
         "spans": [r["spans"] for r in rows],
@@ -297,7 +308,8 @@ def _tree(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
         span, depth = stack.pop()
         span["depth"] = depth
         ordered.append(span)
-        stack.extend((c, depth + 1) for c in reversed(children.get(span["span_id"], [])))
+        if span["span_id"] is not None:  # children.get(None) are the roots: no loop
+            stack.extend((c, depth + 1) for c in reversed(children.get(span["span_id"], [])))
     return ordered
 
 
@@ -311,7 +323,7 @@ def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
     spans = spans[: queries.MAX_RUN_SPANS]
     outcome = got["outcomes"][trace_id]
     evidence = artifacts.gap_evidence(ctx.home).get(trace_id, [])
-    analysis = ctx.findings.analyse(findings.build(trace_id, spans, outcome))
+    analysis = _analyse(ctx, trace_id, spans, outcome)
     flagged: dict[str, list[str]] = {}
     for e in evidence:
         for span_id in e.get("span_ids") or []:
@@ -385,6 +397,17 @@ def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
         "decisive": decisive,
         "started": _iso(dt.datetime.fromtimestamp(start / 1e9, dt.timezone.utc)) if spans else "",
     }
+
+
+def _analyse(
+    ctx: Context, trace_id: str, spans: list[dict[str, Any]], outcome: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Findings and attribution; a run the analysis cannot read still gets its page."""
+    try:
+        return ctx.findings.analyse(findings.build(trace_id, spans, outcome))
+    except Exception as exc:  # the page shows the spans and says why findings are missing
+        note = f"no findings: the analysis could not read this run ({type(exc).__name__})"
+        return {"findings": [], "attribution": None, "note": note}
 
 
 def requested_by(span: dict[str, Any]) -> str | None:
