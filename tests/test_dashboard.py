@@ -10,6 +10,7 @@ metadata and a night of the batch job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -310,8 +311,8 @@ def test_runs_filters_and_pagination(server: Server, xss_trace: str):
     assert "1 run matching" in by_finding
     _, future, _ = server.get("/runs?since=2999-01-01")
     assert "0 runs matching" in future
-    _, odd, _ = server.get("/runs?page=abc&since=not-a-date&q=%27%3B+DROP+VIEW+spans%3B--")
-    assert "0 runs matching" in odd
+    _, odd, _ = server.get("/runs?since=not-a-date&q=%27%3B+DROP+VIEW+spans%3B--")
+    assert "0 runs matching" in odd  # (a malformed page answers 400: see below)
     status, _, _ = server.get("/runs")
     assert status == 200  # the views survived the quote in the search text
 
@@ -1021,3 +1022,188 @@ def test_screenshots_of_an_empty_store_draw_no_empty_charts(page: Any, empty_ser
     assert "tracegym demo --scripted" in page.inner_text("#chart-daily-empty")
     page.goto(empty_server.url + "/runs")
     assert "no runs yet" in page.inner_text("#runs-table")
+
+
+# Hostile query strings, hostile names in charts, garbage rows (issue 31) --------------------
+@pytest.mark.parametrize(
+    "value",
+    [
+        "99999999999999999999",  # once overflowed the OFFSET (INT64) and answered 500
+        "9223372036854775807",
+        "1000000001",
+        "0",
+        "-1",
+        "+2",
+        "1e3",
+        "1.5",
+        "abc",
+        " 2",
+        "%EF%BC%92",  # a full-width digit: int() reads it, the page must not
+    ],
+)
+def test_runs_page_out_of_range_or_malformed_answers_400(server: Server, value: str):
+    status, body, _ = server.get("/runs?page=" + value.replace(" ", "%20"))
+    assert status == 400, body[:300]
+    assert 'id="bad-request"' in body and "page must be" in body
+
+
+def test_runs_page_in_range_and_far_dates_answer_200(server: Server):
+    for path in ["/runs?page=", "/runs?page=1", "/runs?page=1000000000", "/runs?page=007"]:
+        status, body, _ = server.get(path)
+        assert status == 200 and "41 runs" in body, path
+    status, body, _ = server.get("/runs?until=9999-12-31")  # its day after once overflowed
+    assert status == 200 and "41 runs matching" in body
+    status, body, _ = server.get("/runs?since=0001-01-01&until=0001-01-02")
+    assert status == 200 and "0 runs matching" in body
+
+
+HOSTILE_TOOL = '<a href="https://evil.example/">click</a> <img src=x onerror="window.__xss=4">'
+HOSTILE_RUN = "<b>r</b>-hostile"  # the overview's per-run labels show 8 characters: "<b>r</b>"
+
+
+def _write_garbage_parts(home: Path) -> None:
+    """Lake parts with garbage rows, written directly: one row with every column NULL, one
+    with only a trace id, then for each column a copy of a real span (root and tool) with that
+    column NULL; likewise an outcome record with every column NULL."""
+    import duckdb
+    from tracegym.store.lake import outcomes_dir, spans_dir
+
+    con = duckdb.connect()
+    for folder, source in [(spans_dir(home), "spans"), (outcomes_dir(home), "outcomes")]:
+        parts = [str(p) for p in sorted(folder.rglob("*.parquet"))]
+        assert parts, source
+        read = "read_parquet($parts, hive_partitioning=false)"
+        columns = [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {read}", {"parts": parts})
+                   .fetchall()]  # fmt: skip
+
+        def nulled(keep: set[str], columns: list[str] = columns) -> str:
+            return ", ".join(c if c in keep else f"CASE WHEN false THEN {c} END AS {c}"
+                             for c in columns)  # fmt: skip
+
+        selects = [f"(SELECT {nulled(set())} FROM {read} LIMIT 1)"]
+        if source == "spans":  # a trace of one span with only its trace id: no time at all
+            selects.append(
+                f"(SELECT * REPLACE ('{'f' * 32}' AS trace_id) FROM "
+                f"(SELECT {nulled(set())} FROM {read} LIMIT 1))"
+            )
+            selects += [
+                f"(SELECT {nulled(set(columns) - {c})} FROM {read} "
+                "WHERE parent_span_id IS NULL OR tool IS NOT NULL)"
+                for c in columns
+            ]
+        target = folder / "day=2026-01-01"
+        target.mkdir(parents=True, exist_ok=True)
+        con.execute(
+            f"COPY ({' UNION ALL '.join(selects)}) TO '{target / 'part-garbage-0.parquet'}' "
+            "(FORMAT parquet)",
+            {"parts": parts},
+        )
+    con.close()
+
+
+@pytest.fixture(scope="module")
+def garbage_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run calling a tool with a hostile name, under a hostile run id, then garbage rows."""
+    from tracegym.store.store import Store
+
+    home = tmp_path_factory.mktemp("garbage")
+    saved = state.tracer, state.settings
+    tg.init(home=home, provider=TracerProvider())
+
+    @tg.tool(HOSTILE_TOOL)
+    def hostile(query: str) -> str:
+        raise RuntimeError("refused")
+
+    @tg.agent(name="hostile-agent", run_id=HOSTILE_RUN, conversation_id="hostile-chat")
+    def agent(task: str) -> str:
+        with contextlib.suppress(RuntimeError):
+            hostile(task)
+        return task
+
+    agent("look it up")
+    tg.record_outcome(HOSTILE_RUN, success=False, reward=0.0, source="test")
+    tg.shutdown()
+    state.tracer, state.settings = saved
+    Store(home).close()  # compact: the run's spans and outcome go to the lake
+    _write_garbage_parts(home)
+    return home
+
+
+@pytest.fixture(scope="module")
+def garbage_server(garbage_home: Path) -> Iterator[Server]:
+    running = Server(garbage_home)
+    yield running
+    running.stop()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "/runs",
+        "/runs?outcome=failure",
+        "/runs?q=look",
+        "/runs?agent=hostile-agent",
+        "/runs?sql=" + urllib.parse.quote("SELECT * FROM traces"),
+        "/run/{trace}",
+        "/run/" + "f" * 32,  # a trace of one span with only its trace id
+        "/sessions",
+        "/sessions/conversation/hostile-chat",
+        "/gaps",
+        "/environments",
+        "/adapters",
+    ],
+)
+def test_null_rows_in_the_lake_never_make_a_page_answer_500(
+    garbage_server: Server, garbage_home: Path, path: str
+):
+    status, body, _ = garbage_server.get(path.format(trace=_trace_of(garbage_home, HOSTILE_RUN)))
+    assert status == 200, body[:500]
+    assert "<img src=x" not in body and '<a href="https://evil.example/">' not in body
+
+
+def test_run_page_with_null_rows_shows_its_spans(garbage_server: Server, garbage_home: Path):
+    _, body, _ = garbage_server.get("/run/" + _trace_of(garbage_home, HOSTILE_RUN))
+    assert "look it up" in body and "&lt;a href=&#34;https://evil.example/&#34;&gt;" in body
+    assert 'class="node error' in body  # the tool's error, among the garbage copies
+
+
+CHART_INJECTIONS = """(id) => {
+  const chart = document.getElementById(id);
+  // plotly keeps each label's source in an inert data-unformatted attribute: not a link
+  const hostile = [...chart.querySelectorAll("*")].filter((el) => [...el.attributes].some(
+    (a) => a.name.startsWith("on") || (!a.name.startsWith("data-")
+                                        && a.value.includes("evil.example"))));
+  const bold = [...chart.querySelectorAll("tspan")].filter(
+    (t) => (t.getAttribute("style") || "").includes("bold"));
+  return {
+    hostile: hostile.map((el) => el.outerHTML.slice(0, 200)),
+    links: chart.querySelectorAll("a[href], a[*|href]").length,
+    images: chart.querySelectorAll("img, image").length,
+    bold: bold.map((t) => t.textContent),
+    ticks: [...chart.querySelectorAll(".xtick text")].map((t) => t.textContent),
+    legend: [...chart.querySelectorAll(".legendtext")].map((t) => t.textContent),
+  };
+}"""
+
+
+def test_browser_charts_show_hostile_names_as_text(page: Any, garbage_server: Server):
+    page.goto(garbage_server.url + "/")
+    page.wait_for_selector("#chart-tools[data-drawn]", timeout=30000)
+    page.wait_for_selector("#chart-daily[data-drawn]", timeout=30000)
+    tools = page.evaluate(CHART_INJECTIONS, "chart-tools")
+    assert tools["hostile"] == [] and tools["links"] == 0 and tools["images"] == 0, tools
+    assert tools["ticks"] == [HOSTILE_TOOL], tools  # the whole name, as text
+    box = page.locator("#chart-tools .bars path").first.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)  # plotly's layer
+    page.wait_for_selector("#chart-tools .hoverlayer .hovertext", timeout=10000)
+    hovered = page.evaluate(CHART_INJECTIONS, "chart-tools")
+    assert hovered["hostile"] == [] and hovered["links"] == 0 and hovered["images"] == 0
+    hover = page.text_content("#chart-tools .hoverlayer")
+    assert HOSTILE_TOOL in hover, hover
+    runs = page.evaluate(CHART_INJECTIONS, "chart-daily")  # one bar per run: id in labels
+    assert runs["bold"] == [] and runs["hostile"] == [], runs
+    assert any(t.endswith(" <b>r</b>") for t in runs["ticks"]), runs
+    assert any(t.startswith("unknown time") for t in runs["ticks"]), runs["ticks"]
+    _shot(page, "overview-hostile")
+    _clean(page)
