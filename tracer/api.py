@@ -156,7 +156,7 @@ def record_outcome(
             attrs[sc.OI_SPAN_KIND] = SPAN_KINDS[sc.OP_OUTCOME]
         if labels is not None:
             attrs[sc.OUTCOME_LABELS] = to_json(
-                labels if isinstance(labels, Mapping) else list(labels),
+                labels if issubclass(type(labels), Mapping) else list(labels),
                 state.settings.max_value_length,
             )
         span = state.tracer.start_span(

@@ -206,13 +206,18 @@ class Tool(Operation):
             )
 
 
+def _is_mapping(value: Any) -> bool:
+    """isinstance(value, Mapping) from `type(value)`: never the value's own `__class__`."""
+    return issubclass(type(value), Mapping)
+
+
 def _usage_of(result: Any) -> tuple[Any, Any] | None:
     """Token usage from the response shapes of common clients (OpenAI, Anthropic, dicts).
     Reads the user's result (properties, __getattr__): the caller guards it."""
-    usage = result.get("usage") if isinstance(result, Mapping) else getattr(result, "usage", None)
+    usage = result.get("usage") if _is_mapping(result) else getattr(result, "usage", None)
     if usage is None:
         return None
-    if isinstance(usage, Mapping):
+    if _is_mapping(usage):
         get = usage.get
     else:
 
@@ -321,11 +326,7 @@ class LLM(Operation):
             else:
                 _record_usage(span, input_tokens, output_tokens)
         try:
-            model = (
-                result.get("model")
-                if isinstance(result, Mapping)
-                else getattr(result, "model", None)
-            )
+            model = result.get("model") if _is_mapping(result) else getattr(result, "model", None)
             model = _text_if_str(model)
         except BaseException as exc:
             internal.swallow("inspect", exc)
@@ -352,7 +353,7 @@ def _messages_given(arguments: dict[str, Any]) -> Any:
         value = arguments.get(key)
         if value is not None:
             return value
-    texts = [v for v in arguments.values() if isinstance(v, str)]
+    texts = [v for v in arguments.values() if issubclass(type(v), str)]
     return texts[0] if len(texts) == 1 and len(arguments) == 1 else arguments
 
 
@@ -375,8 +376,8 @@ def _text_if_str(value: Any) -> str | None:
     if type(value) is str:
         return value
     try:
-        return str.__str__(value) if isinstance(value, str) else None
-    except BaseException as exc:  # isinstance looked up a hostile __class__
+        return str.__str__(value) if issubclass(type(value), str) else None
+    except BaseException as exc:  # pragma: no cover - type(x), not x.__class__: nothing to run
         internal.swallow("inspect", exc)
         return None
 
@@ -456,9 +457,9 @@ class MemoryDelete(_Memory):
 def _pair(item: Any) -> tuple[Any, Any]:
     """(record id, content) of one item of a memory read's result."""
     try:
-        if isinstance(item, tuple) and len(item) == 2:
-            return item[0], item[1]
-        if isinstance(item, Mapping) and "id" in item:
+        if issubclass(type(item), tuple) and tuple.__len__(item) == 2:
+            return tuple.__getitem__(item, 0), tuple.__getitem__(item, 1)
+        if _is_mapping(item) and "id" in item:
             content = next((item[k] for k in ("content", "text", "value") if k in item), item)
             return item["id"], content
     except BaseException as exc:  # the item's own methods raised: an anonymous record
@@ -474,14 +475,13 @@ def _size(value: Any) -> int | None:
         return None
 
 
-def _is_sequence(value: Any) -> bool:
-    if type(value) is list or type(value) is tuple:
-        return True
-    try:
-        return isinstance(value, (list, tuple))
-    except BaseException as exc:  # a hostile __class__: taken as a single record
-        internal.swallow("inspect", exc)
-        return False
+def _sequence_base(value: Any) -> type | None:
+    """list or tuple when `value` is one (or a subclass: read through the base's own methods,
+    as serialize.py does, so no override runs), else None."""
+    kind = type(value)
+    if issubclass(kind, list):
+        return list
+    return tuple if issubclass(kind, tuple) else None
 
 
 def _records(result: Any, query: Any, limit: int) -> tuple[list[tuple[Any, Any]], int]:
@@ -494,10 +494,10 @@ def _records(result: Any, query: Any, limit: int) -> tuple[list[tuple[Any, Any]]
     """
     if result is None:
         return [], 0
-    if _is_sequence(result):
-        pairs = [_pair(item) for item in itertools.islice(result, limit)]
-        total = _size(result)
-        return pairs, len(pairs) if total is None else max(total, len(pairs))
+    base = _sequence_base(result)
+    if base is not None:
+        pairs = [_pair(item) for item in itertools.islice(base.__iter__(result), limit)]
+        return pairs, max(base.__len__(result), len(pairs))
     return [(query, result)], 1
 
 

@@ -153,10 +153,10 @@ class Handle:
 def _record_usage(span: trace.Span, input_tokens: Any, output_tokens: Any) -> None:
     try:
         total = 0
-        if isinstance(input_tokens, int):
+        if issubclass(type(input_tokens), int):  # type(x): never the value's own __class__
             span.set_attribute(sc.INPUT_TOKENS, input_tokens)
             total += input_tokens
-        if isinstance(output_tokens, int):
+        if issubclass(type(output_tokens), int):
             span.set_attribute(sc.OUTPUT_TOKENS, output_tokens)
             total += output_tokens
         if total:

@@ -5,6 +5,10 @@ BaseException escaped from the decorator and the decorated function never ran (t
 call returned normally). Now every inspection of a user value is guarded against anything it
 raises: the value becomes a `<TypeName>` placeholder, the failure is counted once, the function
 runs once and returns (or raises) exactly what it would undecorated.
+
+Since issue 31 item 12 the tracer no longer calls a value's own `__repr__`, `__str__`,
+`__len__`, `__iter__` or `__class__` at all (see serialize.py): the hostile values here also
+raise from `model_dump`, which it still calls, and their `__repr__` counts that it never ran.
 """
 
 from __future__ import annotations
@@ -37,15 +41,26 @@ RAISED = [
 
 
 class BadRepr:
-    """A value whose repr and str raise `kind`."""
+    """A value whose repr, str and model_dump raise `kind`."""
+
+    reprs = 0  # calls of __repr__/__str__: the tracer makes none
 
     def __init__(self, kind: type[BaseException]) -> None:
         self.kind = kind
 
     def __repr__(self) -> str:
+        BadRepr.reprs += 1
         raise self.kind("from __repr__")
 
     __str__ = __repr__
+
+    def model_dump(self) -> Any:
+        raise self.kind("from model_dump")
+
+
+@pytest.fixture(autouse=True)
+def _count_reprs_per_test():
+    BadRepr.reprs = 0
 
 
 def a(span) -> dict[str, Any]:
@@ -119,6 +134,7 @@ def test_argument_whose_repr_raises_still_runs_the_function(cap, op, kind):
     span = a(cap.one(span_name))
     assert "<BadRepr>" in span[attribute]
     assert_counted(kind)
+    assert BadRepr.reprs == 0
 
 
 @pytest.mark.parametrize("kind", RAISED, ids=lambda k: k.__name__)
@@ -218,7 +234,9 @@ def test_hostile_containers_and_objects(cap, name):
     assert isinstance(a(cap.one("execute_tool echo"))[sc.TOOL_ARGUMENTS], str)
     assert a(cap.one("update_memory s"))[sc.MEMORY_CONTENT_HASH]
     assert sc.MEMORY_RESULT_HASHES in a(cap.one("search_memory s"))
-    assert tg.stats().errors.get("inspect", 0) >= 1
+    # what still looks at the value (a memory read's records) counts what it raised; the
+    # serialiser itself no longer calls these methods at all
+    assert set(tg.stats().errors) <= {"inspect"}
 
 
 def test_serialisers_never_raise_a_base_exception():
