@@ -6,11 +6,9 @@ parts of every spool file they read, and a reader whose files vanished lists the
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
@@ -94,32 +92,62 @@ def test_readers_whose_spool_files_were_compacted_away_still_answer(tmp_path: Pa
         store.close()
 
 
+# Compaction in a child, one file a batch, that stops at three points of each batch until the
+# test says go: before it, between renaming the file's parts into the lake and unlinking the
+# file (both halves there), and after it (the file gone from under the reader's views).
+PAUSED_COMPACTION = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from tracegym.store import lake
+    def pause(point):
+        print(point, flush=True)
+        if sys.stdin.readline().strip() != "go":
+            sys.exit(3)
+    real_batch, real_unlink = lake.compact_batch, Path.unlink
+    def batch(*args, **kwargs):
+        pause("before")
+        result = real_batch(*args, **kwargs)
+        pause("after")
+        return result
+    def unlink(self, *args, **kwargs):
+        if self.suffix == ".jsonl":
+            pause("renamed")
+        return real_unlink(self, *args, **kwargs)
+    lake.compact_batch, Path.unlink = batch, unlink
+    lake.compact(sys.argv[1], batch_files=1)
+    print("done", flush=True)
+    """
+)
+
+
 def test_a_dashboard_reading_during_compactions_always_counts_exactly(tmp_path: Path):
+    """Issue 31, item 6: this test counted the answers a reader thread got while a compaction
+    ran (at least 3), which a loaded machine did not give. Now the compaction stops at each
+    point a reader can meet and the dashboard reads there: the same 24 reads on any machine."""
     total = write_spool(tmp_path, files=8, spans_per_file=2500, outcomes=True)
     db = Database(tmp_path)
-    answers: list[tuple] = []
-    errors: list[BaseException] = []
-    done = threading.Event()
-
-    def read() -> None:
-        while not done.is_set():
-            try:
-                answers.append(db.query(COUNTS).rows[0])
-                os.sched_yield()
-            except Exception as exc:  # reported below
-                errors.append(exc)
-                return
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    try:  # one file a batch: eight rename-then-unlink windows for the reader to hit
-        script = f"from tracegym.store import lake; lake.compact({str(tmp_path)!r}, batch_files=1)"
-        subprocess.run([sys.executable, "-c", script], check=True)
-        answers_during = len(answers)
+    answers: list[tuple[str, tuple]] = []
+    child = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_COMPACTION, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        for line in child.stdout:  # ends when the child does (a hang guard below)
+            point = line.strip()
+            if point == "done":
+                break
+            answers.append((point, db.query(COUNTS).rows[0]))
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        assert child.wait(timeout=120) == 0
     finally:
-        done.set()
-        reader.join(timeout=30)
+        if child.poll() is None:
+            child.kill()
         db.close()
-    assert not errors, errors
-    assert answers_during >= 3, answers_during
-    assert set(answers) == {(total, total, 8)}
+    assert [point for point, _ in answers] == ["before", "renamed", "after"] * 8
+    assert {counts for _, counts in answers} == {(total, total, 8)}
+    assert not list(spool_dir(tmp_path).glob("*.jsonl"))
