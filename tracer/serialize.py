@@ -21,9 +21,9 @@ the user sees (issue 31 item 12):
   paths, dates, IP addresses, functions, generators ...). A value with a `__repr__` of its own is
   recorded as `<TypeName>`. Dataclasses (their fields), pydantic models (`model_dump`), enums
   (their name) and exceptions (their type and scalar arguments) still render in full.
-- Each capture has a budget of MAX_NODES values and TIME_BUDGET_S seconds (what a slow property
-  or `model_dump` may take); once spent, the walk stops there and the value says so
-  (BUDGET_MARKER, counted in `values_truncated.capture_budget`).
+- Each capture has a budget of MAX_NODES values and, once the value's own code ran (a slow
+  property or `model_dump`), TIME_BUDGET_S seconds; once spent, the walk stops there and the
+  value says so (BUDGET_MARKER, counted in `values_truncated.capture_budget`).
 
 Every look at a user value that remains (a dataclass field, `model_dump`) is guarded against
 anything it may raise, BaseException included (see `internal.swallow`): a value that cannot be
@@ -101,9 +101,13 @@ def _unrepresentable(value: Any, exc: BaseException) -> str:
 
 class _Walk:
     """One capture's limits and bookkeeping: the containers being walked (cycles), how many
-    values were walked and until when the value's own code may run."""
+    values were walked and until when the value's own code may run.
 
-    __slots__ = ("cut", "deadline", "max_length", "nodes", "seen")
+    The clock counts only once the value's own code ran (a dataclass field, `model_dump`): a
+    walk of plain data is cut by its count of values alone, so the same data is cut at the same
+    place on a loaded machine too (a memory write and its read hash alike)."""
+
+    __slots__ = ("cut", "deadline", "max_length", "nodes", "seen", "timed")
 
     def __init__(self, max_length: int) -> None:
         self.max_length = max_length
@@ -111,12 +115,13 @@ class _Walk:
         self.nodes = 0
         self.deadline = time.perf_counter() + TIME_BUDGET_S
         self.cut = False
+        self.timed = False  # set before the value's own code runs
 
     def spent(self) -> bool:
         """True (from then on) once the capture used up its values or its time."""
         if self.cut:
             return True
-        if self.nodes > MAX_NODES or time.perf_counter() > self.deadline:
+        if self.nodes > MAX_NODES or (self.timed and time.perf_counter() > self.deadline):
             self.cut = True
             internal.add("values_truncated.capture_budget")
         return self.cut
@@ -282,6 +287,7 @@ def _container(value: Any, kind: type, walk: _Walk, depth: int) -> Any:
                 lambda item: _plain(item, walk, inner),
             )
     if dataclasses.is_dataclass(kind):  # the class: no look at the instance's __class__
+        walk.timed = True  # a field may be a property
         fields = {}
         for f in dataclasses.fields(kind):
             if walk.spent():
@@ -294,6 +300,7 @@ def _container(value: Any, kind: type, walk: _Walk, depth: int) -> Any:
         return _plain(fields, walk, depth)
     dump = getattr(kind, "model_dump", None)  # pydantic v2 models
     if callable(dump):
+        walk.timed = True
         return _plain(dump(value), walk, depth)
     return _leaf(value, kind, walk)
 

@@ -203,6 +203,28 @@ def test_the_time_budget_stops_the_walk_and_says_so(monkeypatch):
     assert tg.stats().counters["values_truncated.capture_budget"] == 1
 
 
+class Jumping:
+    """A clock that jumps a second at each look: a machine as loaded as can be."""
+
+    now = 0.0
+
+    @classmethod
+    def perf_counter(cls) -> float:
+        cls.now += 1.0
+        return cls.now
+
+
+def test_plain_data_is_cut_by_count_alone(monkeypatch):
+    """The same plain data is captured (and hashed) the same whatever the machine's load."""
+    value = {"rows": [{"id": i, "tags": ["a", {"deep": [i]}]} for i in range(50)]}
+    expected = to_json(value)
+    digest = content_hash(value)
+    monkeypatch.setattr(serialize, "time", Jumping)
+    assert to_json(value) == expected
+    assert content_hash(value) == digest
+    assert BUDGET_MARKER not in expected
+
+
 def test_the_node_budget_bounds_a_wide_deep_value():
     wide = [[[i * j for i in range(100)] for j in range(100)] for _ in range(100)]  # 1M ints
     text = to_json(wide, 1 << 20)
