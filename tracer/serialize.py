@@ -266,10 +266,15 @@ def _plain_object(value: Any, kind: type, walk: _Walk, depth: int) -> Any:
 
 def _container(value: Any, kind: type, walk: _Walk, depth: int) -> Any:
     inner = depth + 1
+    if kind is types.SimpleNamespace:  # its repr would repr each attribute: walk them instead
+        value, kind = object.__getattribute__(value, "__dict__"), dict
     if issubclass(kind, dict):
         out: dict[str, Any] = {}
         size = dict.__len__(value)
-        for i, (key, item) in enumerate(dict.items(value)):
+        # an exact OrderedDict keeps its own order (move_to_end), in C; a subclass's
+        # overrides never run: the dict's own items
+        pairs = value.items() if kind is collections.OrderedDict else dict.items(value)
+        for i, (key, item) in enumerate(pairs):
             if i >= MAX_ITEMS:
                 out["…"] = f"+{size - MAX_ITEMS} more items"
                 break

@@ -10,12 +10,14 @@ measures time.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import decimal
 import enum
 import json
 import pathlib
+import types
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -250,7 +252,11 @@ class Color(enum.Enum):
 
 
 def test_common_types_still_render_well():
+    ordered = collections.OrderedDict(a=1, b=2)
+    ordered.move_to_end("a")
     value = {
+        "ordered": ordered,
+        "namespace": types.SimpleNamespace(x=1, y=[2]),
         "dataclass": Point(1, "a"),
         "pydantic": Model(name="m", point=Point(2, "b")),
         "enum": Color.RED,
@@ -267,6 +273,8 @@ def test_common_types_still_render_well():
     }
     parsed = json.loads(to_json(value))
     assert parsed == {
+        "ordered": {"b": 2, "a": 1},
+        "namespace": {"x": 1, "y": [2]},
         "dataclass": {"x": 1, "label": "a"},
         "pydantic": {"name": "m", "point": {"x": 2, "label": "b"}},
         "enum": "Color.RED",
