@@ -113,9 +113,10 @@ _KEYED = (
     r"\\*[\"']?\s*(?:=>|:=|[:=])\s*)" + _VALUE
 )
 # Environment assignments (`export DB_PASSWORD=...`, `.env` files) whose upper-case name holds
-# one of these words anywhere: SECRET_KEY_BASE=..., DB_PASSWORD_PROD=...
+# one of these words anywhere: SECRET_KEY_BASE=..., DB_PASSWORD_PROD=... (also at the start of
+# a line of JSON-escaped text, after a literal \n: an .env file inside a JSON attribute)
 _ENV = (
-    r"(?P<key>(?<![\w.\-])(?:[A-Z0-9]+_)*"
+    r"(?P<key>(?:(?<![\w.\-])|(?<=\\[nrt]))(?:[A-Z0-9]+_)*"
     r"(?:PASSWORDS?|PASSWD|PASSPHRASE|SECRETS?|TOKEN|CREDENTIALS?|KEY|APIKEY)"
     r"(?:_[A-Z0-9]+)*\s*=\s*)" + _VALUE
 )

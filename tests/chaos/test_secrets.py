@@ -285,3 +285,17 @@ def test_the_resource_tracegym_creates_holds_no_secret(run_python, tmp_path):
     assert resource["deployment.db_url"] == f"postgres://{REDACTED}@db/x"
     assert resource["service.name"] == "svc"
     assert password.encode() not in spool_bytes(tmp_path / "home")
+
+
+@pytest.mark.parametrize(("name", "text", "secret"), SECRETS, ids=[s[0] for s in SECRETS])
+def test_every_shape_is_caught_on_a_line_of_json_escaped_text(name, text, secret):
+    """Text encoded as JSON inside a value (an importer's labels, a tool's JSON result) puts a
+    literal backslash-n before each line: `SECRET_KEY_BASE=...` on such a line was kept."""
+    encoded = json.dumps(f"first line\n{text}")
+    assert json.dumps(secret)[1:-1] not in Redactor().redact(encoded)
+
+
+@pytest.mark.parametrize("text", INNOCENT)
+def test_innocent_json_escaped_lines_are_left_alone(text):
+    encoded = json.dumps(f"first line\n{text}")
+    assert Redactor().redact(encoded) == encoded
