@@ -329,6 +329,15 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             Path | None,
             typer.Option("--labels", help="Failure labels (AgentRx style) for tau-bench runs."),
         ] = None,
+        max_bytes: Annotated[
+            int | None,
+            typer.Option(
+                "--max-bytes",
+                min=1,
+                help="Refuse a file (or gzip unpacking) larger than this; default "
+                "TRACEGYM_IMPORT_MAX_BYTES, else 256 MiB.",
+            ),
+        ] = None,
         home: HomeOption = None,
     ) -> None:
         """Import recorded runs of other agents as traces with outcomes (all or nothing).
@@ -344,7 +353,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             fail(f"--labels {labels}: no such file")
         target = writable_home(home_of(ctx, home), fail)
         try:
-            report = import_path(fmt, path, target, labels=labels)
+            report = import_path(fmt, path, target, labels=labels, max_bytes=max_bytes)
         except (ImportFormatError, ValueError, OSError) as exc:
             fail(f"nothing imported: {exc}")
         typer.echo(

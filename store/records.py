@@ -94,12 +94,16 @@ def write_spool_file(home: Path, records: Iterable[Mapping[str, Any]], stem: str
     The data goes to a temporary name, is fsynced, and is renamed into place: readers never see
     a half-written file, and a crash leaves only a `.tmp` that nothing reads.
     """
+    return write_spool_bytes(home, encode_records(records), stem)
+
+
+def write_spool_bytes(home: Path, data: bytes, stem: str) -> Path:
+    """`write_spool_file` for records already encoded (`encode_records`)."""
     directory = spool_dir(home)
     directory.mkdir(parents=True, exist_ok=True)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)[:120]
     final = directory / f"{safe}.jsonl"
     tmp = directory / f".{safe}.{secrets.token_hex(4)}.jsonl.tmp"
-    data = encode_records(records)
     with open(tmp, "wb") as handle:
         handle.write(data)
         handle.flush()

@@ -14,10 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tracegym.store.importers import (
+    MAX_BYTES_ENV,
     ImportFormatError,
     converter,
+    gunzip,
     import_path,
     openai_chat,
+    otlp_json,
     swe_agent,
     tau,
     whowhen,
@@ -1048,3 +1051,267 @@ def test_mutated_valid_input_gives_records_or_a_format_error(data: Any, fmt: str
         assert str(source) in str(exc)
     else:
         assert all(r["trace_id"] and r["span_id"] for r in records)
+
+
+# Secrets: every importer goes through the one redaction path (issue 31 item 11) --------------
+#
+# `tracegym import otlp-json` stored every secret shape that `tracegym collect` of the same body
+# redacted, and so did the other importers. Each test below puts the whole corpus into every
+# text field of a valid file of its format where the file still converts (one file per field),
+# imports the folder with redaction off (proving those fields reach the spool) and on.
+
+from tracegym.tracer.redact import REDACTED  # noqa: E402
+
+from tests.chaos.secret_corpus import INNOCENT, SECRETS  # noqa: E402
+from tests.test_medagentbench import _doc as _medagentbench_doc  # noqa: E402
+
+_SECRET_TEXT = "\n\n".join(text for _, text, _ in SECRETS)
+_INNOCENT_TEXT = "\n\n".join(INNOCENT)
+
+
+def _otlp_request() -> dict[str, Any]:
+    def value(text: str) -> dict[str, Any]:
+        return {"stringValue": text}
+
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": "deployment.note", "value": value("r")}]},
+                "scopeSpans": [
+                    {
+                        "scope": {"name": "app"},
+                        "spans": [
+                            {
+                                "traceId": "5b8efff798038103d269b633813fc60c",
+                                "spanId": "eee19b7ec3c1b174",
+                                "name": "n",
+                                "kind": 1,
+                                "startTimeUnixNano": "1700000000000000000",
+                                "endTimeUnixNano": "1700000001000000000",
+                                "attributes": [
+                                    {"key": "note", "value": value("a")},
+                                    {"key": "list", "value": {"arrayValue": {"values": [
+                                        value("b"),
+                                    ]}}},
+                                    {"key": "map", "value": {"kvlistValue": {"values": [
+                                        {"key": "inner", "value": value("c")},
+                                    ]}}},
+                                ],
+                                "events": [
+                                    {
+                                        "name": "e",
+                                        "timeUnixNano": "1700000000500000000",
+                                        "attributes": [{"key": "detail", "value": value("d")}],
+                                    }
+                                ],
+                                "links": [
+                                    {
+                                        "traceId": "5b8efff798038103d269b633813fc60d",
+                                        "spanId": "eee19b7ec3c1b175",
+                                        "attributes": [{"key": "why", "value": value("f")}],
+                                    }
+                                ],
+                                "status": {"code": 2, "message": "m"},
+                            }
+                        ],
+                    }
+                ],
+            }
+        ]
+    }  # fmt: skip
+
+
+_WHOWHEN = {
+    "is_correct": False,
+    "question": "How many?",
+    "question_ID": "q-1",
+    "ground_truth": "8",
+    "history": [
+        {"content": "plan", "role": "assistant", "name": "Planner_Expert"},
+        {"content": "exitcode: 0\nCode output: 4", "role": "user", "name": "Computer_terminal"},
+    ],
+    "mistake_agent": "Planner_Expert",
+    "mistake_step": "0",
+    "mistake_reason": "wrong plan",
+}
+_AGENTRACER = [
+    {
+        "question_ID": "q1",
+        "question": "Write f.",
+        "ground_truth": "def f(): ...",
+        "history": repr([{"step": 0, "name": "Engineer", "role": "assistant", "content": "x"}]),
+        "mistake_agent": "Engineer",
+        "mistake_step": "0",
+        "mistake_reason": "wrong",
+    }
+]
+# format -> (a valid document, where a file of it goes under its variant's folder)
+_FORMAT_DOCS: dict[str, tuple[Any, str]] = {
+    "otlp-json": (_otlp_request, "trace.json"),
+    "openai-chat": (_VALID["openai-chat"], "runs.json"),
+    "tau-bench": (_VALID["tau-bench"], "results.json"),
+    "tau2-bench": (_tau2_results, "results.json"),
+    "swe-agent": (_swe_traj, "run.traj"),
+    "whowhen": (lambda: _WHOWHEN, "1.json"),
+    "agentracer": (lambda: _AGENTRACER, "runs.json"),
+    "medagentbench": (_medagentbench_doc, "gpt-x/medagentbench-std/overall.json"),
+}
+
+
+def _text_variants(fmt: str, folder: Path, text: str) -> int:
+    """Write, under `folder`, one file of `fmt` per string field of its valid document with
+    `text` in place of that field, keeping only the files that still convert; returns how many
+    were written."""
+    make, name = _FORMAT_DOCS[fmt]
+    doc = make()
+    written = 0
+    for i, path in enumerate(p for p in _paths(doc) if _is_text(doc, p)):
+        target = folder / f"v{i}" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(_mutated(doc, path, text, delete=False)))
+        try:
+            converter(fmt)(target, target.read_bytes())
+        except ImportFormatError:
+            target.unlink()
+            continue
+        written += 1
+    return written
+
+
+def _is_text(doc: Any, path: tuple) -> bool:
+    """A string field (an OTLP attribute's key is a name, not text: a key naming a password
+    has its whole value redacted)."""
+    if path and path[-1] == "key":
+        return False
+    value = doc
+    for step in path:
+        value = value[step]
+    return isinstance(value, str)
+
+
+def _spool_bytes(home: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in _spool_files(home))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", sorted(_FORMAT_DOCS))
+def test_secret_corpus_never_reaches_the_spool_through_any_importer(
+    tmp_path: Path, fmt: str
+) -> None:
+    folder = tmp_path / "in"
+    assert _text_variants(fmt, folder, _SECRET_TEXT) > 0
+    bare = import_path(fmt, folder, tmp_path / "bare", redact=False)
+    raw = _spool_bytes(tmp_path / "bare")
+    secrets = [(name, json.dumps(secret)[1:-1].encode()) for name, _, secret in SECRETS]
+    carried = [name for name, secret in secrets if secret in raw]
+    assert carried == [name for name, _, _ in SECRETS]  # the fields reach the spool
+    report = import_path(fmt, folder, tmp_path / "home")
+    assert (report.files, report.spans) == (bare.files, bare.spans)
+    raw = _spool_bytes(tmp_path / "home")
+    assert [name for name, secret in secrets if secret in raw] == []
+    assert REDACTED.encode() in raw
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", sorted(_FORMAT_DOCS))
+def test_innocent_corpus_arrives_intact_through_every_importer(tmp_path: Path, fmt: str) -> None:
+    folder = tmp_path / "in"
+    assert _text_variants(fmt, folder, _INNOCENT_TEXT) > 0
+    import_path(fmt, folder, tmp_path / "home")
+    raw = _spool_bytes(tmp_path / "home")
+    assert REDACTED.encode() not in raw
+    for text in INNOCENT:
+        assert json.dumps(text, ensure_ascii=False)[1:-1].encode() in raw, text
+
+
+# Bounded memory: a limit on input size, gzip unpacked under it, JSON lines a line at a time ---
+#
+# Issue 31 item 12: a 45 MB JSON file took 3 GB of memory and a 2 MB gzip 4.1 GB (a bomb: it
+# was unpacked whole). Small limits stand in for the default here.
+
+
+def _otlp_lines(count: int, trace: int = 1) -> bytes:
+    lines = []
+    for i in range(count):
+        request = _otlp_request()
+        span = request["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+        span["traceId"], span["spanId"] = f"{trace:032x}", f"{i + 1:016x}"
+        lines.append(json.dumps(request))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _cli_import(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    from tracegym.cli import app
+    from typer.testing import CliRunner
+
+    home = str(tmp_path / "home")
+    return CliRunner().invoke(app, ["--home", home, "import", *args], env=env)
+
+
+def _nothing_written(home: Path) -> bool:
+    imports = home / "imports"
+    return not _spool_files(home) and (not imports.exists() or not any(imports.iterdir()))
+
+
+def _gzip_bomb(unpacked: int) -> bytes:
+    """An OTLP/JSON request whose span name unpacks to `unpacked` bytes, gzip-compressed."""
+    import gzip
+
+    request = _otlp_request()
+    request["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["name"] = "a" * unpacked
+    return gzip.compress(json.dumps(request).encode(), compresslevel=9)
+
+
+def test_a_file_over_the_limit_is_refused_in_one_line_and_nothing_is_imported(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.jsonl").write_bytes(_otlp_lines(2))  # small: under the limit
+    (folder / "b.jsonl").write_bytes(_otlp_lines(40, trace=2))
+    limit = str(len(_otlp_lines(2)) * 4)
+    result = _cli_import(tmp_path, "otlp-json", str(folder), env={MAX_BYTES_ENV: limit})
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().count("\n") == 0 and "Traceback" not in result.output
+    assert "b.jsonl" in result.output and f"limit of {limit} bytes" in result.output
+    assert _nothing_written(tmp_path / "home")
+    flag = _cli_import(tmp_path, "otlp-json", str(folder), "--max-bytes", limit)
+    assert flag.exit_code == 2 and "b.jsonl" in flag.output
+    assert _nothing_written(tmp_path / "home")
+    result = _cli_import(tmp_path, "otlp-json", str(folder))  # the default limit takes both
+    assert result.exit_code == 0, result.output
+    assert "imported 2 runs (42 spans) from 2 files" in result.output
+
+
+def test_a_gzip_bomb_is_refused_without_unpacking_it_whole(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.json.gz"
+    bomb.write_bytes(_gzip_bomb(4 << 20))  # 4 MB unpacked from a few KB
+    assert bomb.stat().st_size < 64 << 10
+    result = _cli_import(tmp_path, "otlp-json", str(bomb), env={MAX_BYTES_ENV: str(1 << 20)})
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().count("\n") == 0 and "Traceback" not in result.output
+    assert "unpacks to over the import limit" in result.output
+    assert _nothing_written(tmp_path / "home")
+    with pytest.raises(ImportFormatError, match="unpacks to over"):
+        gunzip(bomb, bomb.read_bytes(), 1 << 20)
+    assert len(gunzip(bomb, bomb.read_bytes(), 5 << 20)) > 4 << 20  # under the limit: unpacked
+    report = import_path("otlp-json", bomb, tmp_path / "home2", max_bytes=5 << 20)
+    assert report.spans == 1
+
+
+def test_json_lines_are_converted_as_they_are_read(tmp_path: Path) -> None:
+    """The records of the first line come out before a later line is parsed: a broken third
+    line is met only after them (the whole file used to be parsed first)."""
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(_otlp_lines(2) + b'{"resourceSpans": [\n')
+    stream = otlp_json.iter_records(path, path.read_bytes())
+    assert next(stream)["span_id"] == f"{1:016x}"
+    assert next(stream)["span_id"] == f"{2:016x}"
+    with pytest.raises(ImportFormatError, match="line 3"):
+        next(stream)
+    chat = tmp_path / "c.jsonl"
+    chat.write_text(json.dumps(_chat_run(id="r1")) + "\n" + "{broken\n")
+    records = openai_chat.iter_records(chat, chat.read_bytes())
+    assert next(records)["trace_id"]
+    with pytest.raises(ImportFormatError, match="line 2"):
+        list(records)

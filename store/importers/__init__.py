@@ -22,21 +22,40 @@ with new labels reuses the outcome's ids, and its labels must still arrive). Thi
 `tracegym export otlp-json` output importable back into the home it came from. The check reads
 the store's views (lake and spool) where DuckDB is installed, else the spool alone (a lake is
 only ever written with DuckDB).
+
+Secrets are redacted before anything is written, through the tracer's one redaction path
+(`tracegym.tracer.redact.redact_record`: span and event names, attributes at any depth, event
+and link attributes, status messages, resources), as the OTLP receiver does.
+
+Memory stays bounded by the input: a file larger than `max_bytes` (default `DEFAULT_MAX_BYTES`,
+or TRACEGYM_IMPORT_MAX_BYTES) is refused before it is read, gzip input is unpacked by a
+streaming reader that stops at the same limit of unpacked bytes (a gzip bomb is refused, never
+unpacked), a format with an `iter_records` (the JSON-lines ones) is read and converted a line
+at a time, and each record is kept as its encoded spool line, not as Python objects, until the
+whole import has converted.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import importlib
+import io
 import json
-from collections.abc import Callable, Iterator
+import os
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracegym.store.records import write_spool_file
+from tracegym.store.records import encode_records, write_spool_bytes
+from tracegym.tracer.redact import Redactor, redact_record
 from tracegym.tracer.semconv import OUTCOME_SPAN_NAME as OUTCOME
 from tracegym.tracer.spool_files import iter_spool
+
+DEFAULT_MAX_BYTES = 256 * 2**20  # per file, and per file unpacked from gzip
+MAX_BYTES_ENV = "TRACEGYM_IMPORT_MAX_BYTES"
 
 # Format name -> (module, file suffixes looked for when PATH is a folder).
 FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -93,6 +112,60 @@ def _files(path: Path, suffixes: tuple[str, ...]) -> list[Path]:
 
 TOO_DEEP = "nested too deeply to import (deeper than Python's recursion limit)"
 TOO_BIG = "too large to import (out of memory)"
+_GZIP_MAGIC = b"\x1f\x8b"
+_CHUNK = 1 << 20
+
+
+def max_bytes_from_env() -> int:
+    """The per-file input limit: TRACEGYM_IMPORT_MAX_BYTES when set (a positive integer),
+    else DEFAULT_MAX_BYTES."""
+    raw = os.environ.get(MAX_BYTES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{MAX_BYTES_ENV}={raw!r}: expected a number of bytes") from None
+    if value <= 0:
+        raise ValueError(f"{MAX_BYTES_ENV}={raw!r}: expected a positive number of bytes")
+    return value
+
+
+def _over(path: Path, what: str, limit: int) -> ImportFormatError:
+    return ImportFormatError(
+        path,
+        f"{what} over the import limit of {limit} bytes "
+        f"(raise it with --max-bytes or {MAX_BYTES_ENV})",
+    )
+
+
+def read_input(path: Path, limit: int) -> bytes:
+    """The file's bytes, refused (before reading) when larger than `limit`."""
+    size = path.stat().st_size
+    if size > limit:
+        raise _over(path, f"{size} bytes,", limit)
+    with open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:  # grew while we looked
+        raise _over(path, "more than that many bytes,", limit)
+    return data
+
+
+def gunzip(path: Path, data: bytes, limit: int) -> bytes:
+    """`data` unpacked when it is gzip, by a streaming reader that stops past `limit`
+    unpacked bytes: a bomb (a few MB unpacking to GBs) is refused, never unpacked whole."""
+    if data[:2] != _GZIP_MAGIC:
+        return data
+    out = bytearray()
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+            while chunk := stream.read(_CHUNK):
+                out += chunk
+                if len(out) > limit:
+                    raise _over(path, "unpacks to", limit)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ImportFormatError(path, f"corrupt gzip data: {exc}") from None
+    return bytes(out)
 
 
 def load_json(path: Path, data: bytes) -> Any:
@@ -110,8 +183,9 @@ def load_json(path: Path, data: bytes) -> Any:
 
 
 def iter_json_lines(path: Path, data: bytes) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed object) for each non-empty line of a JSONL file."""
-    for number, line in enumerate(data.splitlines(), 1):
+    """(line number, parsed object) for each non-empty line of a JSONL file, parsed as it is
+    reached (a caller that drops each object holds one line's objects at a time)."""
+    for number, line in enumerate(io.BytesIO(data), 1):
         if not line.strip():
             continue
         try:
@@ -129,18 +203,60 @@ def converter(fmt: str) -> Callable[..., list[dict[str, Any]]]:
     return module.convert if fmt != "tau2-bench" else module.convert_tau2
 
 
-def _convert(convert: Callable[..., list[dict[str, Any]]], file: Path, data: bytes,
-             kwargs: dict[str, Any]) -> list[dict[str, Any]]:  # fmt: skip
-    """`convert(file, data)`, with hostile shapes turned into the format error naming the file:
-    json and every importer recurse over nested input, so a few KB of brackets would otherwise
-    end the command in a RecursionError traceback. (Records are encoded later, when written:
-    what a converter keeps nested is shallower than what parsed, so that cannot recurse.)"""
+def _streaming_converter(fmt: str) -> Callable[..., Iterable[dict[str, Any]]]:
+    """The format's `iter_records` (records as they are made) where it has one, else its
+    `convert`."""
+    module = importlib.import_module(FORMATS[fmt][0])
+    streaming = getattr(module, "iter_records", None)
+    return streaming if streaming is not None and fmt != "tau2-bench" else converter(fmt)
+
+
+@dataclass
+class _Line:
+    """One converted record, kept encoded: what the duplicate checks need, and its spool
+    line (a few times smaller than the record's Python objects)."""
+
+    trace_id: str
+    span_id: str
+    outcome: tuple[Any, Any] | None  # an outcome's (time, attributes as stored)
+    data: bytes
+
+
+def _convert(
+    convert: Callable[..., Iterable[dict[str, Any]]],
+    file: Path,
+    data: bytes,
+    kwargs: dict[str, Any],
+    redactor: Redactor | None,
+    skip_traces: set[str],
+    runs: set[str],
+) -> list[_Line]:
+    """`convert(file, data)`'s records, redacted and encoded one at a time, less the spans of
+    runs in `skip_traces`; `runs` gets the trace id of every run met. Hostile shapes are
+    turned into the format error naming the file: json and every importer recurse over nested
+    input, so a few KB of brackets would otherwise end the command in a RecursionError
+    traceback."""
+    lines: list[_Line] = []
     try:
-        return convert(file, data, **kwargs)
+        for record in convert(file, data, **kwargs):
+            outcome = record["name"] == OUTCOME
+            if not outcome:
+                runs.add(record["trace_id"])
+                if record["trace_id"] in skip_traces:
+                    continue
+            if redactor is not None:
+                redact_record(record, redactor)
+            stored = None
+            if outcome:  # as the store gives it back, to compare with what it holds
+                attributes = json.loads(json.dumps(record["attributes"], default=str))
+                stored = (record["start_ns"], attributes)
+            encoded = encode_records([record])
+            lines.append(_Line(record["trace_id"], record["span_id"], stored, encoded))
     except RecursionError:
         raise ImportFormatError(file, TOO_DEEP) from None
     except MemoryError:
         raise ImportFormatError(file, TOO_BIG) from None
+    return lines
 
 
 def _known_traces(registry: Path) -> set[str]:
@@ -188,32 +304,28 @@ def _stored(
 
 
 def _new_in_store(
-    home: Path, pending: list[tuple[str, list[dict[str, Any]], set[str]]], report: ImportReport
-) -> list[tuple[str, list[dict[str, Any]], set[str]]]:
+    home: Path, pending: list[tuple[str, list[_Line], set[str]]], report: ImportReport
+) -> list[tuple[str, list[_Line], set[str]]]:
     """`pending` less what the store already holds (see the module docstring); `report` counts
     the records left out and corrects its run and span counts."""
-    traces = {r["trace_id"] for _, records, _ in pending for r in records}
+    traces = {r.trace_id for _, lines, _ in pending for r in lines}
     spans, outcomes = _stored(home, traces)
     if not spans and not outcomes:
         return pending
     kept = []
-    for digest, records, runs in pending:
-        counted = {r["trace_id"] for r in records if r["name"] != OUTCOME}
+    for digest, lines, runs in pending:
+        counted = {r.trace_id for r in lines if r.outcome is None}
         fresh = []
-        for r in records:
-            key = (r["trace_id"], r["span_id"])
-            if r["name"] == OUTCOME:
-                copy = (r["start_ns"], json.loads(json.dumps(r["attributes"], default=str)))
-                known = copy in outcomes.get(key, [])
-            else:
-                known = key in spans
+        for r in lines:
+            key = (r.trace_id, r.span_id)
+            known = key in spans if r.outcome is None else r.outcome in outcomes.get(key, [])
             if known:
                 report.repeated_spans += 1
-                if r["name"] != OUTCOME:
+                if r.outcome is None:
                     report.spans -= 1
             else:
                 fresh.append(r)
-        whole = counted - {r["trace_id"] for r in fresh if r["name"] != OUTCOME}
+        whole = counted - {r.trace_id for r in fresh if r.outcome is None}
         report.runs -= len(whole)
         report.repeated_runs += len(whole)
         kept.append((digest, fresh, runs))
@@ -221,7 +333,13 @@ def _new_in_store(
 
 
 def import_path(
-    fmt: str, path: Path | str, home: Path | str, *, labels: Path | str | None = None
+    fmt: str,
+    path: Path | str,
+    home: Path | str,
+    *,
+    labels: Path | str | None = None,
+    redact: bool = True,
+    max_bytes: int | None = None,
 ) -> ImportReport:
     """Import every file of `fmt` under `path` into the spool of `home`; all or nothing.
 
@@ -230,40 +348,50 @@ def import_path(
     given later still arrive (the latest outcome of a run wins in the views). Spans the store
     already holds (traced, received or imported) are not written again either; `repeated_spans`
     counts them, and a run all of whose spans were there counts in `repeated_runs`.
+
+    Secrets are redacted before anything is written (`redact=False` keeps them). A file larger
+    than `max_bytes` (default: TRACEGYM_IMPORT_MAX_BYTES, else DEFAULT_MAX_BYTES), or gzip
+    unpacking to more, is an ImportFormatError, so nothing is imported.
     """
-    convert = converter(fmt)
+    limit = max_bytes_from_env() if max_bytes is None else max_bytes
+    if limit <= 0:
+        raise ValueError(f"max_bytes must be positive, got {limit}")
+    convert = _streaming_converter(fmt)
     path, home = Path(path), Path(home)
     registry = home / "imports"
     labels_bytes = Path(labels).read_bytes() if labels is not None else b""
     kwargs = {"labels": Path(labels)} if labels is not None else {}
+    redactor = Redactor() if redact else None
     known = _known_traces(registry)
     report = ImportReport(fmt)
-    pending: list[tuple[str, list[dict[str, Any]], set[str]]] = []
+    pending: list[tuple[str, list[_Line], set[str]]] = []
     for file in _files(path, FORMATS[fmt][1]):
-        data = file.read_bytes()
+        data = read_input(file, limit)
         digest = hashlib.sha256(b"\0".join([fmt.encode(), data, labels_bytes])).hexdigest()[:20]
         if (registry / digest).exists():
             report.already_imported.append(file)
             continue
+        data = gunzip(file, data, limit)
+        runs: set[str] = set()
         try:
-            records = _convert(convert, file, data, kwargs)
+            lines = _convert(convert, file, data, kwargs, redactor, known, runs)
         except SkipFile as skip:
             report.skipped.append((file, skip.reason))
             continue
-        runs = {r["trace_id"] for r in records if r["name"] != OUTCOME}
+        del data
         repeated = runs & known
         if repeated:
-            records = [r for r in records if r["name"] == OUTCOME or r["trace_id"] not in known]
             report.repeated_runs += len(repeated)
         known |= runs
-        pending.append((digest, records, runs))
+        pending.append((digest, lines, runs))
         report.files += 1
-        report.spans += sum(1 for r in records if r["name"] != OUTCOME)
+        report.spans += sum(1 for r in lines if r.outcome is None)
         report.runs += len(runs - repeated)
     pending = _new_in_store(home, pending, report)
     registry.mkdir(parents=True, exist_ok=True)
-    for digest, records, runs in pending:
-        if records:  # a file whose every record the store holds adds no spool file
-            report.spool_files.append(write_spool_file(home, records, f"import-{fmt}-{digest}"))
+    for digest, lines, runs in pending:
+        if lines:  # a file whose every record the store holds adds no spool file
+            data = b"".join(r.data for r in lines)
+            report.spool_files.append(write_spool_bytes(home, data, f"import-{fmt}-{digest}"))
         (registry / digest).write_text("\n".join([fmt, *sorted(runs)]) + "\n")
     return report

@@ -13,7 +13,7 @@ Failures in `outcome.labels.failures` that carry a 0-based `step_index` mark tho
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,21 @@ def _check(path: Path, where: str, run: Any) -> tuple[str | None, Mapping[str, A
     if run_id is not None and (isinstance(run_id, bool) or not isinstance(run_id, (str, int))):
         raise ImportFormatError(path, "id should be text", record=where)
     return (str(run_id) if run_id is not None else None), outcome
+
+
+def iter_records(
+    path: Path, data: bytes, *, labels: Path | None = None
+) -> Iterator[dict[str, Any]]:
+    """`convert`, a run at a time for a JSON-lines file without labels (one line's objects
+    in memory at once); otherwise all of `convert`."""
+    if labels is not None or path.suffix != ".jsonl":
+        yield from convert(path, data, labels=labels)
+        return
+    seen: dict[str, int] = {}
+    for n, run in iter_json_lines(path, data):
+        where = f"line {n}"
+        run_id, outcome = _check(path, where, run)
+        yield from guarded(path, where, _run, path, where, run, run_id, outcome, None, seen)
 
 
 def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict[str, Any]]:

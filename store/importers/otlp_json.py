@@ -3,8 +3,10 @@
 The file exporter (format `json`) writes JSON lines, one `ExportTraceServiceRequest`-shaped
 object (`{"resourceSpans": [...]}`) per line; a file holding a single (possibly pretty-printed)
 object, or a JSON array of such objects, is accepted too, and gzip-compressed files are
-unpacked. Lines of other signals the same exporter may share the file with (`resourceLogs`,
-`resourceMetrics`, `resourceProfiles`) are skipped; a file with no trace data at all is an error.
+unpacked (by a streaming reader that refuses more than the import limit of unpacked bytes).
+JSON lines are read and converted one at a time. Lines of other signals the same exporter may
+share the file with (`resourceLogs`, `resourceMetrics`, `resourceProfiles`) are skipped; a file
+with no trace data at all is an error.
 
 Phoenix's span export is read too: `GET /v1/projects/{project}/spans/otlpv1` answers
 `{"data": [<span>, ...], "next_cursor": ...}`, OTLP spans without the resourceSpans wrapper,
@@ -23,13 +25,19 @@ Errors name the file and the line (and the span's place within the line's reques
 
 from __future__ import annotations
 
-import gzip
+import io
 import json
-import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tracegym.store.importers import ImportFormatError, iter_json_lines, load_json
+from tracegym.store.importers import (
+    ImportFormatError,
+    gunzip,
+    iter_json_lines,
+    load_json,
+    max_bytes_from_env,
+)
 from tracegym.store.otlp import OTLPFormatError, records_from_json_object
 
 _OTHER_SIGNALS = ("resourceLogs", "resourceMetrics", "resourceProfiles")
@@ -70,35 +78,36 @@ def _as_request(obj: dict[str, Any]) -> dict[str, Any] | None:
     return {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": camel_case(spans)}]}]}
 
 
-def _objects(path: Path, data: bytes) -> list[tuple[str | None, Any]]:
-    """(record label, parsed object) for each request in the file."""
-    lines = [line for line in data.splitlines() if line.strip()]
-    if not lines:
+def _objects(path: Path, data: bytes) -> Iterator[tuple[str | None, Any]]:
+    """(record label, parsed object) for each request in the file, JSON lines parsed as they
+    are reached."""
+    first = next((line for line in io.BytesIO(data) if line.strip()), None)
+    if first is None:
         raise ImportFormatError(path, "empty file: no OTLP/JSON trace data")
     try:
-        json.loads(lines[0])
+        json.loads(first)
         jsonl = True
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         jsonl = False  # the first line is not a document of its own: one pretty-printed object
-    if jsonl and len(lines) > 1:
-        return [(f"line {number}", obj) for number, obj in iter_json_lines(path, data)]
+    if jsonl and len(first.strip()) < len(data.strip()):
+        yield from ((f"line {number}", obj) for number, obj in iter_json_lines(path, data))
+        return
     document = load_json(path, data)
     if isinstance(document, list):
-        return [(f"item {index}", obj) for index, obj in enumerate(document)]
-    return [(None, document)]
+        yield from ((f"item {index}", obj) for index, obj in enumerate(document))
+        return
+    yield None, document
 
 
-def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict[str, Any]]:
-    """Spool records for every span in one OTLP/JSON file; ImportFormatError on bad input."""
+def iter_records(
+    path: Path, data: bytes, *, labels: Path | None = None
+) -> Iterator[dict[str, Any]]:
+    """Spool records for every span in one OTLP/JSON file, a request at a time;
+    ImportFormatError on bad input."""
     path = Path(path)
     if labels is not None:
         raise ImportFormatError(path, "otlp-json takes no --labels (OTLP carries no outcomes)")
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise ImportFormatError(path, f"corrupt gzip data: {exc}") from None
-    records: list[dict[str, Any]] = []
+    data = gunzip(path, data, max_bytes_from_env())
     traces_seen = False
     for record, obj in _objects(path, data):
         if not isinstance(obj, dict):
@@ -120,9 +129,15 @@ def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict
             obj = converted
         traces_seen = True
         try:
-            records.extend(records_from_json_object(obj))
+            records = records_from_json_object(obj)
         except OTLPFormatError as exc:
             raise ImportFormatError(path, str(exc), record=record) from None
+        del obj
+        yield from records
     if not traces_seen:
         raise ImportFormatError(path, "no trace data (only logs/metrics)")
-    return records
+
+
+def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict[str, Any]]:
+    """Spool records for every span in one OTLP/JSON file; ImportFormatError on bad input."""
+    return list(iter_records(path, data, labels=labels))
