@@ -337,3 +337,105 @@ def test_reader_skips_unknown_versions(tmp_path):
         "".join(json.dumps(line) + "\n" for line in lines)
     )
     assert [r["name"] for r in iter_spool(tmp_path)] == ["known"]
+
+
+# A full disk --------------------------------------------------------------------------------
+
+
+def counts() -> tuple[int, int]:
+    counters = tg.stats().counters
+    return counters.get("spans_exported.spool", 0), counters.get("spans_failed.spool", 0)
+
+
+def span_ids(spans) -> set[str]:
+    return {format(span.context.span_id, "016x") for span in spans}
+
+
+@pytest.mark.parametrize("written", [1, 2], ids=["half a line", "lines and a half"])
+def test_a_write_cut_short_by_a_full_disk_leaves_no_partial_line(tmp_path, monkeypatch, written):
+    """Issue 31: `os.write` wrote part of a batch, then failed with ENOSPC; the partial line
+    stayed and the next batch was appended onto it (one span counted exported was lost, the
+    failed batch's complete lines were stored). Now the file is cut back to before the batch."""
+    import errno
+
+    from opentelemetry.sdk.trace.export import SpanExportResult
+    from tracegym.store import lake
+    from tracegym.tracer.processors import CountingExporter
+    from tracegym.tracer.spool import SpoolSpanExporter
+
+    spans = finished_spans(12)
+    exporter = CountingExporter(SpoolSpanExporter(tmp_path), "spool")
+    exported0, failed0 = counts()
+    assert exporter.export(spans[:4]) is SpanExportResult.SUCCESS
+    fd = exporter.exporter.writer._fd
+    real_write = os.write
+    calls = []
+
+    def disk_full(target: int, data) -> int:
+        if target != fd:
+            return real_write(target, data)
+        calls.append(len(data))
+        if len(calls) == 1:  # the kernel takes part of the batch ...
+            line = bytes(data).index(b"\n") + 1
+            cut = line // 2 if written == 1 else line + line // 2
+            return real_write(target, bytes(data[:cut]))
+        raise OSError(errno.ENOSPC, "No space left on device")  # ... then the disk is full
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "write", disk_full)
+        assert exporter.export(spans[4:8]) is SpanExportResult.FAILURE
+    assert len(calls) == 2
+    assert exporter.export(spans[8:]) is SpanExportResult.SUCCESS  # space freed
+    exporter.shutdown()
+
+    (path,) = spool_files(tmp_path)
+    lines = path.read_bytes().splitlines()
+    assert [json.loads(line)["span_id"] for line in lines] == [
+        format(s.context.span_id, "016x") for s in spans[:4] + spans[8:]
+    ]
+    exported, failed = counts()
+    assert (exported - exported0, failed - failed0) == (8, 4)
+    report = lake.compact(tmp_path)
+    assert report.spans == exported - exported0
+    stored = {r["span_id"] for r in lake_rows(tmp_path)}
+    assert stored == span_ids(spans[:4] + spans[8:])
+
+
+def lake_rows(home: Path) -> list[dict]:
+    import duckdb
+
+    glob = str(home / "lake" / "spans" / "**" / "*.parquet")
+    rel = duckdb.sql(f"SELECT span_id FROM read_parquet('{glob}')")
+    return [dict(zip(rel.columns, row, strict=True)) for row in rel.fetchall()]
+
+
+def test_a_file_that_cannot_be_cut_back_is_left_for_a_new_one(tmp_path, monkeypatch):
+    """When the cut back fails too, the writer moves to a new file: the next batch never lands
+    after a partial line (compaction later drops that line from the complete file)."""
+    import errno
+
+    from tracegym.tracer.spool_files import SpoolWriter
+
+    writer = SpoolWriter(tmp_path)
+    writer.write(b'{"n":1}\n')
+    first = writer.path
+    real_write = os.write
+
+    def disk_full(target: int, data) -> int:
+        if len(data) > 4:
+            return real_write(target, bytes(data[:4]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def broken(fd: int, size: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "write", disk_full)
+        patch.setattr(os, "ftruncate", broken)
+        with pytest.raises(OSError):
+            writer.write(b'{"n":2}\n')
+    assert is_complete(first)  # closed: nobody appends to it again
+    writer.write(b'{"n":3}\n')
+    writer.close()
+    assert writer.path != first
+    assert writer.path.read_bytes() == b'{"n":3}\n'

@@ -76,9 +76,15 @@ class SpoolWriter:
         fd = os.open(
             hidden, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644
         )
-        fcntl.flock(fd, fcntl.LOCK_EX)
         path = self.directory / name
-        os.rename(hidden, path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.rename(hidden, path)
+        except BaseException:  # leave neither a descriptor nor a hidden file behind
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(hidden)
+            raise
         self._fd, self._pid, self.path = fd, os.getpid(), path
         self._opened_at, self._size = time.monotonic(), 0
         internal.add("spool_files_opened")
@@ -93,7 +99,8 @@ class SpoolWriter:
         self._fd = None
 
     def write(self, data: bytes) -> None:
-        """Append `data` (whole lines) in one write; raises OSError on failure."""
+        """Append `data` (whole lines) in one write; raises OSError on failure, and then
+        leaves none of `data` in the file (so a failed batch is neither stored nor merged)."""
         with self._lock:
             fd = self._fd
             if fd is not None and (
@@ -105,11 +112,28 @@ class SpoolWriter:
                 fd = None
             if fd is None:
                 fd = self._open()
-            view = memoryview(data)
-            while view:  # os.write may write less than asked (signals, huge buffers)
-                written = os.write(fd, view)
-                view = view[written:]
+            try:
+                view = memoryview(data)
+                while view:  # os.write may write less than asked (signals, huge buffers)
+                    written = os.write(fd, view)
+                    view = view[written:]
+            except BaseException:
+                self._undo(fd)
+                raise
             self._size += len(data)
+
+    def _undo(self, fd: int) -> None:
+        """After a failed or interrupted write (a full disk takes part of a batch, then
+        refuses the rest): cut the file back to its last whole line, which `_size` knows (no one
+        else appends to it). Should that fail too, leave the file (complete now; compaction
+        drops a cut last line) so that the next batch starts a new one, not the partial line."""
+        try:
+            os.ftruncate(fd, self._size)
+        except OSError as exc:
+            internal.report_error("spool.truncate", exc)
+            with contextlib.suppress(OSError):
+                self._close()
+            self._fd = None
 
     def close(self) -> None:
         with self._lock:
