@@ -57,7 +57,8 @@ class CompactionReport:
     files: int = 0
     spans: int = 0
     parts: int = 0
-    truncated_lines: int = 0
+    truncated_lines: int = 0  # a last line cut by a crash (no newline), cut off the file
+    bad_lines: int = 0  # whole lines that are not a span (garbage, a cut line, a wrong type)
     skipped_live: list[Path] = field(default_factory=list)
     busy: bool = False  # skipped: another process was compacting (wait=False)
 
@@ -92,6 +93,15 @@ def _drop_partial_tail(path: Path) -> int:
             end = start
         handle.truncate(0)
         return 1
+
+
+def _count_lines(path: Path) -> int:
+    """The newline-terminated lines of a file (all of them, once its partial tail is cut)."""
+    lines = 0
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            lines += block.count(b"\n")
+    return lines
 
 
 def complete_spool_files(home: Path) -> tuple[list[Path], list[Path]]:
@@ -227,7 +237,9 @@ def _compact_locked(
             batch = ready[start : start + batch_files]
             for path in batch:
                 report.truncated_lines += _drop_partial_tail(path)
+            lines = sum(_count_lines(path) for path in batch)
             spans, parts = compact_batch(con, home, batch)
+            report.bad_lines += lines - spans  # every other line: skipped, not a row of NULLs
             report.files += len(batch)
             report.spans += spans
             report.parts += parts

@@ -87,12 +87,56 @@ FROM (SELECT *, json_extract_string(attributes, {_PATHS}) AS _v FROM {source})
 """
 
 
-def read_json_source(paths_param: str = "?", *, filename: bool = False) -> str:
-    """A read_json table expression over spool files (a path or list bound as a parameter)."""
-    columns = ", ".join(f"'{name}': '{kind}'" for name, kind in SPOOL_COLUMNS.items())
-    return (
+# The fields a line must have, with the right JSON types, to be a span (docs/spool.md). They
+# are read as raw JSON and checked: read_json itself converts leniently ("1", 1.0 and true all
+# read as the integer 1), and a line it cannot parse at all (garbage, a line cut short) comes
+# back with `ignore_errors` as a row of NULLs.
+_CHECKED = {"v": "JSON", "trace_id": "JSON", "span_id": "JSON", "name": "JSON",
+            "start_ns": "JSON", "end_ns": "JSON"}  # fmt: skip
+_VALID = """coalesce(
+    CAST(v AS VARCHAR) = '1'
+    AND regexp_full_match(CAST(trace_id AS VARCHAR), '"[0-9a-f]{32}"')
+    AND regexp_full_match(CAST(span_id AS VARCHAR), '"[0-9a-f]{16}"')
+    AND starts_with(CAST(name AS VARCHAR), '"')
+    AND regexp_full_match(CAST(start_ns AS VARCHAR), '[0-9]{1,19}')
+    AND TRY_CAST(CAST(start_ns AS VARCHAR) AS BIGINT) IS NOT NULL
+    AND regexp_full_match(CAST(end_ns AS VARCHAR), '[0-9]{1,19}')
+    AND TRY_CAST(CAST(end_ns AS VARCHAR) AS BIGINT) IS NOT NULL, false)"""
+# The checked fields as the spool's columns (for a valid line: the ids are plain hex strings).
+_FIELDS = [
+    "substr(CAST(trace_id AS VARCHAR), 2, 32) AS trace_id",
+    "substr(CAST(span_id AS VARCHAR), 2, 16) AS span_id",
+    "json_extract_string(name, '$') AS name",
+    "TRY_CAST(CAST(start_ns AS VARCHAR) AS BIGINT) AS start_ns",
+    "TRY_CAST(CAST(end_ns AS VARCHAR) AS BIGINT) AS end_ns",
+]
+
+
+def spool_lines_source(paths_param: str = "?", *, filename: bool = False) -> str:
+    """Every non-blank line of spool files (a path or list bound as a parameter) as a row with
+    the spool's columns and `_valid`: whether the line is a span at all (see `_CHECKED`)."""
+    columns = ", ".join(
+        f"'{name}': '{kind}'" for name, kind in {**SPOOL_COLUMNS, **_CHECKED}.items()
+    )
+    raw = (
         f"read_json({paths_param}, format='newline_delimited', columns={{{columns}}}, "
         f"ignore_errors=true, maximum_object_size=67108864, filename={str(filename).lower()})"
+    )
+    others = [name for name in SPOOL_COLUMNS if name not in _CHECKED]
+    return (
+        f"(SELECT {', '.join(_FIELDS + others)}{', filename' if filename else ''}, "
+        f"{_VALID} AS _valid FROM {raw})"
+    )
+
+
+def read_json_source(paths_param: str = "?", *, filename: bool = False) -> str:
+    """The spans of spool files (a path or list bound as a parameter): their valid lines only.
+
+    Garbage, a line cut short (a crash, a batch still being written, a full disk) and a line
+    lacking a required field of the right type are no rows (not rows of NULLs)."""
+    return (
+        f"(SELECT * EXCLUDE (_valid) FROM {spool_lines_source(paths_param, filename=filename)} "
+        "WHERE _valid)"
     )
 
 
