@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -238,12 +239,16 @@ def screen(home: Path, skip_stems: Iterable[str] = (), *, deep: bool = False) ->
     return Screened(bad, {part.path for part in bad if part.path not in moved})
 
 
-def may_be_corrupt(exc: BaseException) -> bool:
-    """Whether a query's error could come from a damaged file (not from the query's text)."""
-    return type(exc) in (
+def may_be_corrupt(exc: BaseException, home: Path) -> bool:
+    """Whether a query's error could come from a damaged part (not from the query's text, nor
+    from a file outside the lake that the query named)."""
+    if type(exc) not in (
         duckdb.Error,  # "Out of buffer", "don't know what type" ...
         duckdb.IOException,
         duckdb.InvalidInputException,
         duckdb.InternalException,
         duckdb.SerializationException,
-    )
+    ):
+        return False
+    named = re.findall(r"[\"'](/[^\"']+)[\"']", str(exc))
+    return not named or any(Path(path).is_relative_to(lake_dir(home)) for path in named)

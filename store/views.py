@@ -311,7 +311,7 @@ class LiveViews:
             self.refresh()
             if (self.listed, self.parts) != before:
                 return True
-        if not may_be_corrupt(exc):
+        if not may_be_corrupt(exc, self.home):
             return False
         if not screen(self.home, [p.stem for p in self.listed], deep=True).found:
             return False
