@@ -11,6 +11,9 @@ import logging
 import os
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -160,3 +163,29 @@ def test_a_part_that_cannot_be_moved_is_left_out_by_name(
     assert part.exists() and not parts.quarantined(home)
     named = [r.getMessage() for r in caplog.records if str(part) in r.getMessage()]
     assert len(named) == 1 and "left out" in named[0], named
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["data", "footer"])
+def test_the_dashboard_starts_and_its_pages_answer(store_home: tuple[Path, int], how: str):
+    uvicorn = pytest.importorskip("uvicorn")
+    from tracegym.dashboards.app import create_app
+
+    home, _ = store_home
+    damage(lake.lake_dir(home) / DAMAGED, how)
+    server = uvicorn.Server(uvicorn.Config(create_app(home), host="127.0.0.1", port=0))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60  # a hang guard only
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the dashboard did not start"
+            time.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        for page in ("/", "/runs"):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{page}", timeout=60) as answer:
+                assert answer.status == 200, page
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert (parts.quarantine_dir(home) / DAMAGED).exists()
