@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.store.records import encode_records, write_spool_bytes
-from tracegym.tracer.redact import Redactor, redact_record
+from tracegym.tracer.redact import Redactor, redact_records
 from tracegym.tracer.semconv import OUTCOME_SPAN_NAME as OUTCOME
 from tracegym.tracer.spool_files import iter_spool
 
@@ -222,6 +222,25 @@ class _Line:
     data: bytes
 
 
+_ENCODE_CHUNK = 256  # records redacted together, then encoded and dropped
+
+
+def _encode_chunk(
+    chunk: list[dict[str, Any]], redactor: Redactor | None, lines: list[_Line]
+) -> None:
+    """Redact `chunk`, append its records to `lines` as encoded lines, and empty it."""
+    if redactor is not None:
+        redact_records(chunk, redactor)
+    for record in chunk:
+        stored = None
+        if record["name"] == OUTCOME:  # as the store gives it back, to compare with its own
+            attributes = json.loads(json.dumps(record["attributes"], default=str))
+            stored = (record["start_ns"], attributes)
+        encoded = encode_records([record])
+        lines.append(_Line(record["trace_id"], record["span_id"], stored, encoded))
+    chunk.clear()
+
+
 def _convert(
     convert: Callable[..., Iterable[dict[str, Any]]],
     file: Path,
@@ -237,21 +256,17 @@ def _convert(
     input, so a few KB of brackets would otherwise end the command in a RecursionError
     traceback."""
     lines: list[_Line] = []
+    chunk: list[dict[str, Any]] = []
     try:
         for record in convert(file, data, **kwargs):
-            outcome = record["name"] == OUTCOME
-            if not outcome:
+            if record["name"] != OUTCOME:
                 runs.add(record["trace_id"])
                 if record["trace_id"] in skip_traces:
                     continue
-            if redactor is not None:
-                redact_record(record, redactor)
-            stored = None
-            if outcome:  # as the store gives it back, to compare with what it holds
-                attributes = json.loads(json.dumps(record["attributes"], default=str))
-                stored = (record["start_ns"], attributes)
-            encoded = encode_records([record])
-            lines.append(_Line(record["trace_id"], record["span_id"], stored, encoded))
+            chunk.append(record)
+            if len(chunk) >= _ENCODE_CHUNK:
+                _encode_chunk(chunk, redactor, lines)
+        _encode_chunk(chunk, redactor, lines)
     except RecursionError:
         raise ImportFormatError(file, TOO_DEEP) from None
     except MemoryError:

@@ -16,7 +16,7 @@ the labelled steps' spans carry `tracegym.label.*` attributes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,13 @@ def _finish(
 
 def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict[str, Any]]:
     """A tau-bench results file (a list of runs) -> spool records."""
+    return list(iter_records(path, data, labels=labels))
+
+
+def iter_records(
+    path: Path, data: bytes, *, labels: Path | None = None
+) -> Iterator[dict[str, Any]]:
+    """`convert`'s records a run at a time (every run is checked before the first)."""
     runs = load_json(path, data)
     if isinstance(runs, Mapping) and "traj" in runs:  # a single run
         runs = [runs]
@@ -136,14 +143,12 @@ def convert(path: Path, data: bytes, *, labels: Path | None = None) -> list[dict
         _labels(labels),
         [([f"{t}-{n}", str(t)], f"task {t} trial {n}") for _, t, n, _ in checked],
     )
-    records: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
     for i, (run, (where, task_id, trial, reward)) in enumerate(zip(runs, checked, strict=True)):
         key = keyed("tau-bench", run, seen)
-        records += guarded(
+        yield from guarded(
             path, where, _tau_run, path, where, run, key, task_id, trial, reward, matched.get(i)
         )
-    return records
 
 
 def _tau_run(
