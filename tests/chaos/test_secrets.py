@@ -299,3 +299,131 @@ def test_every_shape_is_caught_on_a_line_of_json_escaped_text(name, text, secret
 def test_innocent_json_escaped_lines_are_left_alone(text):
     encoded = json.dumps(f"first line\n{text}")
     assert Redactor().redact(encoded) == encoded
+
+
+def _corpus_body(texts: list[str]) -> bytes:
+    """One OTLP/JSON request with each text in every place a span carries text: span and
+    event names, attribute values (nested too), event and link attributes, status message,
+    resource."""
+
+    def kv(key: str, text: str) -> dict:
+        return {"key": key, "value": {"stringValue": text}}
+
+    spans = []
+    for i, text in enumerate(texts):
+        nested = {"kvlistValue": {"values": [kv("inner", text)]}}
+        spans.append({
+            "traceId": "5b8efff798038103d269b633813fc60c",
+            "spanId": f"{i + 1:016x}",
+            "name": text,
+            "startTimeUnixNano": "1700000000000000000",
+            "endTimeUnixNano": "1700000001000000000",
+            "attributes": [kv("note", text), {"key": "map", "value": nested}],
+            "events": [{"name": text, "timeUnixNano": "1700000000000000001",
+                        "attributes": [kv("detail", text)]}],
+            "links": [{"traceId": "5b8efff798038103d269b633813fc60d", "spanId": f"{i + 1:016x}",
+                       "attributes": [kv("why", text)]}],
+            "status": {"code": 2, "message": text},
+        })  # fmt: skip
+    resource = {"attributes": [kv(f"deployment.note{i}", t) for i, t in enumerate(texts)]}
+    request = {"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": spans}]}]}
+    return json.dumps(request).encode()
+
+
+def _spool_records(home: Path) -> list[dict]:
+    records = list(iter_spool(home))
+    return sorted(({k: r[k] for k in r if k != "v"} for r in records), key=lambda r: r["span_id"])
+
+
+def test_collect_and_import_of_the_same_body_store_the_same_redacted_spans(tmp_path):
+    """`tracegym import otlp-json` stored every shape that `tracegym collect` of the same body
+    redacted; both now go through `redact_record`, the receiver's span names too."""
+    import urllib.request
+
+    from tracegym.store.importers import import_path
+    from tracegym.store.receiver import Receiver
+
+    body = _corpus_body([text for _, text, _ in SECRETS])
+    received, imported = tmp_path / "received", tmp_path / "imported"
+    with Receiver(received, port=0) as receiver:
+        request = urllib.request.Request(
+            receiver.url, data=body, method="POST", headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=20) as response:
+            assert response.status == 200
+    (tmp_path / "trace.json").write_bytes(body)
+    assert import_path("otlp-json", tmp_path / "trace.json", imported).spans == len(SECRETS)
+    for home in (received, imported):
+        raw = spool_bytes(home)
+        assert [
+            name for name, _, secret in SECRETS if json.dumps(secret)[1:-1].encode() in raw
+        ] == []
+    assert _spool_records(received) == _spool_records(imported)
+
+
+def test_collect_and_import_keep_the_innocent_corpus_everywhere(tmp_path):
+    from tracegym.store.importers import import_path
+
+    (tmp_path / "trace.json").write_bytes(_corpus_body(INNOCENT))
+    import_path("otlp-json", tmp_path / "trace.json", tmp_path / "home")
+    records = _spool_records(tmp_path / "home")
+    assert [r["name"] for r in records] == INNOCENT
+    assert [r["status_message"] for r in records] == INNOCENT
+    assert [r["events"][0]["name"] for r in records] == INNOCENT
+    assert [r["links"][0]["attributes"]["why"] for r in records] == INNOCENT
+    assert [r["attributes"]["map"]["inner"] for r in records] == INNOCENT
+    assert REDACTED.encode() not in spool_bytes(tmp_path / "home")
+
+
+def _record_with(text: str, where: str) -> dict:
+    """A clean spool record with `text` put at `where`."""
+    from tracegym.store.records import span_record
+
+    record = span_record(
+        trace_id="1" * 32, span_id="2" * 16, name="execute_tool get_order", start_ns=1, end_ns=2,
+        attributes={"gen_ai.tool.name": "get_order", "tags": ["a", "b"], "map": {"k": [1, "x"]}},
+        events=[{"name": "log", "time_ns": 1, "attributes": {"message": "fine"}}],
+        links=[{"trace_id": "3" * 32, "span_id": "4" * 16, "attributes": {"why": "retry"}}],
+        resource={"service.name": "svc"},
+    )  # fmt: skip
+    places = {
+        "name": lambda r: r.update(name=text),
+        "status": lambda r: r.update(status_message=text),
+        "attribute": lambda r: r["attributes"].update(note=text),
+        "list": lambda r: r["attributes"]["tags"].append(text),
+        "nested": lambda r: r["attributes"]["map"]["k"].append({"deep": text}),
+        "event-name": lambda r: r["events"][0].update(name=text),
+        "event": lambda r: r["events"][0]["attributes"].update(detail=text),
+        "link": lambda r: r["links"][0]["attributes"].update(note=text),
+        "resource": lambda r: r["resource"].update(note=text),
+    }
+    places[where](record)
+    return record
+
+
+PLACES = [
+    "name", "status", "attribute", "list", "nested", "event-name", "event", "link", "resource",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("where", PLACES)
+def test_the_record_chunk_check_sees_every_place_a_secret_can_sit(where):
+    """Received and imported records are checked a chunk at a time before any is walked: a
+    secret anywhere in one record makes its chunk dirty, and only that record changes."""
+    from tracegym.tracer.redact import records_are_clean, redact_records
+
+    clean = [_record_with("fine", "attribute") for _ in range(10)]
+    assert records_are_clean(clean, Redactor())
+    for name, text, secret in SECRETS:
+        records = [_record_with("fine", "attribute") for _ in range(10)]
+        records[4] = _record_with(text, where)
+        redactor = Redactor()
+        assert not records_are_clean(records, redactor), name
+        assert redact_records(records, redactor) == 1, name
+        assert secret not in json.dumps(records, ensure_ascii=False), name
+        assert records[:4] + records[5:] == clean[:9], name
+    for text in INNOCENT:
+        records = [_record_with(text, where)]
+        before = json.dumps(records)
+        assert redact_records(records, Redactor()) == 0
+        assert json.dumps(records) == before
