@@ -182,8 +182,11 @@ _SECRET_KEY = re.compile(
 _SDK_EVENTS = attrgetter("_events._dq")  # the SDK's deque: `events` copies it into a tuple
 _EVENTS = attrgetter("events")
 _DESCRIPTION = attrgetter("_status._description")
+_SDK_NAME = attrgetter("_name")
 _NAME = attrgetter("name")
+_SDK_LINKS = attrgetter("_links")
 _LINKS = attrgetter("links")
+_SDK_RESOURCE = attrgetter("_resource")
 _RESOURCE = attrgetter("resource")
 _SCALARS = frozenset({str, int, float, bool})
 
@@ -300,15 +303,28 @@ class Redactor:
             with_events = any(map(_SDK_EVENTS, spans))
         except AttributeError:
             with_events = any(map(_EVENTS, spans))
-        names = list(map(_NAME, spans))
+        try:
+            names = set(map(_SDK_NAME, spans))
+            with_links = any(map(_SDK_LINKS, spans))
+            resources = list(map(_SDK_RESOURCE, spans))
+        except AttributeError:
+            names = set(map(_NAME, spans))
+            with_links = any(map(_LINKS, spans))
+            resources = list(map(_RESOURCE, spans))
         if with_events:
             events = [e for span in spans for e in span.events]
             maps += [dict(e.attributes or {}) for e in events]
-            names += [e.name for e in events]
-        if any(map(_LINKS, spans)):
+            names.update(e.name for e in events)
+        if with_links:
             maps += [dict(link.attributes or {}) for span in spans for link in span.links]
-        resources = {id(r): r for r in map(_RESOURCE, spans) if r is not None}
-        maps += [dict(r.attributes) for r in resources.values()]
+        # The spans of a process share one resource (`count` compares by identity first).
+        if resources and resources.count(resources[0]) != len(resources):
+            resources = list({id(r): r for r in resources}.values())
+        elif resources:
+            resources = resources[:1]
+        for resource in resources:
+            if resource is not None and self.redact_resource(resource.attributes) is not None:
+                return False
         innocent = self._innocent_keys
         keys = chain.from_iterable(map(dict.keys, maps))
         if not innocent.issuperset(keys):
@@ -333,7 +349,7 @@ class Redactor:
                 elif isinstance(value, (tuple, list)):
                     texts.extend(v for v in value if isinstance(v, str))
         texts += descriptions
-        texts += [name for name in set(names) if isinstance(name, str)]
+        texts += filter(str.__instancecheck__, names)
         return not self.might_hold_secret("\n".join(texts))
 
     def redact_attributes(self, attributes: Any) -> dict[str, Any] | None:
