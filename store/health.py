@@ -76,7 +76,7 @@ def examine(home: Path) -> Health:
     health = Health(home)
     parts = lake_parts(home)
     health.parts = len(parts)
-    health.corrupt = check(parts, deep=True)
+    health.corrupt = check(home, parts, deep=True)
     directory = spool_dir(home)
     files = sorted(directory.glob("*.jsonl")) if directory.is_dir() else []
     health.spool_files = len(files)

@@ -15,6 +15,8 @@ the `tracegym.store` logger.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import re
@@ -28,6 +30,7 @@ from tracegym.store.lake import compaction_lock, lake_dir
 
 TABLES = ("spans", "outcomes", "nightly")  # the lake's folders the views read
 QUARANTINE_DIR = "quarantine"
+CHECKED_FILE = ".parts-checked.json"  # [[path under the lake, size, mtime_ns], ...]: good footers
 MAGIC = b"PAR1"
 
 log = logging.getLogger("tracegym.store")
@@ -125,13 +128,39 @@ def _data_problem(con: duckdb.DuckDBPyConnection, path: Path) -> str | None:
     return None
 
 
-def check(paths: Iterable[Path], *, deep: bool = False) -> list[BadPart]:
-    """The parts of `paths` that cannot be read: footers only, or every row when `deep`.
+def _known_good(home: Path) -> dict[Path, tuple[int, int]]:
+    """Footers an earlier process found good: {path: (size, mtime_ns)} from CHECKED_FILE."""
+    try:
+        entries = json.loads((lake_dir(home) / CHECKED_FILE).read_text(encoding="utf-8"))
+        return {lake_dir(home) / name: (int(size), int(mtime)) for name, size, mtime in entries}
+    except (OSError, ValueError, TypeError):
+        return {}
 
-    A verdict is kept per (path, size, mtime) for this process; parts that vanished meanwhile
-    (moved aside or replaced by another process) are not bad."""
+
+def _remember_good(home: Path, good: dict[Path, os.stat_result]) -> None:
+    """Write CHECKED_FILE (whole, renamed into place) when the disk lets us; never required."""
+    lake = lake_dir(home)
+    entries = [[str(p.relative_to(lake)), st.st_size, st.st_mtime_ns] for p, st in good.items()]
+    tmp = lake / f"{CHECKED_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        tmp.write_text(json.dumps(entries), encoding="utf-8")
+        os.replace(tmp, lake / CHECKED_FILE)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def check(home: Path, paths: Iterable[Path], *, deep: bool = False) -> list[BadPart]:
+    """The parts of `paths` (under `home`'s lake) that cannot be read: footers only, or every
+    row when `deep`.
+
+    A verdict is kept per (path, size, mtime) for this process, and good footers in the lake's
+    CHECKED_FILE for the next one (a fresh `tracegym` command skips what an earlier one checked);
+    parts that vanished meanwhile (moved aside or replaced by another process) are not bad."""
     todo: list[tuple[Path, os.stat_result]] = []
     bad: list[BadPart] = []
+    good: dict[Path, os.stat_result] = {}
+    earlier: dict[Path, tuple[int, int]] | None = None
     for path in paths:
         try:
             stat = path.stat()
@@ -143,7 +172,16 @@ def check(paths: Iterable[Path], *, deep: bool = False) -> list[BadPart]:
         if known and same and (known.reason or known.deep or not deep):
             if known.reason:  # bad stays bad; a good verdict holds at its depth or less
                 bad.append(BadPart(path, known.reason))
+            else:
+                good[path] = stat
             continue
+        if not deep:
+            earlier = _known_good(home) if earlier is None else earlier
+            if earlier.get(path) == (stat.st_size, stat.st_mtime_ns):
+                with _lock:
+                    _verdicts[path] = _Verdict(stat.st_size, stat.st_mtime_ns, False, None)
+                good[path] = stat
+                continue
         todo.append((path, stat))
     if not todo:
         return bad
@@ -170,6 +208,9 @@ def check(paths: Iterable[Path], *, deep: bool = False) -> list[BadPart]:
         for path, stat in todo:
             _verdicts[path] = _Verdict(stat.st_size, stat.st_mtime_ns, deep, reasons[path])
     bad.extend(BadPart(path, reason) for path, _ in todo if (reason := reasons[path]))
+    if not deep:  # the doctor writes nothing unless asked to repair
+        good.update((p, stat) for p, stat in todo if reasons[p] is None and p.exists())
+        _remember_good(home, good)
     return bad
 
 
@@ -232,7 +273,7 @@ def screen(home: Path, skip_stems: Iterable[str] = (), *, deep: bool = False) ->
 
     skip = set(skip_stems)
     parts = [p for p in lake_parts(home) if _stem_of_part(p.name) not in skip]
-    bad = check(parts, deep=deep)
+    bad = check(home, parts, deep=deep)
     moved = move_aside(home, bad)
     for part in bad:
         name_once(part, moved.get(part.path))
