@@ -176,7 +176,9 @@ def test_the_body_beyond_the_budget_is_refused_and_the_server_recovers(home):
         while post(receiver.url, request_of(span()))[0] != 200:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert receiver._budget.used == 0
+        while receiver._budget.used:  # given back once each answer is sent
+            assert time.monotonic() < deadline, "bytes left in the budget"
+            time.sleep(0.01)
 
 
 def test_a_waiting_request_gets_the_freed_room(home):
@@ -227,7 +229,12 @@ def test_connections_beyond_the_cap_are_refused_at_once(home):
             for sock in idle:
                 sock.close()
         deadline = time.monotonic() + 10  # the idle ones gone, connections are served again
-        while post(receiver.url, request_of(span()))[0] != 200:
+        while True:
+            try:
+                if post(receiver.url, request_of(span()))[0] == 200:
+                    break
+            except urllib.error.URLError:  # refused while sending: the server's threads for
+                pass  # the closed ones have not noticed yet
             assert time.monotonic() < deadline
             time.sleep(0.05)
 

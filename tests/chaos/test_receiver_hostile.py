@@ -315,6 +315,32 @@ def test_a_body_past_its_deadline_is_cut_with_408(home):
         assert receiver.stats()["rejected_requests"] == 2
 
 
+def test_a_trickled_chunk_size_line_is_cut_at_the_deadline_too(home):
+    """A line is read piece by piece, each read timed against the deadline: a chunk-size line
+    sent a byte every 50 ms (1 KiB would take 51 s) is cut at 0.5 s."""
+    with Receiver(home, port=0, body_deadline_s=0.5, body_timeout_s=20) as receiver:
+        with connect(receiver) as sock:
+            sock.sendall(HEADERS + b"Transfer-Encoding: chunked\r\n\r\n")
+            stop = threading.Event()
+
+            def trickle() -> None:
+                try:
+                    while not stop.wait(0.05):
+                        sock.sendall(b"1")
+                except OSError:
+                    pass
+
+            sender = threading.Thread(target=trickle, daemon=True)
+            sender.start()
+            try:
+                reply = answer(sock)
+            finally:
+                stop.set()
+                sender.join(10)
+        assert reply.startswith(b"HTTP/1.1 408 "), reply
+        assert_serving(receiver)
+
+
 def test_bodies_beyond_the_byte_budget_wait_then_get_503(home):
     """Memory for bodies being read is bounded by `max_buffered_bytes`: one that does not fit
     waits `busy_wait_s` for room, then gets 503 + Retry-After; room freed, it is served."""
