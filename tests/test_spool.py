@@ -126,14 +126,20 @@ def test_file_is_locked_while_its_writer_is_open(tmp_path, tracer_setup):
     assert is_complete(tmp_path / "missing.jsonl") is False
 
 
+def line(label: str, **fields) -> dict:
+    """A spool line with the required fields, named `label` (and `fields` on top)."""
+    return {"v": 1, "trace_id": "ab" * 16, "span_id": "cd" * 8, "name": label, "start_ns": 1,
+            "end_ns": 2, **fields}  # fmt: skip
+
+
 def test_reader_skips_damaged_lines(tmp_path):
     directory = spool_dir(tmp_path)
     directory.mkdir(parents=True)
-    good = [{"v": 1, "name": f"span {i}"} for i in range(3)]
+    good = [line(f"span {i}") for i in range(3)]
     lines = [json.dumps(good[0]), "{not json", json.dumps(good[1]), json.dumps(good[2])]
     (directory / "20260101T000000-h-1-00000000.jsonl").write_text("\n".join(lines) + "\n")
     (directory / "20260101T000001-h-2-00000000.jsonl").write_text(
-        json.dumps({"v": 1, "name": "later"}) + '\n{"v": 1, "name": "cut mid-wr'
+        json.dumps(line("later")) + '\n{"v": 1, "name": "cut mid-wr'
     )
     (directory / "ignored.txt").write_text("not a spool file\n")
     records = list(iter_spool(tmp_path))
@@ -332,11 +338,31 @@ def test_forked_child_writes_its_own_file_and_never_duplicates(run_python, tmp_p
 def test_reader_skips_unknown_versions(tmp_path):
     directory = spool_dir(tmp_path)
     directory.mkdir(parents=True)
-    lines = [{"v": 1, "name": "known"}, {"v": 2, "name": "from the future"}]
+    lines = [line("known"), line("from the future", v=2)]
     (directory / "20260101T000000-h-1-00000000.jsonl").write_text(
-        "".join(json.dumps(line) + "\n" for line in lines)
+        "".join(json.dumps(record) + "\n" for record in lines)
     )
     assert [r["name"] for r in iter_spool(tmp_path)] == ["known"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"v": "1"}, {"v": True}, {"trace_id": "AB" * 16}, {"span_id": None}, {"name": 5},
+     {"start_ns": "1"}, {"start_ns": 1.0}, {"end_ns": -1}, {"end_ns": 1 << 63}],
+    ids=repr,
+)  # fmt: skip
+def test_reader_skips_and_counts_lines_that_are_no_span(tmp_path, change):
+    """Issue 31: the reader (`tracegym summary`, importers) took any object of version 1; it
+    skips what the store skips: a required field missing or of the wrong type."""
+    directory = spool_dir(tmp_path)
+    directory.mkdir(parents=True)
+    lines = [line("kept"), line("wrong", **change), ["not", "an", "object"]]
+    (directory / "20260101T000000-h-1-00000000.jsonl").write_text(
+        "".join(json.dumps(record) + "\n" for record in lines)
+    )
+    before = tg.stats().counters.get("spool_bad_lines_skipped", 0)
+    assert [r["name"] for r in iter_spool(tmp_path)] == ["kept"]
+    assert tg.stats().counters["spool_bad_lines_skipped"] - before == 2
 
 
 # A full disk --------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
 import socket
 import threading
@@ -155,8 +156,41 @@ def is_complete(path: Path) -> bool:
         os.close(fd)
 
 
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+_SPAN_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def _time_ns(value: object) -> bool:
+    return type(value) is int and 0 <= value < 1 << 63
+
+
+def is_span(record: object) -> bool:
+    """Whether a decoded line is a span: an object with the required fields of the right
+    types (docs/spool.md). The store's SQL (`store.schema`) makes the very same check."""
+    if not isinstance(record, dict):
+        return False
+    trace_id, span_id = record.get("trace_id"), record.get("span_id")
+    return (
+        type(record.get("v")) is int
+        and record["v"] == SPOOL_VERSION
+        and isinstance(trace_id, str)
+        and _TRACE_ID.fullmatch(trace_id) is not None
+        and isinstance(span_id, str)
+        and _SPAN_ID.fullmatch(span_id) is not None
+        and isinstance(record.get("name"), str)
+        and _time_ns(record.get("start_ns"))
+        and _time_ns(record.get("end_ns"))
+    )
+
+
+def _other_version(record: object) -> bool:
+    version = record.get("v") if isinstance(record, dict) else None
+    return type(version) is int and version != SPOOL_VERSION
+
+
 def read_spool_file(path: Path) -> Iterator[dict[str, Any]]:
-    """The complete records of one spool file; a crash-cut last line is skipped."""
+    """The spans of one spool file; a crash-cut last line and lines that are no span (not
+    JSON, another version, a required field missing or of the wrong type) are skipped."""
     with open(path, "rb") as handle:
         for line in handle:
             if not line.endswith(b"\n"):
@@ -167,10 +201,12 @@ def read_spool_file(path: Path) -> Iterator[dict[str, Any]]:
             except ValueError:
                 internal.add("spool_bad_lines_skipped")
                 continue
-            if not isinstance(record, dict) or record.get("v") != SPOOL_VERSION:
+            if is_span(record):
+                yield record
+            elif _other_version(record):
                 internal.add("spool_unknown_version_lines_skipped")
-                continue
-            yield record
+            else:
+                internal.add("spool_bad_lines_skipped")
 
 
 def iter_spool(home: Path) -> Iterator[dict[str, Any]]:

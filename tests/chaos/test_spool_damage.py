@@ -18,7 +18,7 @@ pytest.importorskip("duckdb")
 from tracegym.store.lake import compact
 from tracegym.store.records import encode_records, span_record, stable_id
 from tracegym.store.store import Store
-from tracegym.tracer.spool_files import SpoolWriter, is_complete, spool_dir
+from tracegym.tracer.spool_files import SpoolWriter, is_complete, read_spool_file, spool_dir
 
 BASE_NS = 1_764_460_800_000_000_000
 
@@ -130,6 +130,8 @@ def test_a_line_with_a_required_field_of_the_wrong_type_is_not_a_span(
     path = directory / "20251130T000000-host-1-00000002.jsonl"
     line = json.dumps(bad, separators=(",", ":")) + "\n"
     path.write_text(json.dumps(good, separators=(",", ":")) + "\n" + line)
+    # the standard-library reader (`tracegym summary`, importers) skips the very same lines
+    assert [r["span_id"] for r in read_spool_file(path)] == [good["span_id"]]
 
     report = compact(tmp_path)
 
