@@ -2,7 +2,8 @@
 
 One corrupt Parquet part must not make the whole store unreadable. Each time the views are made,
 the parts they would read are checked cheaply: both magic numbers and the footer (the metadata
-DuckDB parses anyway), once per (path, size, mtime) in a process and in one DuckDB call for all.
+DuckDB parses anyway), in one DuckDB call for all, once per (path, size, mtime): in a process,
+and across processes through CHECKED_FILE in the lake (written when the disk lets it).
 A corrupt data page passes that check: a query that then fails with a read error has every part
 read whole once (`check(..., deep=True)`), and the bad ones go the same way.
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
-from tracegym.store.lake import compaction_lock, lake_dir
+from tracegym.store.lake import _stem_of_part, compaction_lock, lake_dir
 
 TABLES = ("spans", "outcomes", "nightly")  # the lake's folders the views read
 QUARANTINE_DIR = "quarantine"
@@ -269,8 +270,6 @@ class Screened:
 def screen(home: Path, skip_stems: Iterable[str] = (), *, deep: bool = False) -> Screened:
     """Check the parts the views would read (less those of spool files `skip_stems`, which they
     leave out anyway) and move the bad ones aside, naming each once."""
-    from tracegym.store.lake import _stem_of_part
-
     skip = set(skip_stems)
     parts = [p for p in lake_parts(home) if _stem_of_part(p.name) not in skip]
     bad = check(home, parts, deep=deep)
