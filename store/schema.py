@@ -140,6 +140,17 @@ def read_json_source(paths_param: str = "?", *, filename: bool = False) -> str:
     )
 
 
+def bad_lines_select(paths: str | None) -> str:
+    """Per spool file, its non-blank lines that are no span: `file`, `lines` (`paths`: a SQL
+    list of file names, None for none). A live file's last line counts while being written."""
+    if paths is None:
+        return "SELECT NULL::VARCHAR AS file, NULL::BIGINT AS lines LIMIT 0"
+    return (
+        f"SELECT filename AS file, count(*) AS lines FROM "
+        f"{spool_lines_source(paths, filename=True)} WHERE NOT _valid GROUP BY filename"
+    )
+
+
 def empty_source() -> str:
     """A typed table expression with the spool's columns and no rows (an empty store)."""
     columns = ", ".join(f"NULL::{kind} AS {name}" for name, kind in SPOOL_COLUMNS.items())

@@ -22,7 +22,13 @@ from typing import TypeVar
 import duckdb
 from tracegym.store.lake import complete_spool_files, lake_dir
 from tracegym.store.parts import lake_parts, may_be_corrupt, screen
-from tracegym.store.schema import empty_source, lake_read_select, read_json_source, row_select
+from tracegym.store.schema import (
+    bad_lines_select,
+    empty_source,
+    lake_read_select,
+    read_json_source,
+    row_select,
+)
 from tracegym.tracer import semconv as sc
 
 T = TypeVar("T")
@@ -261,6 +267,8 @@ def register_views(con: duckdb.DuckDBPyConnection, home: Path) -> list[Path]:
     for name in ["outcomes", "traces", "tool_calls", "llm_calls", "memory_ops", "nightly"]:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEW_SQL[name]}")
     con.execute(f"CREATE OR REPLACE TEMP VIEW gap_runs AS {gap_runs_sql(home)}")
+    files = "[" + ", ".join(_literal(str(p)) for p in pending) + "]" if pending else None
+    con.execute(f"CREATE OR REPLACE TEMP VIEW spool_bad_lines AS {bad_lines_select(files)}")
     return pending
 
 

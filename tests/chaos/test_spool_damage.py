@@ -50,6 +50,11 @@ def damage() -> tuple[bytes, int]:
     return garbage + b"\n" + merged, garbage.count(b"\n") + 1 + 1
 
 
+def nonblank(data: bytes) -> int:
+    """The lines of `data` (each ending in a newline) holding more than white space."""
+    return sum(1 for line in data.split(b"\n")[:-1] if line.strip())
+
+
 def ids(rows: list[dict]) -> set[tuple[str, str]]:
     return {(r["trace_id"], r["span_id"]) for r in rows}
 
@@ -95,6 +100,9 @@ def test_a_live_file_shows_only_its_valid_complete_lines(tmp_path: Path) -> None
         assert all(r["start_time"] is not None for r in got)
         (traces,) = store.fetch("SELECT count(*) FROM traces").rows[0]
         assert traces == len({r["trace_id"] for r in good})
+        # the skipped lines are counted, the one still being written among them
+        counted = store.fetch("SELECT file, lines FROM spool_bad_lines").rows
+        assert counted == [(str(writer.path), nonblank(bad) + 1)]
     finally:
         writer.close()
 
