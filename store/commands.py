@@ -282,6 +282,12 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             f"compacted {report.files} spool files, {report.spans} spans, {report.parts} parts"
             f" under {target}; {len(report.skipped_live)} files still being written"
         )
+        if report.bad_lines or report.truncated_lines:  # skipped, not stored as empty spans
+            typer.echo(
+                f"skipped {report.bad_lines} lines that are no span and "
+                f"{report.truncated_lines} lines cut short (see docs/spool.md)",
+                err=True,
+            )
 
     @app.command()
     def doctor(

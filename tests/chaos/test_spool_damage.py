@@ -147,3 +147,20 @@ def test_a_line_with_a_required_field_of_the_wrong_type_is_not_a_span(
     assert report.bad_lines == 1
     rows = Store(tmp_path).fetch("SELECT trace_id, span_id FROM spans").rows
     assert rows == [(good["trace_id"], good["span_id"])]
+
+
+def test_the_compact_command_says_what_it_skipped(tmp_path: Path) -> None:
+    from tracegym.cli import app
+    from typer.testing import CliRunner
+
+    bad, bad_lines = damage()
+    directory = spool_dir(tmp_path)
+    directory.mkdir(parents=True)
+    path = directory / "20251130T000000-host-1-00000003.jsonl"
+    path.write_bytes(encode_records(records("cli", 4)) + bad + b'{"v":1,"trace_id":"ab')
+
+    done = CliRunner().invoke(app, ["--home", str(tmp_path), "compact"])
+
+    assert done.exit_code == 0, done.output
+    assert "compacted 1 spool files, 4 spans" in done.stdout
+    assert f"skipped {bad_lines} lines that are no span and 1 lines cut short" in done.stderr
