@@ -97,15 +97,19 @@ def write_spool_file(home: Path, records: Iterable[Mapping[str, Any]], stem: str
     return write_spool_bytes(home, encode_records(records), stem)
 
 
-def write_spool_bytes(home: Path, data: bytes, stem: str) -> Path:
-    """`write_spool_file` for records already encoded (`encode_records`)."""
+def write_spool_bytes(home: Path, data: bytes | Iterable[bytes], stem: str) -> Path:
+    """`write_spool_file` for records already encoded (`encode_records`): one bytes object, or
+    pieces written one after the other (never joined in memory)."""
     directory = spool_dir(home)
     directory.mkdir(parents=True, exist_ok=True)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)[:120]
     final = directory / f"{safe}.jsonl"
     tmp = directory / f".{safe}.{secrets.token_hex(4)}.jsonl.tmp"
     with open(tmp, "wb") as handle:
-        handle.write(data)
+        if isinstance(data, bytes):
+            handle.write(data)
+        else:
+            handle.writelines(data)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, final)

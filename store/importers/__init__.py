@@ -211,7 +211,7 @@ def _streaming_converter(fmt: str) -> Callable[..., Iterable[dict[str, Any]]]:
     return streaming if streaming is not None and fmt != "tau2-bench" else converter(fmt)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Line:
     """One converted record, kept encoded: what the duplicate checks need, and its spool
     line (a few times smaller than the record's Python objects)."""
@@ -406,7 +406,7 @@ def import_path(
     registry.mkdir(parents=True, exist_ok=True)
     for digest, lines, runs in pending:
         if lines:  # a file whose every record the store holds adds no spool file
-            data = b"".join(r.data for r in lines)
+            data = (r.data for r in lines)
             report.spool_files.append(write_spool_bytes(home, data, f"import-{fmt}-{digest}"))
         (registry / digest).write_text("\n".join([fmt, *sorted(runs)]) + "\n")
     return report
