@@ -34,20 +34,23 @@ O_APPEND write. The receiver binds 127.0.0.1 unless told otherwise, stays quiet 
 
 Bounded: bodies are read without holding a request slot (two clients trickling a byte at a
 time once held both, and everyone else got 503), each charged as it arrives to one budget of
-`max_buffered_bytes` (default 4 x `max_body_bytes`), so a slow client holds only what it sent.
+`max_buffered_bytes` (default 2 x `max_body_bytes`), so a slow client holds only what it sent.
 Then at most `max_requests` requests (default 2) are converted at once. Each holds its body (at
 most `max_body_bytes`), the decompressed copy and the converted records, about six times the
 body for small spans (a 19 MiB request of 32,000 spans: ~120 MB), so memory stays near
 `max_buffered_bytes + max_requests x 5 x max_body_bytes`. Measured, 8 concurrent 19 MiB
-requests: 974 MB peak with all 8 converted at once (before slots), 337 MB with 2, in about the
-same time (conversion holds the GIL). A body that finds the budget full, or a read body that
-finds every slot busy, waits up to `busy_wait_s` (default 5 s), then gets 503 with
-`Retry-After: 1`, which OTLP/HTTP exporters retry. A body must keep arriving (`body_timeout_s`,
-10 s between reads) and arrive whole within `body_deadline_s` (30 s from the request line;
-OTLP exporters give up after 10 s), or it gets 408 and the connection is closed. Connections
-beyond `max_connections` (default 1024, one thread each) get a 503 at once. Gzip and deflate
-output stops at `max_body_bytes`; gzip members cost time linear in the body
-(`store/receiver_body.py`).
+requests: 974 MB peak with all 8 converted at once (before slots), 337 MB with 2. With reading
+outside the slots (a shared 2-core machine, 8 concurrent 19 MB OTLP/JSON requests, the peak RSS
+of a receiver process idling at 135 MB): 415-464 MB, 2 served (427 MB, 2 served, before);
+`max_buffered_bytes` at 4 x: 516-527 MB, 5-6 served. A body that finds the budget full, or a
+read body that finds every slot busy, waits up to `busy_wait_s` (default 5 s), then gets 503
+with `Retry-After: 1`, which OTLP/HTTP exporters retry; when every body holding part of the
+budget waits for more, the last to arrive gets its 503 at once, so the others can finish. A
+body must keep arriving (`body_timeout_s`, 10 s between reads) and arrive whole within
+`body_deadline_s` (30 s from the request line; OTLP exporters give up after 10 s), or it gets
+408 and the connection is closed. Connections beyond `max_connections` (default 1024, one
+thread each) get a 503 at once. Gzip and deflate output stops at `max_body_bytes`; gzip members
+cost time linear in the body (`store/receiver_body.py`).
 
 Secrets are redacted before anything is written (on by default; `redact=False` turns it off),
 with the tracer's `Redactor`: span, event, link and resource attributes at any depth, and status
@@ -417,7 +420,7 @@ class Receiver:
     `serve_forever()` serves on the calling thread until `stop()` (or Ctrl-C). Counters:
     `stats()`. Usable as a context manager (start / stop). `redact` (default True) scrubs
     secrets from what is received, with `redact_patterns` added to the built-in rules;
-    `max_requests`, `max_buffered_bytes` (default 4 x `max_body_bytes`), `busy_wait_s`,
+    `max_requests`, `max_buffered_bytes` (default 2 x `max_body_bytes`), `busy_wait_s`,
     `body_timeout_s`, `body_deadline_s` and `max_connections` bound memory, time and threads
     (see the module's docstring).
     """
@@ -452,7 +455,7 @@ class Receiver:
         self.body_timeout_s = max(0.1, float(body_timeout_s))
         self.max_connections = max(1, int(max_connections))
         self.body_deadline_s = max(0.1, float(body_deadline_s))
-        buffered = 4 * self.max_body_bytes if max_buffered_bytes is None else max_buffered_bytes
+        buffered = 2 * self.max_body_bytes if max_buffered_bytes is None else max_buffered_bytes
         self.max_buffered_bytes = max(self.max_body_bytes, int(buffered))  # one body always fits
         self._budget = ByteBudget(self.max_buffered_bytes)
         self._slots = threading.BoundedSemaphore(self.max_requests)

@@ -18,6 +18,7 @@ Each bound here answers one way an attacker made the receiver hurt (issue 31):
 
 from __future__ import annotations
 
+import itertools
 import re
 import socket
 import threading
@@ -51,29 +52,60 @@ class HTTPError(Exception):
 
 
 class ByteBudget:
-    """At most `total` bytes of request bodies held at once, across all connections."""
+    """At most `total` bytes of request bodies held at once, across all connections.
+
+    Bodies take bytes as they arrive, so a slow client holds only what it sent. Waiters are
+    served first come, first served. When every holder is waiting (each holds part of a body
+    and needs more, none will finish to give some back), the last to arrive gives up
+    (`take` returns False: a 503 the exporter retries) so the earlier ones can go on.
+    """
 
     def __init__(self, total: int) -> None:
         self.total = total
         self.used = 0
         self._cond = threading.Condition()
+        self._tickets = itertools.count()
+        self._held: dict[int, int] = {}  # ticket -> bytes held
+        self._waiting: dict[int, int] = {}  # ticket -> bytes it waits for
 
-    def take(self, n: int, wait_until: float) -> bool:
-        """Reserve `n` bytes, waiting for room until the monotonic time `wait_until`."""
+    def ticket(self) -> int:
+        """One per request, in arrival order."""
+        return next(self._tickets)
+
+    def take(self, ticket: int, n: int, wait_until: float) -> bool:
+        """Reserve `n` bytes for `ticket`, waiting for room until the monotonic `wait_until`."""
         with self._cond:
-            while self.used + n > self.total:
-                left = wait_until - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
+            self._waiting[ticket] = n
+            self._cond.notify_all()  # one more waiter: the others look again for a deadlock
+            try:
+                while not (self.used + n <= self.total and ticket == min(self._waiting)):
+                    if self._stuck() and ticket == self._last_holder_waiting():
+                        return False
+                    left = wait_until - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(left)
+            finally:
+                del self._waiting[ticket]
+                self._cond.notify_all()
             self.used += n
+            self._held[ticket] = self._held.get(ticket, 0) + n
             return True
 
-    def give(self, n: int) -> None:
-        if n:
-            with self._cond:
-                self.used -= n
-                self._cond.notify_all()
+    def give(self, ticket: int) -> None:
+        """Give back everything `ticket` holds."""
+        with self._cond:
+            self.used -= self._held.pop(ticket, 0)
+            self._cond.notify_all()
+
+    def _stuck(self) -> bool:
+        first = min(self._waiting)
+        return self.used + self._waiting[first] > self.total and all(
+            ticket in self._waiting for ticket in self._held
+        )
+
+    def _last_holder_waiting(self) -> int | None:
+        return max((t for t in self._waiting if t in self._held), default=None)
 
 
 def parse_content_length(value: str) -> int:
@@ -88,8 +120,7 @@ def parse_content_length(value: str) -> int:
 class BodyReader:
     """Reads one body from `rfile` within the limits, charging `budget` for what it holds.
 
-    `held` is what this request has taken from the budget: give it back once the request is
-    answered (`release()`), whatever happened.
+    What it takes from the budget is held until `release()`.
     """
 
     def __init__(
@@ -112,12 +143,12 @@ class BodyReader:
         self._stall_s = stall_s
         self._busy_wait_s = busy_wait_s
         self._retry_after = retry_after
-        self.held = 0
+        self._ticket = budget.ticket()
         self.busy = False  # refused for want of budget (a 503)
 
     def release(self) -> None:
-        self._budget.give(self.held)
-        self.held = 0
+        """Give back the bytes this body held: once it is answered, whatever happened."""
+        self._budget.give(self._ticket)
 
     # -- bodies ------------------------------------------------------------------------------
 
@@ -163,7 +194,7 @@ class BodyReader:
 
     def _charge(self, n: int) -> None:
         wait_until = min(time.monotonic() + self._busy_wait_s, self._deadline)
-        if not self._budget.take(n, wait_until):
+        if not self._budget.take(self._ticket, n, wait_until):
             self.busy = True
             raise HTTPError(
                 503,
@@ -171,7 +202,6 @@ class BodyReader:
                 close=True,
                 retry_after=self._retry_after,
             )
-        self.held += n
 
     def _arm(self) -> None:
         """Time the next socket read: at most `stall_s`, and never past the deadline."""

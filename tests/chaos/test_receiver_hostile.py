@@ -366,6 +366,63 @@ def test_bodies_beyond_the_byte_budget_wait_then_get_503(home):
             time.sleep(0.05)
 
 
+class Taker:
+    """`budget.take` on its own thread, its result kept. It would wait an hour: only the
+    budget's own rules end a wait here (join's 30 s is a hang guard)."""
+
+    def __init__(self, budget: Any, ticket: int, n: int) -> None:
+        self.result: bool | None = None
+        self._thread = threading.Thread(
+            target=lambda: setattr(self, "result", budget.take(ticket, n, time.monotonic() + 3600)),
+            daemon=True,
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while ticket not in budget._waiting and self._thread.is_alive():  # waiting, or done
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+
+    def join(self) -> bool | None:
+        self._thread.join(30)
+        return self.result
+
+
+def test_bodies_that_all_wait_for_room_do_not_wait_forever():
+    """Three bodies hold the whole budget and each needs more: none would finish and give any
+    back. The last to arrive gives up at once (503), then the next, until the first fits."""
+    from tracegym.store.receiver_body import ByteBudget
+
+    budget = ByteBudget(100)
+    a, b, c = budget.ticket(), budget.ticket(), budget.ticket()
+    for ticket, n in ((a, 40), (b, 40), (c, 20)):
+        assert budget.take(ticket, n, time.monotonic())
+    first = Taker(budget, a, 30)  # waits: the others may still finish
+    second = Taker(budget, b, 30)  # waits too
+    assert first.result is None and second.result is None
+    assert budget.take(c, 10, time.monotonic() + 3600) is False  # all stuck: the last gives up
+    budget.give(c)  # (the reader gives back what it held once answered)
+    assert second.join() is False  # 80 + 30 > 100, still stuck: now b is the last
+    budget.give(b)
+    assert first.join() is True
+    assert budget.used == 70
+
+
+def test_room_goes_to_the_body_that_came_first():
+    from tracegym.store.receiver_body import ByteBudget
+
+    budget = ByteBudget(10)
+    holder, early, late = budget.ticket(), budget.ticket(), budget.ticket()
+    assert budget.take(holder, 10, time.monotonic())
+    waiting_early = Taker(budget, early, 8)
+    waiting_late = Taker(budget, late, 5)
+    budget.give(holder)
+    assert waiting_early.join() is True  # first come, first served ...
+    assert waiting_late.result is None and late in budget._waiting  # ... 8 + 5 > 10: it waits
+    budget.give(early)
+    assert waiting_late.join() is True
+    assert budget.used == 5
+
+
 # -- 10: health --------------------------------------------------------------------------------
 
 
