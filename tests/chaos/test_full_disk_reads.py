@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.chaos.tmpfs import require_tmpfs
 
 pytest.importorskip("duckdb")
 
@@ -51,29 +52,11 @@ DRIVER = textwrap.dedent(
 )
 
 
-def _namespace_command() -> list[str] | None:
-    """`unshare` with a mount namespace (and a user namespace when not root), or None."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return None
-    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    return [unshare, *user, "--mount"]
-
-
 @pytest.mark.slow
 def test_reads_on_a_full_then_read_only_disk_answer_without_compacting(tmp_path: Path):
-    prefix = _namespace_command()
-    if prefix is None:
-        pytest.skip("no `unshare` here: cannot mount a private tmpfs")
     mount = tmp_path / "small"
     mount.mkdir()
-    probe = subprocess.run(
-        [*prefix, "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if probe.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {probe.stderr.strip()[-300:]}")
+    prefix = require_tmpfs(mount)
     proc = subprocess.run(
         [*prefix, sys.executable, "-c", DRIVER, str(mount), str(ROOT)],
         capture_output=True,

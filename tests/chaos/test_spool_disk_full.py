@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.chaos.tmpfs import namespace_command, require_tmpfs
 
 pytest.importorskip("duckdb")
 
@@ -88,20 +89,9 @@ AGENT = textwrap.dedent(
 )
 
 
-def _namespace_command() -> list[str] | None:
-    """`unshare` with a mount namespace (and a user namespace when not root), or None."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return None
-    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    return [unshare, *user, "--mount"]
-
-
 def _in_tmpfs(mount: Path, size: str, *argv: str) -> subprocess.CompletedProcess:
     """Run `argv` with a fresh tmpfs of `size` on `mount`, in a private mount namespace."""
-    prefix = _namespace_command()
-    if prefix is None:
-        pytest.skip("no `unshare` here: cannot mount a private tmpfs")
+    prefix = namespace_command()
     script = 'mount -t tmpfs -o size="$1" tmpfs "$2" || exit 97; shift 2; exec "$@"'
     return subprocess.run(
         [*prefix, "sh", "-c", script, "sh", size, str(mount), *argv],
@@ -115,9 +105,7 @@ def _in_tmpfs(mount: Path, size: str, *argv: str) -> subprocess.CompletedProcess
 def test_a_full_disk_mid_batch_loses_nothing_counted_and_merges_no_line(tmp_path: Path):
     mount = tmp_path / "small"
     mount.mkdir()
-    probe = _in_tmpfs(mount, "1m", "true")
-    if probe.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {probe.stderr.strip()[-300:]}")
+    require_tmpfs(mount)
 
     result = _in_tmpfs(mount, "20m", sys.executable, "-c", AGENT, str(mount), str(BATCH), str(FREE))
 
