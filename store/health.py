@@ -10,7 +10,6 @@ parts go to the quarantine (never deleted) and dead compactions' staging folders
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from tracegym.store.lake import LOCK_FILE, STAGING_DIR, compaction_lock, lake_dir
 from tracegym.store.parts import BadPart, check, lake_parts, move_aside, quarantined
-from tracegym.tracer.spool_files import is_complete, spool_dir
+from tracegym.tracer.spool_files import is_complete, is_locked, spool_dir
 
 
 @dataclass
@@ -45,16 +44,9 @@ class Health:
 def _compacting(home: Path) -> bool:
     """Whether a compaction holds the lake's lock (asked without creating or writing a file)."""
     try:
-        fd = os.open(lake_dir(home) / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+        return bool(is_locked(lake_dir(home) / LOCK_FILE))
     except OSError:
         return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # releases the lock if we took it
 
 
 def _cut(path: Path) -> bool:

@@ -141,19 +141,24 @@ class SpoolWriter:
             self._close()
 
 
-def is_complete(path: Path) -> bool:
-    """True when no live process may still append to the spool file at `path`."""
+def is_locked(path: Path) -> bool | None:
+    """Whether another process holds `path`'s flock (asked without writing); None if missing."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        return False
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
         return False
+    except BlockingIOError:
+        return True
     finally:
-        os.close(fd)
+        os.close(fd)  # releases the lock if we took it
+
+
+def is_complete(path: Path) -> bool:
+    """True when no live process may still append to the spool file at `path`."""
+    return is_locked(path) is False
 
 
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
