@@ -54,13 +54,29 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=st
 
 
 # Access to dicts and objects alike ----------------------------------------------------------
+# The user's values are read as serialize.py reads them (issue 31 item 12): types with
+# `type(x)`, never `x.__class__` (which isinstance looks up on every miss, and a value may make
+# a slow property); lists, tuples and dicts through the builtin's own methods (a subclass's
+# overrides never run); other Mappings asked for one key, never iterated; no iterator or
+# generator iterated; no `==` or truth test on the user's values (their __eq__, __bool__).
+_HEAD = slice(0, 5000)  # the items of a list read at most
+_NOT_OBJECTS = (str, bytes, bytearray, int, float, list, tuple)  # nothing to get from these
+
+
 def _get(obj: Any, key: str) -> Any:
     """obj[key] for mappings, obj.key for objects (SDK models), else None; never raises."""
+    kind = type(obj)
+    if kind is dict:
+        return obj.get(key)
+    if obj is None or kind is str or kind is list or kind is tuple:
+        return None
     try:
-        if isinstance(obj, Mapping):
-            return obj.get(key)
-        if obj is None or isinstance(obj, (str, bytes, int, float, list, tuple)):
+        if issubclass(kind, dict):  # the dict's own item: a subclass's `get` never runs
+            return dict.get(obj, key)
+        if issubclass(kind, _NOT_OBJECTS):
             return None
+        if issubclass(kind, Mapping):  # one key looked up: a Mapping readable once stays whole
+            return obj.get(key)
         return getattr(obj, key, None)
     except BaseException as exc:  # a property of the user's object raised
         internal.swallow("inspect", exc)
@@ -68,24 +84,61 @@ def _get(obj: Any, key: str) -> Any:
 
 
 def _str(value: Any) -> str | None:
-    if type(value) is str:
+    """The exact text of a str (or a subclass's underlying text), else None."""
+    kind = type(value)
+    if kind is str:
         return value
-    if isinstance(value, str):
-        try:
+    if value is None:
+        return None
+    try:
+        if issubclass(kind, str):
             return str.__str__(value)
-        except BaseException as exc:
-            internal.swallow("inspect", exc)
+    except BaseException as exc:
+        internal.swallow("inspect", exc)
     return None
 
 
 def _list(value: Any) -> list[Any] | None:
-    """The items of a list/tuple (at most a few thousand), else None."""
+    """The items of a list/tuple (at most a few thousand, a new list), else None."""
+    kind = type(value)
+    if kind is list:
+        return value[_HEAD]
+    if kind is tuple:
+        return list(value[_HEAD])
+    if value is None or kind is dict or kind is str:
+        return None
     try:
-        if isinstance(value, (list, tuple)):
-            return list(value[:5000])
+        if issubclass(kind, list):
+            return list.__getitem__(value, _HEAD)
+        if issubclass(kind, tuple):
+            return list(tuple.__getitem__(value, _HEAD))
     except BaseException as exc:
         internal.swallow("inspect", exc)
     return None
+
+
+def _or(value: Any, default: Any) -> Any:
+    """`value or default` without the value's own `__bool__`/`__len__`: None and the empty
+    or zero builtins give `default`; any other value is kept."""
+    if value is None:
+        return default
+    kind = type(value)
+    if kind is str or kind is list or kind is tuple or kind is dict:
+        return value if len(value) else default
+    if kind is bool or kind is int or kind is float:
+        return value if value else default
+    return value
+
+
+def _either(obj: Any, key: str, other: str) -> Any:
+    """obj's `key`, or its `other` where `key` holds nothing: `a or b` without a's __bool__."""
+    found = _or(_get(obj, key), None)
+    return _get(obj, other) if found is None else found
+
+
+def _is_text_type(block: Any) -> bool:
+    """A block whose `type` is "text" (compared as exact text: never the user's __eq__)."""
+    return _str(_get(block, "type")) == "text"
 
 
 class _Writer:
@@ -127,8 +180,8 @@ class _Writer:
 
     def tool_response(self, id_: Any, response: Any) -> dict[str, Any]:
         blocks = _list(response)
-        if blocks is not None and blocks and all(_get(b, "type") == "text" for b in blocks):
-            response = "\n".join(self.text(_get(b, "text") or "") for b in blocks)
+        if blocks is not None and blocks and all(_is_text_type(b) for b in blocks):
+            response = "\n".join(self.text(_or(_get(b, "text"), "")) for b in blocks)
         text = _str(response)
         return {
             "type": "tool_call_response",
@@ -164,13 +217,15 @@ class _Writer:
                 content = _get(block, "content")
             return [{"type": "text", "content": self.text(content if content is not None else "")}]
         if kind == "refusal":
-            return [{"type": "text", "content": self.text(_get(block, "refusal") or "")}]
+            return [{"type": "text", "content": self.text(_or(_get(block, "refusal"), ""))}]
         if kind in ("tool_use", "server_tool_use", "function_call"):  # Anthropic, Responses
-            call_id = _get(block, "call_id") if kind == "function_call" else None
+            call_id = (
+                _either(block, "call_id", "id") if kind == "function_call" else _get(block, "id")
+            )
             arguments = _get(block, "input") if kind != "function_call" else None
             if arguments is None:
                 arguments = _get(block, "arguments")
-            return [self.tool_call(call_id or _get(block, "id"), _get(block, "name"), arguments)]
+            return [self.tool_call(call_id, _get(block, "name"), arguments)]
         if kind == "tool_call":  # GenAI
             return [self.tool_call(_get(block, "id"), _get(block, "name"),
                                    _get(block, "arguments"))]  # fmt: skip
@@ -184,8 +239,8 @@ class _Writer:
             content = _get(block, "thinking") if kind == "thinking" else _get(block, "content")
             if content is None and kind == "reasoning":  # Responses API: summary parts
                 summary = _list(_get(block, "summary")) or []
-                content = "\n".join(self.text(_get(s, "text") or s) for s in summary)
-            return [{"type": "reasoning", "content": self.text(content or "")}]
+                content = "\n".join(self.text(_or(_get(s, "text"), s)) for s in summary)
+            return [{"type": "reasoning", "content": self.text(_or(content, ""))}]
         if kind == "image_url":  # OpenAI chat
             image = _get(block, "image_url")
             return [self.media("image", _get(image, "url") if image is not None else None)]
@@ -200,7 +255,7 @@ class _Writer:
             return [self.media("audio", None, _get(audio, "format"), _get(audio, "data"))]
         if kind in ("uri", "blob", "file"):  # GenAI parts as they are
             plain = self.plain(block)
-            return [plain] if isinstance(plain, dict) else [self.fallback(block)]
+            return [plain] if type(plain) is dict else [self.fallback(block)]
         if kind is None:  # Gemini parts: {"text"}, {"functionCall"}, {"functionResponse"}
             for key in ("text", "functionCall", "function_call", "functionResponse"):
                 found = _get(block, key)
@@ -248,7 +303,7 @@ class _Writer:
         if (
             role == "tool"
             and content is not None
-            and (blocks is None or all(_get(b, "type") == "text" for b in blocks))
+            and (blocks is None or all(_is_text_type(b) for b in blocks))
         ):  # OpenAI's tool message: text, or text parts
             parts.append(self.tool_response(_get(item, "tool_call_id"), content))
         else:
@@ -315,15 +370,15 @@ class _Writer:
                 if message is None:
                     message = _get(choice, "delta")
                 if message is None:
-                    message = _get(choice, "text") or ""
+                    message = _or(_get(choice, "text"), "")
                 out.append(self.finished(self.message(message, "assistant"),
                                          _get(choice, "finish_reason")))  # fmt: skip
             return out
         candidates = _list(_get(value, "candidates"))
         if candidates is not None:  # Gemini
             return [
-                self.finished(self.message(_get(c, "content") or {}, "assistant"),
-                              _get(c, "finish_reason") or _get(c, "finishReason"))
+                self.finished(self.message(_or(_get(c, "content"), {}), "assistant"),
+                              _either(c, "finish_reason", "finishReason"))
                 for c in candidates[:MAX_MESSAGES]
             ]  # fmt: skip
         output = _list(_get(value, "output"))
@@ -332,7 +387,7 @@ class _Writer:
             parts = [p for m in messages for p in m["parts"]]
             return [self.finished({"role": "assistant", "parts": parts}, _get(value, "status"))]
         if _str(value) is not None or _is_message(value):
-            reason = _get(value, "stop_reason") or _get(value, "finish_reason")
+            reason = _either(value, "stop_reason", "finish_reason")
             return [self.finished(self.message(value, "assistant"), reason)]
         return [self.finished({"role": "assistant", "parts": [self.fallback(value)]}, None)]
 
@@ -386,7 +441,7 @@ def system_instructions(value: Any, max_length: int = 8192) -> list[dict[str, An
 
 
 def _caught(exc: BaseException) -> None:
-    if isinstance(exc, Exception):
+    if issubclass(type(exc), Exception):
         internal.report_error("messages", exc)
     else:
         internal.swallow("messages", exc)
