@@ -12,7 +12,9 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import os
+import re
 import sys
 from collections.abc import Iterator
 from enum import Enum
@@ -404,6 +406,34 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 help="Store received spans as they are: received spans are redacted by default.",
             ),
         ] = False,
+        max_body_bytes: Annotated[
+            str,
+            typer.Option(
+                "--max-body-bytes",
+                metavar="SIZE",
+                help="Largest request body, framed or unpacked (413 past it); bytes, or with "
+                "KiB, MiB or GiB.",
+            ),
+        ] = "20MiB",
+        max_buffered_bytes: Annotated[
+            str | None,
+            typer.Option(
+                "--max-buffered-bytes",
+                metavar="SIZE",
+                help="Bytes of the bodies being read, all connections together (503 while "
+                "full); at least --max-body-bytes; default 2 x --max-body-bytes.",
+                show_default=False,
+            ),
+        ] = None,
+        body_deadline: Annotated[
+            str,
+            typer.Option(
+                "--body-deadline",
+                metavar="SECONDS",
+                help="A body must arrive whole this long after its request line (408 past it); "
+                "at least 0.1.",
+            ),
+        ] = "30",
         home: HomeOption = None,
     ) -> None:
         """Receive OTLP/HTTP traces (protobuf or JSON at /v1/traces) into the spool.
@@ -412,8 +442,18 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         --no-redact turns that off). Creates the home when it is missing."""
         from tracegym.store.receiver import Receiver
 
+        limits = collect_limits(max_body_bytes, max_buffered_bytes, body_deadline, fail)
         target = writable_home(home_of(ctx, home), fail)
-        receiver = Receiver(target, host=host, port=port, token=token, redact=not no_redact)
+        receiver = Receiver(
+            target,
+            host=host,
+            port=port,
+            token=token,
+            redact=not no_redact,
+            max_body_bytes=limits.max_body_bytes,
+            max_buffered_bytes=limits.max_buffered_bytes,
+            body_deadline_s=limits.body_deadline_s,
+        )
         typer.echo(f"receiving OTLP at http://{host}:{port}/v1/traces into {target} (Ctrl-C stops)")
         try:
             receiver.serve_forever()
@@ -421,6 +461,51 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             pass
         finally:
             receiver.stop()
+
+
+_SIZE = re.compile(r"(\d{1,15})\s*(KiB|MiB|GiB)?", re.IGNORECASE)
+_UNITS = {None: 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectLimits:
+    """`tracegym collect`'s receiver limits, checked: the receiver itself would quietly clamp
+    a bad value (a budget below the body limit, a deadline under 0.1 s) instead of saying so."""
+
+    max_body_bytes: int
+    max_buffered_bytes: int
+    body_deadline_s: float
+
+
+def parse_size(option: str, text: str, fail: Any) -> int:
+    """A positive byte count: plain digits, or with KiB / MiB / GiB."""
+    match = _SIZE.fullmatch(text.strip())
+    size = int(match[1]) * _UNITS[match[2] and match[2].lower()] if match else 0
+    if size <= 0:
+        fail(f"{option} {text!r}: expected a positive number of bytes (e.g. 20MiB)")
+    return size
+
+
+def collect_limits(
+    max_body: str, max_buffered: str | None, deadline: str, fail: Any
+) -> CollectLimits:
+    """The three options checked (a one-line `fail` for the first bad one)."""
+    body = parse_size("--max-body-bytes", max_body, fail)
+    buffered = (
+        2 * body if max_buffered is None else parse_size("--max-buffered-bytes", max_buffered, fail)
+    )
+    if buffered < body:
+        fail(
+            f"--max-buffered-bytes {max_buffered!r} is smaller than --max-body-bytes "
+            f"{max_body!r}: one body must fit"
+        )
+    try:
+        seconds = float(deadline)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0.1):
+        fail(f"--body-deadline {deadline!r}: expected a number of seconds, at least 0.1")
+    return CollectLimits(body, buffered, seconds)
 
 
 def doctor_lines(health: Any) -> list[str]:

@@ -173,3 +173,96 @@ def test_collect_receives_otlp_json(tmp_path: Path):
         proc.wait(timeout=10)
     done = _run(tmp_path, "sql", "SELECT tool FROM tool_calls", "-f", "csv")
     assert done.stdout.split() == ["tool", "lookup"]
+
+
+def _send(port: int, content_length: int, data: bytes) -> socket.socket:
+    """A POST to /v1/traces announcing `content_length` bytes, of which only `data` is sent."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=15)  # a hang guard
+    sock.sendall(
+        b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {content_length}\r\n\r\n".encode()
+        + data
+    )
+    return sock
+
+
+def _status(sock: socket.socket) -> int:
+    with sock:
+        return int(sock.recv(64).split(b" ")[1])
+
+
+def _wait_listening(port: int, proc: subprocess.Popen) -> None:
+    for _ in range(200):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5):
+                return
+        except urllib.error.URLError:
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)
+    pytest.fail("the receiver never listened")
+
+
+def test_collect_limits_reach_the_receiver(tmp_path: Path):
+    """--max-body-bytes, --max-buffered-bytes and --body-deadline are the server's limits:
+    each answer below would differ under the defaults (20 MiB, 40 MiB, 30 s)."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tracegym.cli", "--home", str(tmp_path), "collect",
+         "--port", str(port), "--max-body-bytes", "100", "--max-buffered-bytes", "100",
+         "--body-deadline", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        _wait_listening(port, proc)
+        assert _status(_send(port, 101, b"")) == 413  # refused before any byte is read
+
+        # A body trickled a byte every 0.1 s never stalls (10 s): only the deadline can cut it
+        # while it still flows (80 bytes of 100 at most, then the test gives up).
+        with _send(port, 100, b"{") as trickle:
+            trickle.settimeout(0.1)
+            for _ in range(80):
+                try:
+                    answer = trickle.recv(64)
+                    break
+                except TimeoutError:
+                    trickle.sendall(b" ")
+            else:
+                pytest.fail("no answer to a body still arriving: the deadline did not cut it")
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+
+        # Two bodies of which 60 bytes each arrived: 120 > the 100-byte budget, so one waits
+        # for room and gets 503 when the deadline comes; the other, waiting for its client,
+        # gets 408. Under the default budget both would get 408.
+        first, second = _send(port, 100, b"1" * 60), _send(port, 100, b"2" * 60)
+        assert sorted([_status(first), _status(second)]) == [408, 503]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-body-bytes", "0"], "--max-body-bytes '0': expected a positive number"),
+        (["--max-body-bytes", "-5"], "--max-body-bytes '-5': expected a positive number"),
+        (["--max-body-bytes", "lots"], "--max-body-bytes 'lots': expected a positive number"),
+        (["--max-buffered-bytes", "0"], "--max-buffered-bytes '0': expected a positive number"),
+        (["--max-body-bytes", "1MiB", "--max-buffered-bytes", "1000"],
+         "--max-buffered-bytes '1000' is smaller than --max-body-bytes '1MiB'"),
+        (["--max-buffered-bytes", "10MiB"],  # the default body limit is 20 MiB
+         "--max-buffered-bytes '10MiB' is smaller than --max-body-bytes '20MiB'"),
+        (["--body-deadline", "0"], "--body-deadline '0': expected a number of seconds"),
+        (["--body-deadline", "-1"], "--body-deadline '-1': expected a number of seconds"),
+        (["--body-deadline", "0.05"], "--body-deadline '0.05': expected a number of seconds"),
+        (["--body-deadline", "nan"], "--body-deadline 'nan': expected a number of seconds"),
+        (["--body-deadline", "inf"], "--body-deadline 'inf': expected a number of seconds"),
+        (["--body-deadline", "soon"], "--body-deadline 'soon': expected a number of seconds"),
+    ],
+)  # fmt: skip
+def test_collect_refuses_bad_limits_in_one_line(tmp_path: Path, args: list[str], message: str):
+    home = tmp_path / "home"
+    done = runner.invoke(app, ["--home", str(home), "collect", "--port", "0", *args])
+    lines = done.output.strip().splitlines()
+    assert done.exit_code == 2 and len(lines) == 1, done.output
+    assert lines[0].startswith(f"error: {message}")
+    assert not home.exists()  # refused before anything is created or bound
