@@ -83,7 +83,7 @@ class MessageFilteringExporter(SpanExporter):
                 kept.append(without_messages(span))
             except Exception as exc:  # never send a span whose messages we could not remove
                 internal.report_error("export_filter", exc)
-                internal.add("spans_failed.message_filter")
+                internal.span_failed("message_filter")
         return self.exporter.export(kept) if kept else SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:

@@ -11,6 +11,8 @@ import logging
 import os
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 logger = logging.getLogger("tracegym")
@@ -94,6 +96,44 @@ def add(counter: str, n: int = 1) -> None:
             _state.counts[counter] += n
     except Exception:  # pragma: no cover
         pass
+
+
+@dataclass
+class BatchLedger:
+    """The spans of one export that a layer of the pipeline gave up on (see `span_failed`)."""
+
+    failed: int = 0
+
+
+_batch = threading.local()  # the ledger of the export running on this thread, if any
+
+
+@contextmanager
+def counted_batch() -> Iterator[BatchLedger]:
+    """Collect, for the export run inside, the spans its layers give up on.
+
+    `CountingExporter` opens one around each export, so that a span the spool could not encode
+    (or redaction or the message filter failed on) is counted once, as failed under the
+    pipeline's name, instead of failed by the layer and exported again by the batch's success.
+    An export runs on one thread, so the ledger is the thread's."""
+    ledger = BatchLedger()
+    outer = getattr(_batch, "ledger", None)
+    _batch.ledger = ledger
+    try:
+        yield ledger
+    finally:
+        _batch.ledger = outer
+
+
+def span_failed(where: str, n: int = 1) -> None:
+    """A layer of an export dropped `n` spans of its batch: they go to the batch's ledger when
+    a counted pipeline runs the export, else (an exporter used on its own) are counted under
+    `spans_failed.<where>`. Never raises."""
+    ledger = getattr(_batch, "ledger", None)
+    if ledger is not None:
+        ledger.failed += n
+    else:
+        add(f"spans_failed.{where}", n)
 
 
 def snapshot() -> tuple[dict[str, int], dict[str, int]]:

@@ -62,31 +62,38 @@ class CountingExporter(SpanExporter):
     def __init__(self, exporter: SpanExporter, name: str) -> None:
         self.exporter = exporter
         self.name = name
-        self.failed = 0  # batches that failed, so a flush can tell it did not deliver
+        self.failed = 0  # batches that lost a span, so a flush can tell it did not deliver
         self.abandoned_key = f"spans_dropped.shutdown_timeout.{name}"
         self._lock = threading.Lock()
         self._in_flight = 0
         self._abandoned = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Each span of the batch is counted once: exported, or failed (the whole batch when the
+        export failed; else those its layers gave up on, see `internal.span_failed`)."""
+        offered = len(spans)
         with self._lock:
-            self._in_flight += len(spans)
+            self._in_flight += offered
         try:
-            result = self.exporter.export(spans)
+            with internal.counted_batch() as ledger:
+                result = self.exporter.export(spans)
         except Exception as exc:
             internal.report_error(f"export.{self.name}", exc)
             result = SpanExportResult.FAILURE
         finally:
             with self._lock:
-                self._in_flight -= len(spans)
+                self._in_flight -= offered
                 late = self._abandoned
         if late:  # already counted as lost by the shutdown that gave up on us
-            internal.add(self.abandoned_key, -len(spans))
+            internal.add(self.abandoned_key, -offered)
+        failed = offered
         if result is SpanExportResult.SUCCESS:
-            internal.add(f"spans_exported.{self.name}", len(spans))
-        else:
-            self.failed += 1
-            internal.add(f"spans_failed.{self.name}", len(spans))
+            failed = min(max(ledger.failed, 0), offered)
+            if failed < offered:
+                internal.add(f"spans_exported.{self.name}", offered - failed)
+        if failed:
+            self.failed += 1  # a flush over this batch did not deliver everything
+            internal.add(f"spans_failed.{self.name}", failed)
         return result
 
     def in_flight(self) -> int:

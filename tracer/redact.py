@@ -712,7 +712,7 @@ class RedactingSpanExporter(SpanExporter):
                 clean.append(redact_span(span, self.redactor))
             except Exception as exc:  # never export a span we failed to check
                 internal.report_error("redact", exc)
-                internal.add("spans_failed.redaction")
+                internal.span_failed("redaction")
 
     def shutdown(self) -> None:
         self.exporter.shutdown()

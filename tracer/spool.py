@@ -102,7 +102,7 @@ class SpoolSpanExporter(SpanExporter):
                 lines.append(_encode(span_record(span)))
             except Exception as exc:
                 internal.report_error("spool.encode", exc)
-                internal.add("spans_failed.spool")
+                internal.span_failed("spool")
         if not lines:
             return SpanExportResult.SUCCESS
         try:
