@@ -44,7 +44,7 @@ from tracegym.tracer.config import resolve_home
 from typer.core import TyperGroup
 
 # The commands the stages register (`register(app, home_of, fail)` in each module), in the order
-# `--help` lists them. tests/test_cli_show.py checks this against what the modules register.
+# `--help` lists them. tests/store/test_cli_show.py checks this against what the modules register.
 LAZY_COMMANDS: dict[str, tuple[str, ...]] = {
     "tracegym.store.commands": (
         "sql",
@@ -324,7 +324,7 @@ def demo(
     `--model tiny` runs every stage in seconds on a random model that learns nothing."""
     if scripted and mix is not None:
         _fail("--mix sets the LM agent's base fine-tune: --scripted has none")
-    from tracegym.examples.demo import parse_mix
+    from tracegym.jobs.demo import parse_mix
 
     try:
         base_mix = parse_mix(mix) if mix is not None else None
@@ -334,8 +334,8 @@ def demo(
     if scripted:
         _scripted_demo(target, tasks or 40, seed)
         return
-    from tracegym.examples.demo import DemoConfig
-    from tracegym.examples.demo import run as run_demo
+    from tracegym.jobs.demo import DemoConfig
+    from tracegym.jobs.demo import run as run_demo
 
     sizes: dict[str, Any] = {"seed": seed}
     if embedder is not None:
@@ -365,8 +365,8 @@ def demo(
     def stage(name: str) -> None:
         console.print(f"[bold]{name}[/]")
 
-    from tracegym.training.model import ModelError
-    from tracegym.training.nightly import NightlyStageError
+    from tracegym.generation.model import ModelError
+    from tracegym.jobs.nightly import NightlyStageError
 
     try:
         with bar:
@@ -375,7 +375,7 @@ def demo(
         _fail(str(exc))
     except NightlyStageError as exc:
         _fail(f"{exc} (completed stages are kept: rerun to resume)", code=1)
-    from tracegym.examples.demo import render_markdown
+    from tracegym.jobs.demo import render_markdown
 
     typer.echo(render_markdown(report))
     typer.echo(f"report: {target / 'demo' / 'report.md'}")

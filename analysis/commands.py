@@ -144,7 +144,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
 
         With --where (a subset of the runs) or --output, <home>/gaps.json is left as it is:
         the dashboard and synthesize read it as the analysis of the whole store."""
-        from tracegym.analysis.gaps import Thresholds
+        from tracegym.analysis.gap_selection import Thresholds
         from tracegym.analysis.pipeline import analyze as run_analysis
         from tracegym.store.store import check_read_only
 

@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 from tracegym.analysis.detector_names import JUDGE
 from tracegym.analysis.detectors.base import Finding
 from tracegym.analysis.detectors.unserved import request_text
-from tracegym.analysis.gaps import Candidate
+from tracegym.analysis.gap_selection import Candidate
 from tracegym.analysis.runs import Run
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.messages import chat_messages, message_text

@@ -18,7 +18,7 @@ from tracegym.analysis.clustering import assign, cluster
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.embeddings import Embedder
 from tracegym.analysis.gap import Gap
-from tracegym.analysis.gaps import (
+from tracegym.analysis.gap_selection import (
     Candidate,
     Scored,
     Thresholds,

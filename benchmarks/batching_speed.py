@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from tracegym.examples.lm_agent import ShopAgent
 from tracegym.examples.shop import make_task
-from tracegym.training.batching import map_batched
-from tracegym.training.model import Policy, load_policy, tiny_model
+from tracegym.generation.batching import map_batched
+from tracegym.generation.model import Policy, load_policy, tiny_model
 
 VARIANTS = {
     "old": {"compact": False, "share_prefix": False},

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import tracegym as tg
+from tracegym.generation.batching import map_batched
+from tracegym.generation.model import Policy, load_policy
 from tracegym.synthesis import registry
-from tracegym.training.batching import map_batched
 from tracegym.training.capabilities import split_seeds
-from tracegym.training.model import Policy, load_policy
 from tracegym.training.rollout import rollout
 from tracegym.training.sft import TrainConfig, capability_data, rehearsal_for, train_adapter
 

@@ -26,11 +26,11 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tracegym.examples.demo import DEV_SEEDS, HELDOUT_SEEDS, _tasks
 from tracegym.examples.lm_agent import ShopAgent
-from tracegym.training.batching import map_batched
-from tracegym.training.drafts import DRAFT_BUDGET
-from tracegym.training.model import ensure_model, load_policy
+from tracegym.generation.batching import map_batched
+from tracegym.generation.drafts import DRAFT_BUDGET
+from tracegym.generation.model import ensure_model, load_policy
+from tracegym.jobs.demo import DEV_SEEDS, HELDOUT_SEEDS, _tasks
 
 
 def run(policy: Any, tasks: list[Any], budget: int) -> dict[str, Any]:

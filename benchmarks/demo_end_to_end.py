@@ -41,9 +41,9 @@ def main() -> None:
     parser.add_argument("--mix", default=None, help="the base fine-tune's request mix")
     args = parser.parse_args()
 
-    from tracegym.examples.demo import DemoConfig, evidence_line, parse_mix, run
-    from tracegym.training import tokens
-    from tracegym.training.tokens import TokenCounts
+    from tracegym.generation import tokens
+    from tracegym.generation.tokens import TokenCounts
+    from tracegym.jobs.demo import DemoConfig, evidence_line, parse_mix, run
 
     sizes = {"seed": args.seed}
     if args.mix:
@@ -111,7 +111,7 @@ def main() -> None:
 def probe(folder: str, batch_size: int, threads: int | None) -> dict[str, float]:
     """GFLOP/s of fp32 matmuls at the demo model's hidden size: prefill-shaped (256 rows) and
     decode-shaped (one row per episode of a batch)."""
-    from tracegym.training.floor import ModelShape, matmul_gflops
+    from tracegym.training.compute_floor import ModelShape, matmul_gflops
 
     shape = ModelShape.from_folder(folder)
     k, n = shape.hidden, shape.intermediate
@@ -125,8 +125,8 @@ def print_floor(
     folder: str, marks: list, counts: list, probes: list[dict[str, float]], config: Any
 ) -> None:
     """Tokens, tokens/s and the compute floor of each stage."""
-    from tracegym.examples.demo import upper_layers
-    from tracegym.training.floor import ModelShape, stage_flops
+    from tracegym.jobs.demo import upper_layers
+    from tracegym.training.compute_floor import ModelShape, stage_flops
 
     shape = ModelShape.from_folder(folder)
     layers = upper_layers(Path(folder))

@@ -33,7 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     import gaps_real
     import planted_causes
-    from tracegym.analysis import gaps, pipeline
+    from tracegym.analysis import gap_selection as gaps
+    from tracegym.analysis import pipeline
 
     bench = planted_causes if args[0] == "planted" else gaps_real
     original = pipeline.select

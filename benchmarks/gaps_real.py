@@ -324,7 +324,7 @@ def evaluate_agentrx(result: Any, s: RealSet, rows: list[GapRow], gaps: list[Any
 def task_kind(index: Any) -> str | None:
     """MedAgentBench's task template of a raw result: `task{index // 10 + 1}` (its 100 tasks
     are 10 templates of 10 patients, numbered in order; checked on the shared data by the
-    questions in tests/test_medagentbench.py)."""
+    questions in tests/store/test_medagentbench.py)."""
     if isinstance(index, bool) or not isinstance(index, int):
         return None
     return f"task{index // 10 + 1}"

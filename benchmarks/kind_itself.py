@@ -34,7 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     import gaps_real
     import planted_causes
-    from tracegym.analysis import gaps, pipeline
+    from tracegym.analysis import gap_selection as gaps
+    from tracegym.analysis import pipeline
 
     variants = (
         ("before (kind_itself=False; contrasts by first write tool)",

@@ -42,9 +42,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from tracegym.examples.lm_agent import ShopAgent, TaskResult
 from tracegym.examples.shop import make_task
-from tracegym.training.batching import map_batched
-from tracegym.training.drafts import DRAFT_BUDGET
-from tracegym.training.model import ensure_model, load_policy
+from tracegym.generation.batching import map_batched
+from tracegym.generation.drafts import DRAFT_BUDGET
+from tracegym.generation.model import ensure_model, load_policy
 
 ENGINES = ("torch", "torch-nodraft", "torch-bf16", "torch-int8", "ct2-float32", "ct2-int8")
 
@@ -55,7 +55,7 @@ def find_model(home: Path) -> Path:
         meta = folder / "tracegym_model.json"
         if meta.exists() and json.loads(meta.read_text()).get("name", "").startswith("smollm2"):
             return folder
-    from tracegym.examples.demo import DemoConfig, prepare_model
+    from tracegym.jobs.demo import DemoConfig, prepare_model
 
     print(f"no SmolLM2 shop-base model under {home}/models: building it as the demo does")
     return prepare_model(home, DemoConfig())
@@ -64,7 +64,7 @@ def find_model(home: Path) -> Path:
 def run_engine(name: str, folder: Path, agent: ShopAgent, tasks: list[Any], args: Any) -> dict:
     """One engine on the tasks: its results, seconds and load averages."""
     if name.startswith("ct2"):
-        from tracegym.training import ct2_engine
+        from tracegym.generation import ct2_engine
 
         engine = ct2_engine.Ct2Engine.from_folder(
             folder, quantization=name.removeprefix("ct2-"), threads=args.threads

@@ -204,7 +204,7 @@ def forced_gaps(analysis: Any, detectors: Sequence[str] = FORCED_DETECTORS):
     """One gap per detector from its own findings (the finding-key candidate with the most failed
     runs that analysis did not keep), described as analysis describes a kept one; and per
     detector without one, why."""
-    from tracegym.analysis.gaps import describe, gap_name, specific
+    from tracegym.analysis.gap_selection import describe, gap_name, specific
     from tracegym.analysis.pipeline import default_detector_set
 
     kept = {g.key for g in analysis.gaps}
@@ -380,7 +380,7 @@ class ModelPolicy:
 def load_model_policy(name: str, work: Path) -> ModelPolicy:
     """`smollm2` (the demo's base model), `tiny[-SEED]` or a local model folder, loaded
     offline (training.model); ModelError with what to do when it is not installed."""
-    from tracegym.training.model import ensure_model, load_policy
+    from tracegym.generation.model import ensure_model, load_policy
 
     return ModelPolicy(load_policy(ensure_model(work / "model-home", name)))
 
@@ -541,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       policy_seeds=args.seeds)  # fmt: skip
     policy = None
     if args.policy:
-        from tracegym.training.model import ModelError
+        from tracegym.generation.model import ModelError
 
         try:
             policy = load_model_policy(args.policy, args.work)

@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tracegym.training.model import load_policy, tiny_model
+from tracegym.generation.model import load_policy, tiny_model
 from tracegym.training.sft import (
     TrainConfig,
     capability_data,

@@ -23,7 +23,7 @@ import tempfile
 import time
 
 import torch
-from tracegym.training.model import ensure_model, load_policy
+from tracegym.generation.model import ensure_model, load_policy
 from tracegym.training.rollout import rollout
 from tracegym.training.sft import (
     capability_data,

@@ -31,7 +31,7 @@ from typing import Any
 
 import tracegym as tg
 from tracegym.examples.shop import RULES, TOOL_SCHEMAS, ShopTask, ShopTools, verify
-from tracegym.training.model import Policy
+from tracegym.generation.model import Policy
 from tracegym.training.rollout import (
     ChatEncoder,
     LaneSession,
@@ -225,7 +225,7 @@ class ShopAgent:
         on_done: Callable[[TaskResult], None] | None = None,
     ) -> list[TaskResult]:
         """`[run(t) for t in tasks]`, generating for `batch_size` tasks at a time."""
-        from tracegym.training.batching import map_batched
+        from tracegym.generation.batching import map_batched
 
         def one(lane: Any, task: ShopTask) -> TaskResult:
             return self.run(task, lane=lane, adapter=adapter)

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from tracegym.cli_options import HomeOption, existing_home, table_console, writable_home
-from tracegym.store.story import clean, clip
+from tracegym.store.show import clean, clip
 
 # The columns of `tracegym traces`; the last two share what width the others leave.
 TRACES_COLUMNS = ("run", "trace", "agent", "started", "ms", "tools", "llm", "errors", "outcome",
@@ -211,7 +211,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         home: HomeOption = None,
     ) -> None:
         """List the most recent runs: run id, request, counts, first error, outcome."""
-        from tracegym.store.story import requests_of
+        from tracegym.store.show import requests_of
 
         store = _open_store(existing_home(home_of(ctx, home), fail), fail)
         where = "WHERE success = false" if failed else ""
@@ -242,7 +242,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         """Tell the story of one run: request, each step with its arguments, result or error,
         LLM calls as chat lines, memory, the last analysis' findings (decisive step marked),
         outcome."""
-        from tracegym.store.story import load_story, render_story
+        from tracegym.store.show import load_story, render_story
 
         store = _open_store(existing_home(home_of(ctx, home), fail), fail)
         ids = (

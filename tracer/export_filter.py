@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
-from tracegym.tracer.foreign import (
+from tracegym.tracer.third_party import (
     OWN_SCOPE,
     _otlp,
     attribute_maps,

@@ -18,7 +18,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from tracegym.tracer import internal
-from tracegym.tracer.foreign import OWN_SCOPE, ForeignSpans
+from tracegym.tracer.third_party import OWN_SCOPE, ForeignSpans
 
 
 class Background:
@@ -279,7 +279,7 @@ class FanOutSpanProcessor(SpanProcessor):
     """tracegym's one processor on a provider: hands spans to its pipelines, which a second
     `tracegym.init` swaps in place instead of stacking new processors on the provider. Spans of
     other instrumentations get tracegym's run bookkeeping and content policy on the way
-    (`tracer/foreign.py`)."""
+    (`tracer/third_party.py`)."""
 
     def __init__(
         self,

@@ -27,10 +27,10 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, Status
 from tracegym.tracer import internal
-from tracegym.tracer.foreign import attribute_maps
-from tracegym.tracer.foreign import attributes_of as _attributes_of
 from tracegym.tracer.processors import FanOutSpanProcessor
 from tracegym.tracer.serialize import TRUNCATION_MARKER
+from tracegym.tracer.third_party import attribute_maps
+from tracegym.tracer.third_party import attributes_of as _attributes_of
 
 REDACTED = "[REDACTED]"
 

@@ -6,7 +6,7 @@
 
 Spans go to memory through the same processors as in production: tracegym's own processor
 (the run/step bookkeeping and content policy other instrumentations' spans get,
-`tracer/foreign.py`), then redaction. Inside the block, `tracegym.instrument`'s instrumentors
+`tracer/third_party.py`), then redaction. Inside the block, `tracegym.instrument`'s instrumentors
 (OpenInference's OpenAI, Anthropic, LangChain ...) start their spans on the capture's provider
 too, so their spans are captured with tracegym's. The global OpenTelemetry provider, and the
 one `tracegym.init` installed on, are not touched. `records()` gives the spans as the store

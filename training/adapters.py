@@ -157,7 +157,7 @@ def router_texts(home: str | Path, adapter_id: str) -> list[str]:
 def load_adapters(model: Any, home: str | Path, adapter_ids: Sequence[str]) -> Any:
     """`model` (a base model or a PeftModel) with the registered adapters loaded by name."""
     from peft import PeftModel
-    from tracegym.training.model import quiet_peft
+    from tracegym.generation.model import quiet_peft
 
     for adapter_id in adapter_ids:
         path = adapters_dir(home) / adapter_id / "weights"

@@ -124,8 +124,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         home: HomeOption = None,
     ) -> None:
         """Compaction -> analysis -> synthesis -> training -> evaluation -> report (resumable)."""
-        from tracegym.training.nightly import NightlyBusy, NightlyConfig, NightlyStageError
-        from tracegym.training.nightly import nightly as run
+        from tracegym.jobs.nightly import NightlyBusy, NightlyConfig, NightlyStageError
+        from tracegym.jobs.nightly import nightly as run
 
         target = _home(ctx, home)
         config = NightlyConfig(
@@ -138,8 +138,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         console = table_console()
         from rich.console import Console
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-        from tracegym.training.model import ModelError
-        from tracegym.training.nightly import STAGES
+        from tracegym.generation.model import ModelError
+        from tracegym.jobs.nightly import STAGES
 
         bar = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
@@ -207,8 +207,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         home: HomeOption = None,
     ) -> None:
         """Train (and evaluate) the LoRA adapter of one environment's capability."""
+        from tracegym.generation.model import ModelError, ensure_model
         from tracegym.synthesis import registry
-        from tracegym.training.model import ModelError, ensure_model
         from tracegym.training.sft import NoTrainingData, default_config, train_capability
 
         target = _home(ctx, home)
@@ -271,11 +271,11 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         home: HomeOption = None,
     ) -> None:
         """Held-out success of base, base + adapter and base + router, with 95% intervals."""
+        from tracegym.generation.model import ModelError, ensure_model, load_policy
         from tracegym.synthesis import registry
         from tracegym.training import adapters
         from tracegym.training.capabilities import env_ids_of
         from tracegym.training.evaluate import EvalJob, evaluate_job, render_markdown
-        from tracegym.training.model import ModelError, ensure_model, load_policy
         from tracegym.training.router import (
             Router,
             heldout_tasks,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tracegym.training.model import Policy
+from tracegym.generation.model import Policy
 from tracegym.training.rollout import rollout
 from tracegym.training.router import apply_weights
 
@@ -149,7 +149,7 @@ def _run(
     """Greedy passes over `cases`, generating for `batch_size` episodes at a time."""
     import copy
 
-    from tracegym.training.batching import map_batched
+    from tracegym.generation.batching import map_batched
 
     if batch_size <= 1:
         return sum(rollout(policy, copy.deepcopy(env), s, adapter=adapter, **kw).passed
@@ -173,7 +173,7 @@ def run_arms(
     all environments, share batched steps instead of queueing."""
     import copy
 
-    from tracegym.training.batching import map_batched
+    from tracegym.generation.batching import map_batched
 
     items = [
         (j, env, seed, adapter)

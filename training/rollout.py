@@ -28,8 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tracegym.training import tokens
-from tracegym.training.model import IM_END, IM_START, Policy
+from tracegym.generation import tokens
+from tracegym.generation.model import IM_END, IM_START, Policy, cache_argument
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 CALL_HELP = (
@@ -165,15 +165,6 @@ class ChatEncoder:
 
 
 # Generation ------------------------------------------------------------------------------------
-def _cache_argument(model: Any) -> str:
-    """`cache` in recent transformers, `past_key_values` before."""
-    import inspect
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(base.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 class Session:
     """A growing token sequence with its KV cache (or none: `use_cache=False` recomputes the
     whole sequence for every token, for comparison)."""
@@ -208,7 +199,7 @@ class Session:
             self.past = DynamicCache()
         new = self.ids[self.cached :]
         tokens.add(fed=len(new))
-        kwargs = {_cache_argument(model): self.past}
+        kwargs = {cache_argument(model): self.past}
         out = model(
             input_ids=torch.tensor([new], device=device), use_cache=True, logits_to_keep=1, **kwargs
         )
@@ -436,7 +427,7 @@ def rollout_batched(
     `batch_size` episodes at a time (each episode gets its own copy of `env`)."""
     import copy
 
-    from tracegym.training.batching import map_batched
+    from tracegym.generation.batching import map_batched
 
     def one(lane: Any, s: int) -> RolloutResult:
         return rollout(policy, copy.deepcopy(env), s, lm=lane, **kwargs)

@@ -33,16 +33,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from tracegym.training import tokens as counters
-from tracegym.training.frozen import FrozenPrefix
-from tracegym.training.model import Policy, quiet_peft
+from tracegym.generation import tokens as counters
+from tracegym.generation.model import Policy, quiet_peft
+from tracegym.generation.shared_prefix import shared_prefix_loss
+from tracegym.training.frozen_prefix import FrozenPrefix
 from tracegym.training.rollout import (
     ChatEncoder,
     parse_action,
     rollout,
     to_chat,
 )
-from tracegym.training.shared_prefix import shared_prefix_loss
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -757,10 +757,10 @@ def train_capability(
     `on_step` gets every TrainStep: "sample" (rejection sampling), "sft", "grpo", then
     "evaluate" (done 0 of the held-out seeds when it starts, all of them when it ends).
     Returns the adapter's metadata (with `metrics.eval`, `promoted`, `promotion`)."""
+    from tracegym.generation.model import load_policy, weights_hash
     from tracegym.training import adapters
     from tracegym.training.capabilities import Capability, capabilities, split_seeds
     from tracegym.training.evaluate import EvalJob, evaluate_job
-    from tracegym.training.model import load_policy, weights_hash
 
     capability = env if isinstance(env, Capability) else capabilities([env])[0]
     envs = capability.envs

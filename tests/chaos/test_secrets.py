@@ -10,7 +10,7 @@ bytes are searched for it.
 Issue 31 item 11: span names (`tg.step(f"clone https://x:{token}@host")`), event names, link
 attributes and resource attributes (OTEL_RESOURCE_ATTRIBUTES) reached the spool verbatim; they
 now go through the same `redact_parts` as everything else (the importers' side of it is in
-tests/test_importers.py, the receiver's in test_receiver_chaos.py).
+tests/store/test_importers.py, the receiver's in test_receiver_chaos.py).
 """
 
 from __future__ import annotations

