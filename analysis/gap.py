@@ -1,17 +1,24 @@
-"""`Gap`: the typed contract between analysis (which writes gaps.json) and its readers
-(synthesis, training, the dashboard, the `gap_runs` view). One record of gaps.json's `gaps` list
-(docs/gaps.md) is `Gap.to_dict()`; `Gap.from_dict` reads it back, also from documents written
-before `members` and `symptoms` existed, and raises `GapError` (naming the problem) when a record
-cannot be a gap: no id, or no detector named or derivable from its key or signatures.
+"""`Gap` and `GapsDocument`: the typed contract between analysis (which writes gaps.json) and
+its readers (synthesis, training, the dashboard, the `gap_runs` view). gaps.json (docs/gaps.md)
+is `GapsDocument.to_dict()`; one record of its `gaps` list is `Gap.to_dict()`. `Gap.from_dict`
+reads a record back, also from documents written before `members` and `symptoms` existed, and
+raises `GapError` (naming the problem) when a record cannot be a gap: no id, or no detector named
+or derivable from its key or signatures. `GapsDocument.from_dict` reads the whole document and
+raises `GapsDocumentError` when its shape is wrong; `GapsDocument.read(home)` and `.write(home)`
+go through `tracegym.store.home`.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tracegym.store.home import DocumentError, Home, read_json, write_json
 
 KINDS = ("finding", "detector", "cluster")
 EXAMPLES = 5  # gaps.json's `examples`: the first members, kept for older readers
@@ -357,5 +364,246 @@ def as_gap(gap: Gap | Mapping[str, Any]) -> Gap:
     return gap if isinstance(gap, Gap) else Gap.from_dict(gap)
 
 
-__all__ = ["EXAMPLES", "KINDS", "Gap", "GapError", "GapMember", "GapRequest", "MinedRule",
-           "Symptom", "as_gap", "derive_detector"]  # fmt: skip
+class GapsDocumentError(DocumentError):
+    """gaps.json is not a gaps document (the message names what is wrong)."""
+
+
+def _number(value: Any, default: float | int | None) -> Any:
+    """`value` when it is a number (kept as written: 0 stays 0, 0.1 stays 0.1), else `default`."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return value if ok else default
+
+
+def _mapping(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = data.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise GapsDocumentError(f"'{name}' must be an object, got {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    """gaps.json's `runs`: how many runs the analysis read, by outcome (`unknown`: no outcome)."""
+
+    total: int = 0
+    failed: int = 0
+    succeeded: int = 0
+    unknown: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total": self.total, "failed": self.failed, "succeeded": self.succeeded,
+                "unknown": self.unknown}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunCounts:
+        return cls(*(_int(data.get(name)) or 0
+                     for name in ("total", "failed", "succeeded", "unknown")))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GapThresholds:
+    """gaps.json's `thresholds`: what a candidate had to reach to be kept as a gap (the
+    `analysis.gap_selection.Thresholds` the analysis ran with)."""
+
+    min_coverage: float = 0.10
+    min_delta: float = 0.20
+    resamples: int = 10
+    min_stability: int = 8
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"min_coverage": self.min_coverage, "min_delta": self.min_delta,
+                "resamples": self.resamples, "min_stability": self.min_stability,
+                "seed": self.seed}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GapThresholds:
+        default = cls()
+        return cls(**{name: _number(data.get(name), getattr(default, name))
+                      for name in cls.__dataclass_fields__})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RejectedCandidate:
+    """One row of gaps.json's `rejected`: a candidate not kept as a gap, and why (the 20 with
+    the highest coverage)."""
+
+    key: str
+    kind: str
+    coverage: float = 0.0
+    delta: float | None = None
+    stability: int = 0
+    why: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "kind": self.kind, "coverage": self.coverage,
+                "delta": self.delta, "stability": self.stability, "why": self.why}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RejectedCandidate:
+        if not isinstance(data, Mapping):
+            raise GapsDocumentError(f"a rejected candidate must be an object, got "
+                                    f"{type(data).__name__}")  # fmt: skip
+        return cls(key=str(data.get("key") or ""), kind=str(data.get("kind") or ""),
+                   coverage=_number(data.get("coverage"), 0.0),
+                   delta=_number(data.get("delta"), None),
+                   stability=_int(data.get("stability")) or 0,
+                   why=str(data.get("why") or ""))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class NotAGap:
+    """A record of gaps.json's `gaps` list that `Gap.from_dict` rejects. Readers report it and
+    go on with the others; it is kept so that writing the document back keeps it too."""
+
+    index: int  # its place in the `gaps` list
+    record: Any  # the record as read
+    reason: str  # the GapError's message
+
+    @property
+    def gap_id(self) -> str | None:
+        value = self.record.get("id") if isinstance(self.record, Mapping) else None
+        return value if isinstance(value, str) else None
+
+    @property
+    def name(self) -> str | None:
+        value = self.record.get("name") if isinstance(self.record, Mapping) else None
+        return value if isinstance(value, str) else None
+
+
+_LISTS = ("tools", "argument_patterns", "examples", "members", "signatures")
+
+
+def _malformed(index: int, record: Any) -> str | None:
+    """Why `record` is not shaped like a gaps.json gap at all (a damaged document rather than a
+    gap some reader cannot use), or None."""
+    if not isinstance(record, Mapping):
+        return f"gaps[{index}] must be an object, got {type(record).__name__}"
+    gap_id = record.get("id")
+    if not isinstance(gap_id, str) or not gap_id.strip():
+        return f"gaps[{index}] has no 'id' string"
+    if not (record.get("key") or record.get("detector")):
+        return f"gaps[{index}] ({gap_id}) has neither 'key' nor 'detector'"
+    for name in _LISTS:
+        if name in record and not isinstance(record[name], list):
+            return f"gaps[{index}] ({gap_id}): '{name}' must be a list"
+    return None
+
+
+@dataclass(frozen=True)
+class GapsDocument:
+    """gaps.json: what one analysis of the whole store found (docs/gaps.md). `where` is set
+    only on a filtered analysis (`analyze --where`, written with --output)."""
+
+    VERSION: ClassVar[int] = 1
+
+    version: int = VERSION
+    generated_at: str | None = None  # UTC, "%Y-%m-%dT%H:%M:%SZ"
+    runs: RunCounts = field(default_factory=RunCounts)
+    contrast: str = ""  # what the gaps were contrasted with, in words
+    thresholds: GapThresholds = field(default_factory=GapThresholds)
+    gaps: tuple[Gap, ...] = ()  # in rank order
+    rejected: tuple[RejectedCandidate, ...] = ()
+    detector_errors: Mapping[str, str] = field(default_factory=dict)  # detector -> its error
+    where: str | None = None
+    not_gaps: tuple[NotAGap, ...] = ()  # records of `gaps` that are not gaps (read, never made)
+    extra: Mapping[str, Any] = field(default_factory=dict)  # fields this version does not know
+
+    def to_dict(self) -> dict[str, Any]:
+        records: list[Any] = [g.to_dict() for g in self.gaps]
+        for bad in sorted(self.not_gaps, key=lambda b: b.index):
+            records.insert(min(bad.index, len(records)), bad.record)
+        document: dict[str, Any] = {
+            "version": self.version,
+            "generated_at": self.generated_at,
+            "runs": self.runs.to_dict(),
+            "contrast": self.contrast,
+            "thresholds": self.thresholds.to_dict(),
+            "gaps": records,
+            "rejected": [r.to_dict() for r in self.rejected],
+            "detector_errors": dict(self.detector_errors),
+        }
+        if self.where is not None:
+            document["where"] = self.where
+        return {**document, **dict(self.extra)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, strict: bool = True) -> GapsDocument:
+        """The document `data` holds; one without a `version` (written before it had one)
+        reads as version 0 with defaults for what it lacks. A record of `gaps` that is not a
+        gap lands in `not_gaps`; with `strict`, one not even shaped like a gap (not an object,
+        no id, neither key nor detector, a list field that is not a list) raises
+        GapsDocumentError instead, as a damaged document."""
+        if not isinstance(data, Mapping):
+            raise GapsDocumentError(f"expected a JSON object with a 'gaps' list (docs/gaps.md), "
+                                    f"got {type(data).__name__}")  # fmt: skip
+        version = data.get("version", 0)
+        if _int(version) is None or not 0 <= version <= cls.VERSION:
+            raise GapsDocumentError(
+                f"gaps.json version {version!r} is not supported (expected {cls.VERSION})"
+            )
+        records = data.get("gaps", [])
+        if not isinstance(records, list):
+            raise GapsDocumentError(f"'gaps' must be a list, got {type(records).__name__}")
+        gaps: list[Gap] = []
+        not_gaps: list[NotAGap] = []
+        for index, record in enumerate(records):
+            problem = _malformed(index, record) if strict else None
+            if problem is not None:
+                raise GapsDocumentError(problem)
+            try:
+                gaps.append(Gap.from_dict(record))
+            except GapError as error:
+                not_gaps.append(NotAGap(index, record, str(error)))
+        rejected = data.get("rejected", [])
+        if not isinstance(rejected, list):
+            raise GapsDocumentError(f"'rejected' must be a list, got {type(rejected).__name__}")
+        errors = _mapping(data, "detector_errors")
+        where = data.get("where")
+        generated_at = data.get("generated_at")
+        known = {f for f in cls.__dataclass_fields__ if f not in ("not_gaps", "extra")}
+        return cls(
+            version=int(version),
+            generated_at=str(generated_at) if generated_at is not None else None,
+            runs=RunCounts.from_dict(_mapping(data, "runs")),
+            contrast=str(data.get("contrast") or ""),
+            thresholds=GapThresholds.from_dict(_mapping(data, "thresholds")),
+            gaps=tuple(gaps),
+            rejected=tuple(RejectedCandidate.from_dict(r) for r in rejected),
+            detector_errors={str(k): str(v) for k, v in errors.items()},
+            where=str(where) if where is not None else None,
+            not_gaps=tuple(not_gaps),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+    @classmethod
+    def read_file(cls, path: str | os.PathLike[str], *, strict: bool = True) -> GapsDocument:
+        """The gaps document at `path`: FileNotFoundError when there is none, DocumentError
+        (GapsDocumentError for the wrong shape) naming the file when it cannot be one."""
+        target = Path(path)
+        data = read_json(target)
+        try:
+            return cls.from_dict(data, strict=strict)
+        except GapsDocumentError as error:
+            raise GapsDocumentError(f"{target}: {error}") from None
+
+    @classmethod
+    def read(cls, home: str | os.PathLike[str] | Home, *, strict: bool = True) -> GapsDocument:
+        """`<home>/gaps.json` (see `read_file`)."""
+        return cls.read_file(Home.at(home).gaps, strict=strict)
+
+    def write_file(self, path: str | os.PathLike[str]) -> Path:
+        """Write the document to `path` atomically (a reader never sees half of it)."""
+        write_json(path, self.to_dict())
+        return Path(path)
+
+    def write(self, home: str | os.PathLike[str] | Home) -> Path:
+        """Write `<home>/gaps.json` atomically."""
+        return self.write_file(Home.at(home).gaps)
+
+
+__all__ = ["EXAMPLES", "KINDS", "Gap", "GapError", "GapMember", "GapRequest", "GapThresholds",
+           "GapsDocument", "GapsDocumentError", "MinedRule", "NotAGap", "RejectedCandidate",
+           "RunCounts", "Symptom", "as_gap", "derive_detector"]  # fmt: skip
