@@ -9,23 +9,23 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.analysis.gap import Gap, GapError
-from tracegym.training.adapters import adapters_dir
-
-GAPS_FILE = "gaps.json"
+from tracegym.store.home import DocumentError, Home, read_json
 
 
 def _read_json(path: Path) -> tuple[Any, str | None]:
-    if not path.exists():
-        return None, None
+    """(the document, None), (None, None) when there is none, (None, why) when it is damaged:
+    a page shows the note rather than failing."""
     try:
-        return json.loads(path.read_text(encoding="utf-8")), None
-    except (OSError, ValueError) as exc:
+        return read_json(path, None), None
+    except DocumentError as exc:  # names the file already
+        return None, str(exc)
+    except (OSError, ValueError) as exc:  # unreadable, or not UTF-8
         return None, f"cannot read {path.name}: {exc}"
 
 
 def gaps_document(home: Path) -> tuple[dict[str, Any], str | None]:
     """gaps.json (docs/gaps.md), or an empty document and why."""
-    data, error = _read_json(Path(home) / GAPS_FILE)
+    data, error = _read_json(Home.at(home).gaps)
     if not isinstance(data, dict):
         note = error or "no gaps.json yet: run `tracegym analyze`"
         return {"gaps": [], "rejected": [], "runs": {}}, note
@@ -93,7 +93,7 @@ def last_synthesis(home: Path) -> tuple[Any, str | None]:
     notes = []
     if last.unreadable:
         notes.append(f"{last.unreadable} record(s) of the synthesis report could not be read")
-    current = gaps_hash(Path(home) / GAPS_FILE)
+    current = gaps_hash(Home.at(home).gaps)
     if last.gaps_hash is not None and current is not None and current != last.gaps_hash:
         notes.append(
             "gaps.json changed since this synthesis: run `tracegym synthesize` to bring "
@@ -118,7 +118,7 @@ def environment_detail(home: Path, env_id: str) -> dict[str, Any]:
 
 def adapters(home: Path) -> list[dict[str, Any]]:
     """Every adapter's meta.json (training/adapters.py), half-written folders skipped."""
-    root = adapters_dir(home)
+    root = Home.at(home).adapters
     if not root.is_dir():
         return []
     out = []
@@ -133,7 +133,8 @@ def adapters(home: Path) -> list[dict[str, Any]]:
 
 def nightly_history(home: Path) -> list[dict[str, Any]]:
     """`<home>/nightly/history.jsonl`, newest first, each with its report.json when readable."""
-    path = Path(home) / "nightly" / "history.jsonl"
+    home = Home.at(home)
+    path = home.nightly_history
     if not path.exists():
         return []
     nights = []
@@ -152,8 +153,8 @@ def nightly_history(home: Path) -> list[dict[str, Any]]:
         report = night.get("report")
         candidate = Path(report) if isinstance(report, str) else None
         if candidate is not None and not candidate.is_absolute():
-            candidate = Path(home) / candidate
-        own = Path(home) / "nightly" / str(night.get("date")) / "report.json"
+            candidate = home.root / candidate
+        own = home.night(str(night.get("date"))) / "report.json"
         for path in (own, candidate):
             if path is not None and path.is_file():
                 data, _ = _read_json(path)

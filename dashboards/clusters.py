@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.analysis.gap import Gap, GapError, as_gap
+from tracegym.store.home import Home
 
 MAX_POINTS = 3000
 DISTANCE = 0.35  # the analysis's default cluster distance (cosine)
@@ -33,7 +34,7 @@ def cluster_map(
     home: Path, gaps: Sequence[Gap | Mapping[str, Any]], gaps_mtime: float
 ) -> dict[str, Any]:
     """{"points": [{x, y, gap}], "gaps": [{id, name, x, y}], "total", "shown", "note"}."""
-    path = Path(home) / "cache" / "embeddings.npz"
+    path = Home.at(home).embeddings_cache
     if not path.exists():
         return {
             "points": [],

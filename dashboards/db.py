@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-from tracegym.store.lake import lake_dir
+from tracegym.store.home import Home
 from tracegym.store.store import ReadOnlyError
 from tracegym.store.views import LiveViews
-from tracegym.tracer.spool_files import spool_dir
 
 REFRESH_S = 10.0  # how often the views are rebuilt to pick up new spool files
 
@@ -54,10 +53,11 @@ def _sandboxed(
     home: Path, memory_limit: str | None, threads: int | None
 ) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
-    allowed = [str(lake_dir(home)) + "/", str(spool_dir(home)) + "/"]
+    paths = Home.at(home)
+    allowed = [str(paths.lake) + "/", str(paths.spool) + "/"]
     con.execute("SET allowed_directories = $dirs", {"dirs": allowed})
     # the gap_runs view reads gaps.json (that one file, not the rest of the home)
-    con.execute("SET allowed_paths = $paths", {"paths": [str(home / "gaps.json")]})
+    con.execute("SET allowed_paths = $paths", {"paths": [str(paths.gaps)]})
     if memory_limit:
         con.execute("SET memory_limit = $limit", {"limit": memory_limit})
     if threads:

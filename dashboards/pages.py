@@ -16,6 +16,7 @@ from typing import Any
 
 from tracegym.dashboards import artifacts, clusters, findings, queries, spanview
 from tracegym.dashboards.db import Database, Result
+from tracegym.store.home import Home
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.messages import chat_messages
 
@@ -492,7 +493,7 @@ def gaps(ctx: Context) -> dict[str, Any]:
     document, note = artifacts.gaps_document(ctx.home)
     typed, bad = artifacts.gaps(document)
     note = note or bad
-    path = ctx.home / artifacts.GAPS_FILE
+    path = Home.at(ctx.home).gaps
     mtime = path.stat().st_mtime if path.exists() else 0.0
     cluster_map = clusters.cluster_map(ctx.home, typed, mtime)
     names = {g.id: g.name for g in typed}
