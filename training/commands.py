@@ -1,4 +1,4 @@
-"""The training commands: `tracegym nightly`, `train`, `evaluate` and `adapters list/show`.
+"""The training commands: `tracegym train`, `evaluate` and `adapters list/show`.
 
 Registered on the main app by `register(app, home_of, fail)`.
 """
@@ -104,79 +104,10 @@ def train_progress(quiet: bool = False) -> tuple[Any, Any]:
 
 
 def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
-    """Add `nightly`, `train`, `evaluate` and the `adapters` group to `app`."""
+    """Add `train`, `evaluate` and the `adapters` group to `app`."""
 
     def _home(ctx: typer.Context, home: Path | None) -> Path:
         return existing_home(home_of(ctx, home), fail)
-
-    @app.command()
-    def nightly(
-        ctx: typer.Context,
-        model: ModelOption = "smollm2",
-        steps: Annotated[int | None, typer.Option(min=1, help="LoRA steps per adapter.")] = None,
-        eval_seeds: Annotated[int, typer.Option(min=1, help="Held-out tasks per env.")] = 20,
-        date: Annotated[
-            str | None, typer.Option(help="The night (YYYY-MM-DD) to run or resume.")
-        ] = None,
-        no_route: Annotated[bool, typer.Option("--no-route", help="Skip router eval.")] = False,
-        embedder: EmbedderOption = "minilm",
-        as_json: JsonOption = False,
-        home: HomeOption = None,
-    ) -> None:
-        """Compaction -> analysis -> synthesis -> training -> evaluation -> report (resumable)."""
-        from tracegym.jobs.nightly import NightlyBusy, NightlyConfig, NightlyStageError
-        from tracegym.jobs.nightly import nightly as run
-
-        target = _home(ctx, home)
-        config = NightlyConfig(
-            model=model,
-            train={"steps": steps} if steps else {},
-            eval_seeds=eval_seeds,
-            route=not no_route,
-            date=date,
-        )
-        console = table_console()
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-        from tracegym.generation.model import ModelError
-        from tracegym.jobs.nightly import STAGES
-
-        bar = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-            TextColumn("{task.completed}/{task.total} stages"), TimeElapsedColumn(),
-            console=Console(stderr=True), disable=as_json,
-        )  # fmt: skip
-        night = bar.add_task("nightly", total=len(STAGES))
-
-        def progress(stage: str, message: str) -> None:
-            if message.startswith("failed "):  # one environment; the stage goes on
-                bar.console.print(
-                    f"[yellow]{stage}[/]: {escape(message)}", highlight=False, soft_wrap=True
-                )  # one line in a log, however long the reason
-                return
-            bar.update(night, description=f"{stage}: {escape(message)}")
-            if message != "running" and not message.startswith(("training ", "evaluating ")):
-                bar.console.print(f"[bold]{stage}[/]: {escape(message)}", highlight=False)
-                bar.advance(night)  # the stage ended (done, skipped, already done ...)
-
-        steps_bar, on_step = train_progress(quiet=as_json)
-        try:
-            with bar, steps_bar:
-                result = run(
-                    target, config, progress=progress, embedder=_embedder(embedder, target),
-                    on_step=on_step,
-                )  # fmt: skip
-        except NightlyBusy as exc:
-            fail(str(exc), 3)
-        except ModelError as exc:
-            fail(f"{exc} (completed stages are kept: rerun to resume)")
-        except NightlyStageError as exc:
-            fail(f"{exc} (completed stages are kept: rerun to resume)", 1)
-        if as_json:
-            _dump(result)
-            return
-        report = Path(result["dir"]) / "report.md"
-        console.print(f"report: {escape(str(report))}")
 
     @app.command()
     def train(
