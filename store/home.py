@@ -34,6 +34,12 @@ GAPS_FILE = "gaps.json"
 ENVIRONMENTS_DIR = "envs"
 ENVIRONMENT_INDEX_FILE = "index.json"
 SYNTHESIS_REPORT_FILE = "synthesis.json"
+# inside one environment's folder (envs/<env_id>/)
+ENVIRONMENT_SPEC_FILE = "spec.json"
+ENVIRONMENT_VALIDITY_FILE = "validity.json"
+ENVIRONMENT_CALIBRATION_FILE = "calibration.json"
+ENVIRONMENT_DEMOS_FILE = "demos_train.jsonl"
+ENVIRONMENT_TASKS_FILES = {"train": "tasks_train.jsonl", "heldout": "tasks_heldout.jsonl"}
 ADAPTERS_DIR = "adapters"
 MODELS_DIR = "models"
 NIGHTLY_DIR = "nightly"
@@ -96,6 +102,10 @@ class Home:
 
     def environment(self, env_id: str) -> Path:
         return self.environments / env_id
+
+    def environment_tasks(self, env_id: str, split: str) -> Path:
+        """One environment's exported tasks of `split` ("train" or "heldout"), one per seed."""
+        return self.environment(env_id) / ENVIRONMENT_TASKS_FILES[split]
 
     @property
     def environment_index(self) -> Path:

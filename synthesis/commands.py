@@ -169,26 +169,27 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         except registry.RegistryError as exc:
             fail(str(exc))
         if as_json:
-            _dump(items)
+            _dump([item.to_dict() for item in items])
             return
         console = table_console()
         table = Table()
         for column in ("environment", "family", "gap", "train", "held-out", "pass@1", "valid"):
             table.add_column(column)
         for item in items:
-            cal = item.get("calibration") or {}
+            pass_at_1 = item.calibration.pass_at_1 if item.calibration else None
             table.add_row(
-                escape(item["env_id"]),
-                item["family"],
-                escape(str(item["gap_name"])),
-                str(item["tasks"]["train"]),
-                str(item["tasks"]["heldout"]),
-                "-" if cal.get("pass_at_1") is None else f"{cal['pass_at_1']:.2f}",
-                "yes" if item["validity"]["ok"] else "no",
+                escape(item.env_id),
+                item.family,
+                escape(str(item.gap_name)),
+                str(item.tasks.train),
+                str(item.tasks.heldout),
+                "-" if pass_at_1 is None else f"{pass_at_1:.2f}",
+                "yes" if item.validity.ok else "no",
             )
         console.print(table)
         console.print(
-            f"{len(items)} environment(s) under {escape(str(target / 'envs'))}", style="dim"
+            f"{len(items)} environment(s) under {escape(str(registry.envs_dir(target)))}",
+            style="dim",
         )
 
     @envs.command("show")
@@ -294,7 +295,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
 
         target, registry = _registry(ctx, home)
         try:
-            ids = [env_id] if env_id else [e["env_id"] for e in registry.list_envs(target)]
+            ids = [env_id] if env_id else [e.env_id for e in registry.list_envs(target)]
             if env_id:
                 registry.entry(target, env_id)
         except registry.RegistryError as exc:
@@ -328,6 +329,6 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                     mark = "[green]ok[/]" if c["ok"] else "[red]FAIL[/]"
                     console.print(f"  {mark} {c['name']}: {escape(c['detail'])}", highlight=False)
             if not reports:
-                console.print(f"no environments under {escape(str(target / 'envs'))}")
+                console.print(f"no environments under {escape(str(registry.envs_dir(target)))}")
         if any(not r["ok"] for r in reports):
             raise typer.Exit(1)

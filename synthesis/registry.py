@@ -21,13 +21,25 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from tracegym.store.home import (
+    ENVIRONMENT_CALIBRATION_FILE,
+    ENVIRONMENT_DEMOS_FILE,
+    ENVIRONMENT_SPEC_FILE,
+    ENVIRONMENT_TASKS_FILES,
+    ENVIRONMENT_VALIDITY_FILE,
+    DocumentError,
+    Home,
+    read_json,
+    write_json,
+)
 from tracegym.synthesis.base import Environment, run_actions
 from tracegym.synthesis.spec import EnvironmentSpec
-from tracegym.synthesis.validity import ValidityReport, check_environment
+from tracegym.synthesis.validity import Check, ValidityReport, check_environment
 
 INDEX_VERSION = 1
 
@@ -36,8 +48,234 @@ class RegistryError(LookupError):
     """An environment that is not registered, or a registry that cannot be read."""
 
 
+class EnvironmentIndexError(RegistryError, DocumentError):
+    """`envs/index.json` (or one of its entries) is not the shape the registry writes; the
+    message names the file or the entry and what is wrong."""
+
+
 def envs_dir(home: str | Path) -> Path:
-    return Path(home) / "envs"
+    """`<home>/envs/` (`Home.environments`)."""
+    return Home.at(home).environments
+
+
+class JsonKeys:
+    """Rows that readers not yet using attributes still index by their JSON keys:
+    `row["env_id"]` is `row.env_id`, `row.get("calibration")` is `row.calibration`."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in {f.name for f in fields(self)}:  # type: ignore[arg-type]
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
+def _text(data: Mapping[str, Any], name: str) -> str | None:
+    value = data.get(name)
+    return None if value is None else str(value)
+
+
+def _number(data: Mapping[str, Any], name: str, where: str) -> Any:
+    value = data.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise EnvironmentIndexError(f"{where}: {name!r} must be a number, got {value!r:.80}")
+    return value
+
+
+def _seed_range(data: Mapping[str, Any], name: str, where: str) -> list[int]:
+    value = data.get(name)
+    if not (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        raise EnvironmentIndexError(f"{where}: {name!r} must be [start, stop], got {value!r:.80}")
+    return [int(value[0]), int(value[1])]
+
+
+def _mapping(data: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:
+    value = data.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise EnvironmentIndexError(
+            f"{where}: {name!r} must be an object, got {type(value).__name__}"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class TaskCounts(JsonKeys):
+    """How many train and held-out tasks were exported for an environment."""
+
+    train: int = 0
+    heldout: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"train": self.train, "heldout": self.heldout}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "tasks") -> TaskCounts:
+        return cls(
+            train=int(_number(data, "train", where) or 0),
+            heldout=int(_number(data, "heldout", where) or 0),
+        )
+
+
+@dataclass(frozen=True)
+class ValiditySummary(JsonKeys):
+    """Whether an environment passed its validity checks when registered, and when."""
+
+    ok: bool
+    checked_at: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "checked_at": self.checked_at}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "validity") -> ValiditySummary:
+        ok = data.get("ok")
+        if not isinstance(ok, bool):
+            raise EnvironmentIndexError(f"{where}: 'ok' must be true or false, got {ok!r:.80}")
+        return cls(ok=ok, checked_at=_text(data, "checked_at"))
+
+
+@dataclass(frozen=True)
+class CalibrationSummary(JsonKeys):
+    """How an environment's knobs were calibrated: the policy, its pass@1 and pass@k, and
+    whether they fell in the band (the full record is the environment's calibration.json)."""
+
+    pass_at_1: float | None = None
+    pass_at_k: float | None = None
+    k: int | None = None
+    in_band: bool | None = None
+    policy: str | None = None
+
+    KEYS = ("pass_at_1", "pass_at_k", "k", "in_band", "policy")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.KEYS}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "calibration") -> CalibrationSummary:
+        in_band = data.get("in_band")
+        return cls(
+            pass_at_1=_number(data, "pass_at_1", where),
+            pass_at_k=_number(data, "pass_at_k", where),
+            k=_number(data, "k", where),
+            in_band=None if in_band is None else bool(in_band),
+            policy=_text(data, "policy"),
+        )
+
+
+@dataclass(frozen=True)
+class EnvironmentEntry(JsonKeys):
+    """One registered environment, as the registry's index lists it."""
+
+    env_id: str
+    family: str
+    entry_point: str
+    gap_id: str | None
+    gap_name: str | None
+    description: str
+    knobs: dict[str, Any]
+    train_seeds: list[int]
+    heldout_seeds: list[int]
+    tasks: TaskCounts
+    validity: ValiditySummary
+    calibration: CalibrationSummary | None = None
+    registered_at: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "env_id": self.env_id,
+            "family": self.family,
+            "entry_point": self.entry_point,
+            "gap_id": self.gap_id,
+            "gap_name": self.gap_name,
+            "description": self.description,
+            "knobs": dict(self.knobs),
+            "train_seeds": list(self.train_seeds),
+            "heldout_seeds": list(self.heldout_seeds),
+            "tasks": self.tasks.to_dict(),
+            "validity": self.validity.to_dict(),
+            "calibration": None if self.calibration is None else self.calibration.to_dict(),
+            "registered_at": self.registered_at,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EnvironmentEntry:
+        """EnvironmentIndexError naming the entry and the field when it is not one."""
+        if not isinstance(data, Mapping):
+            raise EnvironmentIndexError(
+                f"an environment entry must be an object, got {type(data).__name__}"
+            )
+        env_id = data.get("env_id")
+        if not isinstance(env_id, str) or not env_id:
+            raise EnvironmentIndexError(f"environment entry without an 'env_id': {data!r:.200}")
+        where = f"environment {env_id!r}"
+        for name in ("family", "entry_point"):
+            if not isinstance(data.get(name), str):
+                raise EnvironmentIndexError(f"{where}: {name!r} must be a string")
+        calibration = _mapping(data, "calibration", where)
+        return cls(
+            env_id=env_id,
+            family=data["family"],
+            entry_point=data["entry_point"],
+            gap_id=_text(data, "gap_id"),
+            gap_name=_text(data, "gap_name"),
+            description=str(data.get("description") or ""),
+            knobs=dict(_mapping(data, "knobs", where)),
+            train_seeds=_seed_range(data, "train_seeds", where),
+            heldout_seeds=_seed_range(data, "heldout_seeds", where),
+            tasks=TaskCounts.from_dict(_mapping(data, "tasks", where), f"{where} tasks"),
+            validity=ValiditySummary.from_dict(
+                _mapping(data, "validity", where), f"{where} validity"
+            ),
+            calibration=CalibrationSummary.from_dict(calibration, f"{where} calibration")
+            if data.get("calibration") is not None
+            else None,
+            registered_at=_text(data, "registered_at"),
+        )
+
+
+@dataclass
+class EnvironmentIndex(JsonKeys):
+    """`<home>/envs/index.json`: one entry per registered environment, sorted by id."""
+
+    VERSION = INDEX_VERSION
+
+    version: int = INDEX_VERSION
+    environments: list[EnvironmentEntry] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "environments": [e.to_dict() for e in self.environments],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EnvironmentIndex:
+        """EnvironmentIndexError when `data` is not an index (or one entry is not an entry)."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("environments"), list):
+            raise EnvironmentIndexError("not a tracegym environment index")
+        version = data.get("version", 0)
+        if not isinstance(version, int) or version > cls.VERSION:
+            raise EnvironmentIndexError(
+                f"environment index version {version!r} is not supported "
+                f"(this tracegym reads up to {cls.VERSION})"
+            )
+        return cls(
+            version=cls.VERSION,
+            environments=[EnvironmentEntry.from_dict(e) for e in data["environments"]],
+        )
+
+    def without(self, env_id: str) -> EnvironmentIndex:
+        return EnvironmentIndex(self.version, [e for e in self.environments if e.env_id != env_id])
 
 
 def environment_class(entry_point: str) -> type[Environment]:
@@ -55,31 +293,27 @@ def from_spec(spec: EnvironmentSpec, **knobs: Any) -> Environment:
     return environment_class(spec.entry_point)(spec, **knobs)
 
 
-def read_index(home: str | Path) -> dict[str, Any]:
-    path = envs_dir(home) / "index.json"
-    if not path.exists():
-        return {"version": INDEX_VERSION, "environments": []}
+def read_index(home: str | Path) -> EnvironmentIndex:
+    """The registry's index (empty when nothing was registered yet); EnvironmentIndexError
+    naming the file when it cannot be read as one."""
+    path = Home.at(home).environment_index
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise RegistryError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("environments"), list):
-        raise RegistryError(f"{path} is not a tracegym environment index")
-    return data
+        data = read_json(path, default=None)
+    except DocumentError as exc:
+        raise EnvironmentIndexError(str(exc)) from None
+    if data is None:
+        return EnvironmentIndex()
+    try:
+        return EnvironmentIndex.from_dict(data)
+    except EnvironmentIndexError as exc:
+        if str(exc) == "not a tracegym environment index":
+            raise EnvironmentIndexError(f"{path} is not a tracegym environment index") from None
+        raise EnvironmentIndexError(f"{path}: {exc}") from None
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(
-        json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8"
-    )
-    os.replace(tmp, path)
-
-
-def _write_index(home: str | Path, index: dict[str, Any]) -> None:
-    envs_dir(home).mkdir(parents=True, exist_ok=True)
-    index["environments"].sort(key=lambda e: e["env_id"])
-    _write_json(envs_dir(home) / "index.json", index)
+def _write_index(home: str | Path, index: EnvironmentIndex) -> None:
+    index.environments.sort(key=lambda e: e.env_id)
+    write_json(Home.at(home).environment_index, index.to_dict())
 
 
 def _jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> int:
@@ -113,50 +347,49 @@ def register(
         unregister(home, spec.env_id, missing_ok=True)
         raise ValueError(f"{spec.env_id} failed validity: {'; '.join(report.failures)}")
     spec.knobs = dict(env.knobs)
-    root = envs_dir(home)
+    paths = Home.at(home)
+    root = paths.environments
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{spec.env_id}.", dir=root))
     try:
-        spec.save(staging / "spec.json")
+        spec.save(staging / ENVIRONMENT_SPEC_FILE)
         t0, t1 = spec.train_seeds
         h0, h1 = spec.heldout_seeds
         train = range(t0, min(t1, t0 + n_train))
         heldout = range(h0, min(h1, h0 + n_heldout))
-        _jsonl(staging / "tasks_train.jsonl", (env.export_task(s, "train") for s in train))
-        _jsonl(staging / "tasks_heldout.jsonl", (env.export_task(s, "heldout") for s in heldout))
-        _jsonl(staging / "demos_train.jsonl", (demonstration(env, s) for s in train))
-        _write_json(staging / "validity.json", report.to_dict())
+        for split, seeds in (("train", train), ("heldout", heldout)):
+            tasks = (env.export_task(s, split) for s in seeds)
+            _jsonl(staging / ENVIRONMENT_TASKS_FILES[split], tasks)
+        _jsonl(staging / ENVIRONMENT_DEMOS_FILE, (demonstration(env, s) for s in train))
+        write_json(staging / ENVIRONMENT_VALIDITY_FILE, report.to_dict())
         if calibration is not None:
-            _write_json(staging / "calibration.json", calibration)
-        target = root / spec.env_id
+            write_json(staging / ENVIRONMENT_CALIBRATION_FILE, calibration)
+        target = paths.environment(spec.env_id)
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    index = read_index(home)
-    index["environments"] = [e for e in index["environments"] if e["env_id"] != spec.env_id]
-    index["environments"].append(
-        {
-            "env_id": spec.env_id,
-            "family": spec.family,
-            "entry_point": spec.entry_point,
-            "gap_id": spec.gap.get("id"),
-            "gap_name": spec.gap.get("name"),
-            "description": spec.description,
-            "knobs": spec.knobs,
-            "train_seeds": list(spec.train_seeds),
-            "heldout_seeds": list(spec.heldout_seeds),
-            "tasks": {"train": len(train), "heldout": len(heldout)},
-            "validity": {"ok": report.ok, "checked_at": _now()},
-            "calibration": None
+    index = read_index(home).without(spec.env_id)
+    index.environments.append(
+        EnvironmentEntry(
+            env_id=spec.env_id,
+            family=spec.family,
+            entry_point=spec.entry_point,
+            gap_id=spec.gap.get("id"),
+            gap_name=spec.gap.get("name"),
+            description=spec.description,
+            knobs=spec.knobs,
+            train_seeds=list(spec.train_seeds),
+            heldout_seeds=list(spec.heldout_seeds),
+            tasks=TaskCounts(train=len(train), heldout=len(heldout)),
+            validity=ValiditySummary(ok=report.ok, checked_at=_now()),
+            calibration=None
             if calibration is None
-            else {
-                k: calibration.get(k) for k in ("pass_at_1", "pass_at_k", "k", "in_band", "policy")
-            },
-            "registered_at": _now(),
-        }
+            else CalibrationSummary(**{k: calibration.get(k) for k in CalibrationSummary.KEYS}),
+            registered_at=_now(),
+        )
     )
     _write_index(home, index)
     return target
@@ -184,32 +417,32 @@ def demonstration(env: Environment, seed: int) -> dict[str, Any]:
 
 def unregister(home: str | Path, env_id: str, missing_ok: bool = False) -> None:
     index = read_index(home)
-    kept = [e for e in index["environments"] if e["env_id"] != env_id]
-    if len(kept) == len(index["environments"]) and not missing_ok:
+    kept = index.without(env_id)
+    if len(kept.environments) == len(index.environments) and not missing_ok:
         raise RegistryError(f"no environment {env_id!r} under {envs_dir(home)}")
-    target = envs_dir(home) / env_id
+    target = Home.at(home).environment(env_id)
     if target.is_dir():
         shutil.rmtree(target)
-    if len(kept) != len(index["environments"]):
-        index["environments"] = kept
-        _write_index(home, index)
+    if len(kept.environments) != len(index.environments):
+        _write_index(home, kept)
 
 
-def list_envs(home: str | Path) -> list[dict[str, Any]]:
-    return list(read_index(home)["environments"])
+def list_envs(home: str | Path) -> list[EnvironmentEntry]:
+    return list(read_index(home).environments)
 
 
-def entry(home: str | Path, env_id: str) -> dict[str, Any]:
-    for item in list_envs(home):
-        if item["env_id"] == env_id:
+def entry(home: str | Path, env_id: str) -> EnvironmentEntry:
+    entries = list_envs(home)
+    for item in entries:
+        if item.env_id == env_id:
             return item
-    known = ", ".join(e["env_id"] for e in list_envs(home)) or "none"
+    known = ", ".join(e.env_id for e in entries) or "none"
     raise RegistryError(f"no environment {env_id!r} under {envs_dir(home)} (registered: {known})")
 
 
 def load_spec(home: str | Path, env_id: str) -> EnvironmentSpec:
     entry(home, env_id)
-    path = envs_dir(home) / env_id / "spec.json"
+    path = Home.at(home).environment(env_id) / ENVIRONMENT_SPEC_FILE
     try:
         return EnvironmentSpec.load(path)
     except (OSError, ValueError, KeyError) as exc:
@@ -221,15 +454,56 @@ def load(home: str | Path, env_id: str, **knobs: Any) -> Environment:
     return from_spec(load_spec(home, env_id), **knobs)
 
 
+def validity_report_from_dict(data: Mapping[str, Any]) -> ValidityReport:
+    """A validity.json document (`ValidityReport.to_dict()`) read back; EnvironmentIndexError
+    naming the field when it is not one."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("checks"), list):
+        raise EnvironmentIndexError(f"not a validity report (no 'checks' list): {data!r:.200}")
+    checks = []
+    for i, check in enumerate(data["checks"]):
+        if not isinstance(check, Mapping) or not isinstance(check.get("name"), str):
+            raise EnvironmentIndexError(f"validity report: checks[{i}] has no 'name'")
+        value = check.get("value")
+        checks.append(
+            Check(
+                name=check["name"],
+                ok=bool(check.get("ok")),
+                detail=str(check.get("detail") or ""),
+                value=None if value is None else float(value),
+            )
+        )
+    return ValidityReport(
+        env_id=str(data.get("env_id") or ""),
+        ok=bool(data.get("ok")),
+        checks=checks,
+        seconds=float(data.get("seconds") or 0.0),
+    )
+
+
+def read_validity(home: str | Path, env_id: str) -> ValidityReport | None:
+    """The validity report an environment was registered with (None when it has none)."""
+    path = Home.at(home).environment(env_id) / ENVIRONMENT_VALIDITY_FILE
+    try:
+        data = read_json(path, default=None)
+        return None if data is None else validity_report_from_dict(data)
+    except (DocumentError, OSError) as exc:
+        raise RegistryError(f"cannot read {path}: {exc}") from None
+
+
 def show(home: str | Path, env_id: str) -> dict[str, Any]:
-    """Everything about one environment: index entry, spec, validity, calibration."""
+    """Everything about one environment, as one JSON-ready document: index entry, folder,
+    spec, validity and calibration."""
     item = entry(home, env_id)
-    folder = envs_dir(home) / env_id
-    out = {"entry": item, "path": str(folder), "spec": load_spec(home, env_id).to_dict()}
-    for name in ("validity", "calibration"):
-        path = folder / f"{name}.json"
-        out[name] = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
-    return out
+    folder = Home.at(home).environment(env_id)
+    validity = read_validity(home, env_id)
+    calibration = read_json(folder / ENVIRONMENT_CALIBRATION_FILE, default=None)
+    return {
+        "entry": item.to_dict(),
+        "path": str(folder),
+        "spec": load_spec(home, env_id).to_dict(),
+        "validity": None if validity is None else validity.to_dict(),
+        "calibration": calibration,
+    }
 
 
 def sample(
@@ -249,7 +523,14 @@ def sample(
 
 
 __all__ = [
+    "CalibrationSummary",
+    "EnvironmentEntry",
+    "EnvironmentIndex",
+    "EnvironmentIndexError",
+    "JsonKeys",
     "RegistryError",
+    "TaskCounts",
+    "ValiditySummary",
     "demonstration",
     "entry",
     "environment_class",
@@ -259,8 +540,10 @@ __all__ = [
     "load",
     "load_spec",
     "read_index",
+    "read_validity",
     "register",
     "sample",
     "show",
     "unregister",
+    "validity_report_from_dict",
 ]

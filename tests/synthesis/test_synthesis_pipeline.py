@@ -66,7 +66,7 @@ def test_synthesize_registers_environments(synthesized):
         assert {p.name for p in folder.iterdir()} == {
             "spec.json", "tasks_train.jsonl", "tasks_heldout.jsonl", "demos_train.jsonl",
             "validity.json"}  # fmt: skip
-        assert item["validity"]["ok"] and item["tasks"] == {"train": 40, "heldout": 20}
+        assert item.validity.ok and item.tasks == registry.TaskCounts(train=40, heldout=20)
 
 
 def test_exported_tasks_and_demonstrations(synthesized):
