@@ -63,7 +63,7 @@ class Conventions:
 
 
 @dataclass
-class Run:
+class MinedRun:
     """One run as mining needs it: its calls in order, its outcome, what its chats recorded."""
 
     calls: list[dict[str, Any]]  # {"tool", "arguments", "error"}
@@ -113,7 +113,7 @@ def _common(values: Iterable[Any], n: int) -> Any:
     return json.loads(text) if count >= SHARE * n else None
 
 
-def _opening(runs: Sequence[Run]) -> list[str]:
+def _opening(runs: Sequence[MinedRun]) -> list[str]:
     """The longest prefix of successful tool names that SHARE of the runs start with."""
     names = [[c["tool"] for c in r.calls if not c.get("error")] for r in runs]
     prefix: list[str] = []
@@ -140,7 +140,7 @@ def _values(arguments: Any) -> set[str]:
     return out
 
 
-def _lookups(runs: Sequence[Run], tools: Sequence[Mapping[str, Any]] = ()) -> dict[str, str]:
+def _lookups(runs: Sequence[MinedRun], tools: Sequence[Mapping[str, Any]] = ()) -> dict[str, str]:
     """Write tool -> the read the agent makes first on the record the write acts on.
 
     Learnt per id argument, pooled over every write that takes it: when SHARE of the accepted
@@ -195,7 +195,7 @@ def _lookups(runs: Sequence[Run], tools: Sequence[Mapping[str, Any]] = ()) -> di
     return out
 
 
-def mine_conventions(runs: Sequence[Run], agent: str = "") -> Conventions:
+def mine_conventions(runs: Sequence[MinedRun], agent: str = "") -> Conventions:
     """The conventions of one agent's `runs`: what its successful runs share (nothing below
     MIN_RUNS of them), and the reads its accepted writes follow."""
     won = [r for r in runs if r.success]
@@ -244,9 +244,9 @@ def conventions_from_store(home: str | Path) -> Conventions:
             f"WHERE operation = ? AND trace_id IN ({mine}) GROUP BY trace_id",
             [sc.SYSTEM_INSTRUCTIONS, sc.TOOL_DEFINITIONS, sc.INPUT_MESSAGES, sc.OP_CHAT, agent],
         ).fetchall()
-    runs = {trace_id: Run([], success=bool(success)) for trace_id, success in judged}
+    runs = {trace_id: MinedRun([], success=bool(success)) for trace_id, success in judged}
     for trace_id, tool, arguments, status, error_type in calls:
-        runs.setdefault(trace_id, Run([])).calls.append(
+        runs.setdefault(trace_id, MinedRun([])).calls.append(
             {
                 "tool": tool,
                 "arguments": arguments,
@@ -254,7 +254,7 @@ def conventions_from_store(home: str | Path) -> Conventions:
             }
         )
     for trace_id, instructions, definitions, first_input in chats:
-        run = runs.setdefault(trace_id, Run([]))
+        run = runs.setdefault(trace_id, MinedRun([]))
         run.system_instructions = instructions_text(instructions) or system_message(first_input)
         tools = parse_json(definitions)
         run.tool_definitions = list(tools) if isinstance(tools, list) else []
@@ -263,7 +263,7 @@ def conventions_from_store(home: str | Path) -> Conventions:
 
 __all__ = [
     "Conventions",
-    "Run",
+    "MinedRun",
     "conventions_from_store",
     "instructions_text",
     "mine_conventions",

@@ -23,7 +23,7 @@ class Budget:
 
 
 @dataclass(eq=False)
-class Run:
+class ActiveRun:
     """One agent run: the outermost agent call and everything under it."""
 
     run_id: str
@@ -35,7 +35,7 @@ class Run:
 class Scope:
     """What spans started here belong to: the run, the innermost agent, open subtasks."""
 
-    run: Run
+    run: ActiveRun
     agent: str
     budgets: tuple[Budget, ...]  # the run's budget first, then each open subtask's
 

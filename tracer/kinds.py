@@ -16,7 +16,7 @@ from opentelemetry.trace import Link
 from tracegym.tracer import internal
 from tracegym.tracer import messages as genai
 from tracegym.tracer import semconv as sc
-from tracegym.tracer.context import Budget, Run, Scope, current
+from tracegym.tracer.context import ActiveRun, Budget, Scope, current
 from tracegym.tracer.openinference import TEXT, wants_values
 from tracegym.tracer.operations import Handle, Operation, _caught, _record_usage, state
 from tracegym.tracer.operations import _openinference as _openinference  # where it was
@@ -164,7 +164,7 @@ class Agent(Operation):
             ctx = span.get_span_context()
             run_id = format(ctx.trace_id, "032x") if ctx.is_valid else uuid.uuid4().hex
             span.set_attribute(sc.RUN_ID, run_id)
-        return Scope(Run(str(run_id)), self.name or "", (budget,))
+        return Scope(ActiveRun(str(run_id)), self.name or "", (budget,))
 
     def on_result(self, handle: Handle, result: Any, capture: bool) -> None:
         if capture:
@@ -636,7 +636,7 @@ class Subtask(Operation):
     def open_scope(self, span: trace.Span, parent: Scope | None, arguments: dict) -> Scope:
         budget = Budget()
         if parent is None:  # a subtask outside any agent still counts its own steps
-            return Scope(Run(uuid.uuid4().hex), "", (budget,))
+            return Scope(ActiveRun(uuid.uuid4().hex), "", (budget,))
         return Scope(parent.run, parent.agent, (*parent.budgets, budget))
 
     def on_end(self, handle: Handle) -> None:

@@ -22,7 +22,7 @@ class SelectionError(ValueError):
 
 
 @dataclass(frozen=True)
-class Run:
+class SelectedRun:
     """One selected run: its trace and run ids (the run id may be None)."""
 
     trace_id: str
@@ -36,7 +36,7 @@ def select_runs(
     where: str | None = None,
     params: Mapping[str, Any] | None = None,
     extra: str | None = None,
-) -> list[Run]:
+) -> list[SelectedRun]:
     """The runs to export, oldest first: those named in `ids` (a run id, a trace id or a unique
     trace-id prefix), those matching `where` (SQL over the `traces` view, `$name` placeholders
     bound from `params`), both when both are given, every run when neither is. `extra` is a
@@ -61,7 +61,7 @@ def select_runs(
     except Exception as exc:  # DuckDB's own message says what is wrong with the predicate
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         raise SelectionError(f"--where {where!r}: {text}" if where else text) from None
-    return [Run(trace_id, run_id) for trace_id, run_id in rows]
+    return [SelectedRun(trace_id, run_id) for trace_id, run_id in rows]
 
 
 def _resolve(store: Any, ids: Sequence[str]) -> list[str]:

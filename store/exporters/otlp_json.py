@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from tracegym.store.exporters import Run
+from tracegym.store.exporters import SelectedRun
 from tracegym.tracer import semconv as sc
 
 KIND_CODES = {"INTERNAL": 1, "SERVER": 2, "CLIENT": 3, "PRODUCER": 4, "CONSUMER": 5}
@@ -136,7 +136,7 @@ def request(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_rows(store: Any, runs: Sequence[Run], *, outcomes: bool = True) -> Iterator[Any]:
+def run_rows(store: Any, runs: Sequence[SelectedRun], *, outcomes: bool = True) -> Iterator[Any]:
     """(run position, rows) per run, in the order of `runs`, read in one streaming query."""
     traces = [r.trace_id for r in runs]
     run_ids = [r.run_id for r in runs]
@@ -171,7 +171,7 @@ class ExportReport:
 
 
 def write_otlp_json(
-    store: Any, runs: Sequence[Run], out: IO[str], *, outcomes: bool = True
+    store: Any, runs: Sequence[SelectedRun], out: IO[str], *, outcomes: bool = True
 ) -> ExportReport:
     """Write `runs` to `out` as OTLP/JSON lines (one request per run)."""
     report = ExportReport()

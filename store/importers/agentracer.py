@@ -25,7 +25,7 @@ from typing import Any
 
 from tracegym.store.importers import ImportFormatError, load_json
 from tracegym.store.importers.chat import (
-    Run,
+    ImportedRun,
     as_text,
     check_no_labels,
     content_text,
@@ -87,7 +87,7 @@ def _run(
 ) -> list[dict[str, Any]]:
     key = keyed(FORMAT, {**item, "history": history}, seen)
     question_id = item.get("question_ID")
-    run = Run(FORMAT, key, f"{FORMAT}/{question_id or 'run'}/{key[:8]}", TEAM)
+    run = ImportedRun(FORMAT, key, f"{FORMAT}/{question_id or 'run'}/{key[:8]}", TEAM)
     start = synthetic_start(key)
     times = add_turns(run, history, start)
     run.root(

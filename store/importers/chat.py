@@ -223,7 +223,7 @@ def is_full_reward(reward: float | None) -> bool | None:
 
 
 @dataclass
-class Run:
+class ImportedRun:
     """The spans of one imported run, with ids derived from (format, content key)."""
 
     fmt: str
@@ -430,7 +430,7 @@ def _usage(message: Mapping[str, Any]) -> tuple[int | None, int | None]:
 
 
 def convert_messages(
-    run: Run,
+    run: ImportedRun,
     path: Path,
     where: Any,
     messages: Any,

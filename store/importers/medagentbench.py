@@ -38,7 +38,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from tracegym.store.importers import ImportFormatError, load_json
 from tracegym.store.importers.chat import (
-    Run,
+    ImportedRun,
     as_text,
     check_no_labels,
     convert_messages,
@@ -264,7 +264,7 @@ def _run(
         seen,
     )  # fmt: skip
     run_id = f"{FORMAT}/{model or 'model'}/{index if index is not None else 'run'}/{key[:8]}"
-    run = Run(FORMAT, key, run_id, AGENT)
+    run = ImportedRun(FORMAT, key, run_id, AGENT)
     start = synthetic_start(key)
     messages, invalid = _messages(history)
     summary = convert_messages(run, path, where, messages, start_ns=start, model=model)

@@ -19,7 +19,7 @@ from typing import Any
 
 from tracegym.store.importers import ImportFormatError, iter_json_lines, load_json
 from tracegym.store.importers.chat import (
-    Run,
+    ImportedRun,
     RunLabels,
     convert_messages,
     describe,
@@ -125,7 +125,7 @@ def _run(
     key = keyed("openai-chat", {"id": run_id, "messages": source["messages"]}, seen)
     agent = source.get("agent") if isinstance(source.get("agent"), str) else AGENT
     model = source.get("model") if isinstance(source.get("model"), str) else None
-    run = Run("openai-chat", key, run_id or f"openai-chat/{key[:16]}", agent)
+    run = ImportedRun("openai-chat", key, run_id or f"openai-chat/{key[:16]}", agent)
     start = synthetic_start(key)
     summary = convert_messages(run, path, where, source["messages"], start_ns=start, model=model)
     run.root(

@@ -31,7 +31,7 @@ from tracegym.store.importers import ImportFormatError, SkipFile, load_json
 from tracegym.store.importers.chat import (
     STEP_NS,
     TOOL_ERROR_TYPE,
-    Run,
+    ImportedRun,
     as_text,
     content_text,
     describe,
@@ -165,7 +165,7 @@ def _run(
     resolved: bool | None,
 ) -> list[dict[str, Any]]:
     key = keyed("swe-agent", {"trajectory": trajectory, "info": info}, {})
-    run = Run("swe-agent", key, f"swe-agent/{instance}/{key[:8]}", AGENT)
+    run = ImportedRun("swe-agent", key, f"swe-agent/{instance}/{key[:8]}", AGENT)
     model = _model(doc)
     problem = _problem(doc)
     start = synthetic_start(key)

@@ -22,7 +22,7 @@ from typing import Any
 
 from tracegym.store.importers import ImportFormatError, load_json
 from tracegym.store.importers.chat import (
-    Run,
+    ImportedRun,
     RunLabels,
     as_text,
     convert_messages,
@@ -82,7 +82,7 @@ def base_success(info: Mapping[str, Any]) -> float | None:
 
 
 def _finish(
-    run: Run,
+    run: ImportedRun,
     *,
     reward: float | None,
     source: str,
@@ -163,7 +163,7 @@ def _tau_run(
 ) -> list[dict[str, Any]]:
     info = source.get("info") if isinstance(source.get("info"), Mapping) else {}
     task = info.get("task") if isinstance(info.get("task"), Mapping) else {}
-    run = Run("tau-bench", key, f"tau-bench/{task_id}-{trial}/{key[:8]}", TAU_AGENT)
+    run = ImportedRun("tau-bench", key, f"tau-bench/{task_id}-{trial}/{key[:8]}", TAU_AGENT)
     start = synthetic_start(key)
     summary = convert_messages(
         run, path, where, source["traj"], start_ns=start, source_index="index"
@@ -281,7 +281,7 @@ def _tau2_run(
         start = next((s for s in stamps if s is not None), None)
     if start is None:
         start = synthetic_start(key)
-    run = Run("tau2-bench", key, f"tau2-bench/{task_id}-{trial}/{key[:8]}", agent)
+    run = ImportedRun("tau2-bench", key, f"tau2-bench/{task_id}-{trial}/{key[:8]}", agent)
     summary = convert_messages(
         run,
         path,

@@ -27,7 +27,7 @@ from tracegym.store.importers import ImportFormatError, load_json
 from tracegym.store.importers.chat import (
     MESSAGE_INDEX,
     MESSAGE_ROLE,
-    Run,
+    ImportedRun,
     as_text,
     boundaries,
     check_no_labels,
@@ -104,7 +104,7 @@ def _run(
 ) -> list[dict[str, Any]]:
     key = keyed("whowhen", doc, {})
     question_id = doc.get("question_ID")
-    run = Run("whowhen", key, f"whowhen/{question_id or 'run'}/{key[:8]}", _system(history))
+    run = ImportedRun("whowhen", key, f"whowhen/{question_id or 'run'}/{key[:8]}", _system(history))
     start = synthetic_start(key)
     times = add_turns(run, history, start)
     final = content_text(history[-1].get("content")) if history else None
@@ -125,7 +125,7 @@ def _run(
     return finish_labelled(run, doc, len(history), correct, "whowhen")
 
 
-def add_turns(run: Run, history: list[Mapping[str, Any]], start: int) -> list[int]:
+def add_turns(run: ImportedRun, history: list[Mapping[str, Any]], start: int) -> list[int]:
     """History entry `j` -> an `invoke_agent {name}` span at step index `j` (with the entry's
     own `step` as message index where it has one); returns the turns' time boundaries."""
     times = boundaries(len(history), start)
@@ -151,7 +151,7 @@ def add_turns(run: Run, history: list[Mapping[str, Any]], start: int) -> list[in
 
 
 def finish_labelled(
-    run: Run, doc: Mapping[str, Any], steps: int, success: bool, source: str
+    run: ImportedRun, doc: Mapping[str, Any], steps: int, success: bool, source: str
 ) -> list[dict[str, Any]]:
     """The run's outcome with its Who&When-style labels, the labelled step's span marked."""
     step = mistake_index(doc.get("mistake_step"), steps)

@@ -8,7 +8,7 @@ import pytest
 from tracegym.synthesis.base import run_actions
 from tracegym.synthesis.conventions import (
     Conventions,
-    Run,
+    MinedRun,
     instructions_text,
     mine_conventions,
     system_message,
@@ -28,8 +28,8 @@ TOOLS = [
 ]  # fmt: skip
 
 
-def runs(n: int = 30, **chat) -> list[Run]:
-    return [Run(calls=t, **chat) for t in shop_traces(n)]
+def runs(n: int = 30, **chat) -> list[MinedRun]:
+    return [MinedRun(calls=t, **chat) for t in shop_traces(n)]
 
 
 def test_opening_and_lookups_are_what_the_runs_share():
@@ -44,7 +44,7 @@ def test_nothing_is_a_convention_without_enough_successful_runs():
     few = runs(2)
     assert mine_conventions(few) == Conventions(runs=2)
     # failed runs count for lookups (the backend accepted the writes) but not for the rest
-    failed = [Run(calls=r.calls, success=False, system_instructions=PROMPT) for r in runs(30)]
+    failed = [MinedRun(calls=r.calls, success=False, system_instructions=PROMPT) for r in runs(30)]
     mined = mine_conventions(failed[:27] + runs(3))
     assert mined.runs == 3 and mined.system_prompt == ""
     assert mined.lookups[ACTION] == "get_order_details"

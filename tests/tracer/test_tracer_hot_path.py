@@ -526,7 +526,7 @@ def test_call_ids_stay_unique_across_threads_and_a_fork():
 def test_a_subclass_overriding_the_hooks_still_gets_them_called():
     """The hooks a kind leaves at their defaults are skipped per class: a subclass of one's
     own that overrides them (on_end, open_scope, start_span) must see every call."""
-    from tracegym.tracer.context import Budget, Run, Scope
+    from tracegym.tracer.context import ActiveRun, Budget, Scope
     from tracegym.tracer.kinds import Tool
 
     seen: list[str] = []
@@ -538,7 +538,7 @@ def test_a_subclass_overriding_the_hooks_still_gets_them_called():
 
         def open_scope(self, span, parent, arguments):
             seen.append("open_scope")
-            return Scope(Run("audit"), "auditor", (Budget(),))
+            return Scope(ActiveRun("audit"), "auditor", (Budget(),))
 
         def on_end(self, handle):
             seen.append("on_end")
