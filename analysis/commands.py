@@ -6,32 +6,35 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from tracegym.cli_options import HomeOption, existing_home, table_console
+from tracegym.store.home import Home
+
+if TYPE_CHECKING:
+    from tracegym.analysis.gap import GapsDocument
 
 
-def render_gaps(console: Console, document: dict[str, Any]) -> None:
+def render_gaps(console: Console, document: GapsDocument) -> None:
     """The gaps table, then each gap's paragraph, the causes' folded symptoms and where its
     member runs are listed (the `gap_runs` view: what the dashboard's run filter shows)."""
-    from tracegym.analysis.gap import Gap
-
-    runs = document["runs"]
-    gaps = [Gap.from_dict(g) for g in document["gaps"]]
+    runs = document.runs
+    gaps = document.gaps
     console.print(
-        f"[bold]{len(gaps)} capability gaps[/] from {runs['total']} runs "
-        f"({runs['failed']} failed, {runs['succeeded']} succeeded): {document['contrast']}"
+        f"[bold]{len(gaps)} capability gaps[/] from {runs.total} runs "
+        f"({runs.failed} failed, {runs.succeeded} succeeded): {document.contrast}"
     )
     table = Table()
     numeric = {"#", "coverage", "delta", "stable", "failed"}
     for column in ("#", "gap", "coverage", "delta", "stable", "failed", "tools"):
         table.add_column(column, justify="right" if column in numeric else "left")
-    resamples = document["thresholds"]["resamples"]
+    resamples = document.thresholds.resamples
     for gap in gaps:
         delta = "-" if gap.delta is None else f"{gap.delta:.2f}"
         table.add_row(
@@ -48,30 +51,22 @@ def render_gaps(console: Console, document: dict[str, Any]) -> None:
             f"WHERE gap_id = '{gap.id}'[/]",
             highlight=False,
         )
-    for name, error in document.get("detector_errors", {}).items():
+    for name, error in document.detector_errors.items():
         console.print(f"[yellow]detector {escape(name)} failed and was skipped:[/] "
                       f"{escape(error)}")  # fmt: skip
-
-
-def write_document(path: Path, document: dict[str, Any]) -> Path:
-    """Write a gaps document to `path` atomically (a reader never sees half of it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
 
 
 def _written(target: Path, where: str, output: Path | None) -> str:
     """What the analysis left on disk, for the line on stderr."""
     if output is not None:
         return f"wrote {output}"
+    gaps_file = Home.at(target).gaps
     if where:
         return (
-            f"filtered by --where: not written ({target / 'gaps.json'}, the whole store's, "
+            f"filtered by --where: not written ({gaps_file}, the whole store's, "
             "which the dashboard and synthesize read, is unchanged; --output FILE keeps this one)"
         )
-    return f"wrote {target / 'gaps.json'}"
+    return f"wrote {gaps_file}"
 
 
 JUDGE_KEY_ENV = "TRACEGYM_JUDGE_API_KEY"
@@ -170,14 +165,16 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             fail(f"analysis failed: {exc}")
         document = result.gaps_document()
         if where:
-            document["where"] = where
+            document = replace(document, where=where)
         if output is not None:
             try:
-                write_document(output, document)
+                document.write_file(output)
             except OSError as exc:
                 fail(f"cannot write {output}: {exc.strerror or exc}")
         if as_json:
-            sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
+            sys.stdout.write(
+                json.dumps(document.to_dict(), indent=2, ensure_ascii=False, default=str) + "\n"
+            )
         else:
             render_gaps(table_console(), document)
         if not as_json or not store_wide:

@@ -4,20 +4,18 @@ capabilities -> the kept gaps, written to `<home>/gaps.json` (schema: docs/gaps.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tracegym.analysis.clustering import assign, cluster
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.embeddings import Embedder
-from tracegym.analysis.gap import Gap
+from tracegym.analysis.gap import Gap, GapsDocument, GapThresholds, RejectedCandidate, RunCounts
 from tracegym.analysis.gap_selection import (
     Candidate,
     Scored,
@@ -31,10 +29,8 @@ from tracegym.analysis.gap_selection import (
 )
 from tracegym.analysis.runs import Run, load_runs
 from tracegym.analysis.signatures import failure_signature
+from tracegym.store.home import Home
 from tracegym.tracer import internal
-
-GAPS_FILE = "gaps.json"
-GAPS_VERSION = 1
 
 
 @dataclass
@@ -66,24 +62,24 @@ class Analysis:
             return "no successful runs: gaps are ranked by coverage alone, without contrast"
         return "failed vs successful runs"
 
-    def gaps_document(self) -> dict[str, Any]:
+    def gaps_document(self) -> GapsDocument:
         rejected = sorted((s for s in self.scored if not s.kept),
                           key=lambda s: -s.coverage)[:20]  # fmt: skip
-        return {
-            "version": GAPS_VERSION,
-            "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "runs": {"total": len(self.runs), "failed": len(self.failed),
-                     "succeeded": len(self.succeeded),
-                     "unknown": len(self.runs) - len(self.failed) - len(self.succeeded)},
-            "contrast": self.contrast,
-            "thresholds": vars(self.thresholds),
-            "gaps": [g.to_dict() for g in self.gaps],
-            "rejected": [{"key": s.candidate.key, "kind": s.candidate.kind,
-                          "coverage": round(s.coverage, 4),
-                          "delta": None if s.delta is None else round(s.delta, 4),
-                          "stability": s.stability, "why": s.why} for s in rejected],
-            "detector_errors": self.detector_errors,
-        }  # fmt: skip
+        return GapsDocument(
+            generated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            runs=RunCounts(total=len(self.runs), failed=len(self.failed),
+                           succeeded=len(self.succeeded),
+                           unknown=len(self.runs) - len(self.failed) - len(self.succeeded)),
+            contrast=self.contrast,
+            thresholds=GapThresholds(**vars(self.thresholds)),
+            gaps=tuple(self.gaps),
+            rejected=tuple(RejectedCandidate(key=s.candidate.key, kind=s.candidate.kind,
+                                             coverage=round(s.coverage, 4),
+                                             delta=None if s.delta is None else round(s.delta, 4),
+                                             stability=s.stability, why=s.why)
+                           for s in rejected),
+            detector_errors=self.detector_errors,
+        )  # fmt: skip
 
 
 def default_detector_set() -> list[Detector]:
@@ -192,7 +188,7 @@ def analyze(
     timings["detect"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    embedder = embedder or Embedder(Path(store.home) / "cache")
+    embedder = embedder or Embedder(Home.at(store.home).cache)
     before = embedder.computed
     candidates = candidates_from_findings(f for fs in findings.values() for f in fs)
     say("embedding and clustering failure signatures (the first time loads the model)")
@@ -226,15 +222,5 @@ def analyze(
     result = Analysis(runs, findings, scored, gaps, t, errors, timings,
                       embedded=embedder.computed - before)  # fmt: skip
     if write:
-        write_gaps(Path(store.home), result.gaps_document())
+        result.gaps_document().write(store.home)
     return result
-
-
-def write_gaps(home: Path, document: dict[str, Any]) -> Path:
-    """Write gaps.json atomically."""
-    home.mkdir(parents=True, exist_ok=True)
-    path = home / GAPS_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
