@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tracegym.store.exporters import Run
+from tracegym.store.exporters import SelectedRun
 from tracegym.store.exporters.chat_messages import (
     inferred_tools,
     system_messages,
@@ -155,7 +155,7 @@ class RunData:
     calls: list[tuple[Any, ...]] = field(default_factory=list)
 
 
-def run_data(store: Any, runs: Sequence[Run]) -> dict[str, RunData]:
+def run_data(store: Any, runs: Sequence[SelectedRun]) -> dict[str, RunData]:
     """RunData of each of `runs`, in three queries (not three per run)."""
     traces = [r.trace_id for r in runs]
     data = {t: RunData() for t in traces}
@@ -249,7 +249,7 @@ def run_example(trace_id: str, run: RunData) -> Example:
     return Example(trace_id, "run", chosen, problems[0] if problems else None)
 
 
-def run_examples(store: Any, runs: Sequence[Run], *, chunk: int = 256) -> Iterator[Example]:
+def run_examples(store: Any, runs: Sequence[SelectedRun], *, chunk: int = 256) -> Iterator[Example]:
     """Candidate lines of `runs`, read `chunk` runs at a time."""
     for start in range(0, len(runs), chunk):
         part = runs[start : start + chunk]
