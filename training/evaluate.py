@@ -3,7 +3,10 @@ intervals, and promotion only when the gain is significant.
 
     from tracegym.training.evaluate import evaluate_capability
     row = evaluate_capability(model, tokenizer, env, adapter_id, seeds)   # model: a PeftModel
-    row["promoted"], row["reason"]
+    EvaluationRow.from_dict(row).promoted
+
+A row is an `EvaluationRow`; the evaluation functions return its JSON form (`to_dict()`), the
+one adapters' metadata, the nightly's stage results and `tracegym evaluate --json` carry.
 
 The gain is tested with a one-sided two-proportion z-test (pooled); an adapter is promoted when
 its held-out success beats the base policy's at p < 0.05. A non-promoted adapter stays in the
@@ -14,10 +17,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 from tracegym.generation.model import Policy
+from tracegym.store.home import DocumentError
 from tracegym.training.rollout import rollout
 from tracegym.training.router import apply_weights
 
@@ -49,31 +53,195 @@ def gain_p_value(s1: int, n1: int, s2: int, n2: int) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
-def gain(base: dict[str, Any], adapted: dict[str, Any]) -> dict[str, float]:
-    """`gain` (adapted rate less base rate) and its one-sided `p_value`, of two `rate` rows."""
-    p = gain_p_value(base["passed"], base["n"], adapted["passed"], adapted["n"])
-    return {"gain": round(adapted["rate"] - base["rate"], 4), "p_value": round(p, 6)}
+class EvaluationError(DocumentError):
+    """An evaluation row (in an adapter's metadata, a stage result or a report) that cannot be
+    read: not an object, or a field missing or of the wrong type."""
+
+
+def _number(data: Mapping[str, Any], key: str, what: str) -> float:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise EvaluationError(f"{what} needs a number '{key}', got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Successes out of `n` held-out cases, their rate and its 95% Wilson interval."""
+
+    passed: int
+    n: int
+    rate: float
+    ci95: tuple[float, float]
+
+    @classmethod
+    def of(cls, successes: int, n: int) -> Rate:
+        low, high = wilson(successes, n)
+        return cls(
+            passed=successes,
+            n=n,
+            rate=round(successes / n, 4) if n else 0.0,
+            ci95=(round(low, 4), round(high, 4)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "n": self.n, "rate": self.rate, "ci95": list(self.ci95)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Rate:
+        if not isinstance(data, Mapping):
+            raise EvaluationError(f"a rate must be an object, got {type(data).__name__}")
+        passed = int(_number(data, "passed", "a rate"))
+        n = int(_number(data, "n", "a rate"))
+        ci95 = data.get("ci95")
+        if ci95 is None:
+            low, high = wilson(passed, n)
+            ci95 = (round(low, 4), round(high, 4))
+        elif not isinstance(ci95, (list, tuple)) or len(ci95) != 2:
+            raise EvaluationError(f"a rate's 'ci95' must be [low, high], got {ci95!r}")
+        rate_ = data.get("rate")
+        return cls(
+            passed=passed,
+            n=n,
+            rate=float(rate_) if rate_ is not None else (round(passed / n, 4) if n else 0.0),
+            ci95=(float(ci95[0]), float(ci95[1])),
+        )
+
+    @classmethod
+    def coerce(cls, value: Rate | Mapping[str, Any]) -> Rate:
+        """`value` as a Rate (the statistics accept a rate's JSON form too)."""
+        return value if isinstance(value, Rate) else cls.from_dict(value)
+
+
+@dataclass(frozen=True)
+class Sequential:
+    """How a sequential evaluation went: `run` of `planned` cases over `looks` rounds, and why
+    it stopped early ("significant", "hopeless") or None when it ran them all."""
+
+    looks: int
+    planned: int
+    run: int
+    stopped: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"looks": self.looks, "planned": self.planned, "run": self.run,
+                "stopped": self.stopped}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Sequential:
+        if not isinstance(data, Mapping):
+            raise EvaluationError(f"'sequential' must be an object, got {type(data).__name__}")
+        what = "'sequential'"
+        return cls(
+            looks=int(_number(data, "looks", what)),
+            planned=int(_number(data, "planned", what)),
+            run=int(_number(data, "run", what)),
+            stopped=data.get("stopped"),
+        )
+
+
+@dataclass(frozen=True)
+class EvaluationRow:
+    """One adapter's held-out evaluation: the base policy's rate, the adapted one's (and the
+    router's when it was asked for), the gain, its p-value and the promotion decision.
+
+    Rows sit inside other documents (an adapter's `metrics.eval`, the nightly's evaluate stage
+    and report, `tracegym evaluate --json`), so a row carries no version of its own."""
+
+    VERSION: ClassVar[int] = 1
+
+    env_id: str
+    env_ids: tuple[str, ...]
+    adapter_id: str
+    seeds: tuple[int, ...]
+    base: Rate
+    adapter: Rate
+    gain: float
+    p_value: float
+    promoted: bool
+    reason: str
+    router: Rate | None = None
+    sequential: Sequential | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "env_id": self.env_id,
+            "env_ids": list(self.env_ids),
+            "adapter_id": self.adapter_id,
+            "seeds": list(self.seeds),
+            "base": self.base.to_dict(),
+            "adapter": self.adapter.to_dict(),
+            "gain": self.gain,
+            "p_value": self.p_value,
+            "promoted": self.promoted,
+            "reason": self.reason,
+            "router": self.router.to_dict() if self.router is not None else None,
+        }
+        if self.sequential is not None:
+            out["sequential"] = self.sequential.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EvaluationRow:
+        """A row as written (rows before `env_ids`: the one `env_id`; before `sequential`:
+        none)."""
+        if not isinstance(data, Mapping):
+            raise EvaluationError(f"an evaluation row must be an object, got {type(data).__name__}")
+        for key in ("adapter_id", "env_id"):
+            if not isinstance(data.get(key), str):
+                raise EvaluationError(f"an evaluation row needs an '{key}' string")
+        for key in ("base", "adapter"):
+            if key not in data:
+                raise EvaluationError(f"evaluation row {data['adapter_id']!r} has no '{key}' rate")
+        base, adapted = Rate.from_dict(data["base"]), Rate.from_dict(data["adapter"])
+        seeds = data.get("seeds") or []
+        env_ids = data.get("env_ids") or data["env_id"].split("+")
+        sequential = data.get("sequential")
+        router = data.get("router")
+        p_value = data.get("p_value")
+        if p_value is None:
+            p_value = round(gain_p_value(base.passed, base.n, adapted.passed, adapted.n), 6)
+        return cls(
+            env_id=data["env_id"],
+            env_ids=tuple(str(e) for e in env_ids),
+            adapter_id=data["adapter_id"],
+            seeds=tuple(int(s) for s in seeds),
+            base=base,
+            adapter=adapted,
+            gain=float(data.get("gain", round(adapted.rate - base.rate, 4))),
+            p_value=float(p_value),
+            promoted=bool(data.get("promoted", False)),
+            reason=str(data.get("reason") or ""),
+            router=Rate.from_dict(router) if router is not None else None,
+            sequential=Sequential.from_dict(sequential) if sequential is not None else None,
+        )
+
+
+RateLike = Rate | Mapping[str, Any]
+
+
+def gain(base: RateLike, adapted: RateLike) -> dict[str, float]:
+    """`gain` (adapted rate less base rate) and its one-sided `p_value`, of two rates."""
+    base, adapted = Rate.coerce(base), Rate.coerce(adapted)
+    p = gain_p_value(base.passed, base.n, adapted.passed, adapted.n)
+    return {"gain": round(adapted.rate - base.rate, 4), "p_value": round(p, 6)}
 
 
 def rate(successes: int, n: int) -> dict[str, Any]:
-    low, high = wilson(successes, n)
-    return {
-        "passed": successes,
-        "n": n,
-        "rate": round(successes / n, 4) if n else 0.0,
-        "ci95": [round(low, 4), round(high, 4)],
-    }
+    """`Rate.of(successes, n)` in its JSON form (reports carry it as an object)."""
+    return Rate.of(successes, n).to_dict()
 
 
 def decide(
-    base: dict[str, Any], adapted: dict[str, Any], alpha: float = ALPHA, looks: int = 1
+    base: RateLike, adapted: RateLike, alpha: float = ALPHA, looks: int = 1
 ) -> tuple[bool, str]:
     """Promote when the gain is positive and significant at `alpha`, split evenly over `looks`
     (Bonferroni: peeking `looks` times keeps the chance of promoting a useless adapter <= alpha)."""
+    base, adapted = Rate.coerce(base), Rate.coerce(adapted)
     threshold = alpha / max(1, looks)
     split = f": {alpha} over {looks} looks" if looks > 1 else ""
-    p = gain_p_value(base["passed"], base["n"], adapted["passed"], adapted["n"])
-    gain = adapted["rate"] - base["rate"]
+    p = gain_p_value(base.passed, base.n, adapted.passed, adapted.n)
+    gain = adapted.rate - base.rate
     if p < threshold and gain > 0:
         return (
             True,
@@ -93,17 +261,18 @@ def look_sizes(n: int, looks: int) -> list[int]:
 
 
 def settled(
-    base: dict[str, Any], adapted: dict[str, Any], planned: int, alpha: float, looks: int
+    base: RateLike, adapted: RateLike, planned: int, alpha: float, looks: int
 ) -> str | None:
     """Whether a look can stop an adapter's evaluation: "significant" (promote now),
     "hopeless" (even if every remaining seed went to the adapter and none to the base, the gain
     could not become significant), or None (run the next round). Stopping for futility never
     promotes, so it keeps the error bound of `decide`."""
+    base, adapted = Rate.coerce(base), Rate.coerce(adapted)
     threshold = alpha / max(1, looks)
     if decide(base, adapted, alpha, looks)[0]:
         return "significant"
-    left = planned - base["n"]
-    best = gain_p_value(base["passed"], planned, adapted["passed"] + left, planned)
+    left = planned - base.n
+    best = gain_p_value(base.passed, planned, adapted.passed + left, planned)
     return "hopeless" if best >= threshold else None
 
 
@@ -224,8 +393,8 @@ def evaluate_capabilities(
     stops: list[str | None] = [None] * len(jobs)
     plans = [look_sizes(len(job.cases), looks) for job in jobs]
 
-    def passed(results: list[Any]) -> dict[str, Any]:
-        return rate(sum(r.passed for r in results), len(results))
+    def passed(results: list[Any]) -> Rate:
+        return Rate.of(sum(r.passed for r in results), len(results))
 
     for look in range(max(1, looks)):
         todo = [
@@ -244,33 +413,33 @@ def evaluate_capabilities(
     for job, (base, adapted), stop in zip(jobs, runs, stops, strict=True):
         row = _row(job.head(0, len(base)), passed(base), passed(adapted), alpha, looks)
         if looks > 1:
-            row["sequential"] = {"looks": looks, "planned": len(job.cases), "run": len(base),
-                                 "stopped": stop}  # fmt: skip
+            reason = row.reason
             if stop is not None:
                 why = {"significant": "", "hopeless": ": the rest could not make it significant"}
-                row["reason"] += f"; stopped after {len(base)} of {len(job.cases)} seeds{why[stop]}"
-        rows.append(row)
+                reason += f"; stopped after {len(base)} of {len(job.cases)} seeds{why[stop]}"
+            sequential = Sequential(looks, len(job.cases), len(base), stop)
+            row = replace(row, reason=reason, sequential=sequential)
+        rows.append(row.to_dict())
     return rows
 
 
-def _row(
-    job: EvalJob, base: dict[str, Any], adapted: dict[str, Any], alpha: float, looks: int = 1
-) -> dict[str, Any]:
+def _row(job: EvalJob, base: Rate, adapted: Rate, alpha: float, looks: int = 1) -> EvaluationRow:
     promoted, reason = decide(base, adapted, alpha, looks)
     seeds = sorted(s for _, s in job.cases)
     env_ids = job.env_ids
-    return {
-        "env_id": "+".join(env_ids),
-        "env_ids": env_ids,
-        "adapter_id": job.adapter_id,
-        "seeds": [seeds[0], seeds[-1]] if seeds else [],
-        "base": base,
-        "adapter": adapted,
-        **gain(base, adapted),
-        "promoted": promoted,
-        "reason": reason,
-        "router": None,
-    }
+    difference = gain(base, adapted)
+    return EvaluationRow(
+        env_id="+".join(env_ids),
+        env_ids=tuple(env_ids),
+        adapter_id=job.adapter_id,
+        seeds=(seeds[0], seeds[-1]) if seeds else (),
+        base=base,
+        adapter=adapted,
+        gain=difference["gain"],
+        p_value=difference["p_value"],
+        promoted=promoted,
+        reason=reason,
+    )
 
 
 def evaluate_capability(
@@ -301,10 +470,10 @@ def evaluate_job(
     policy = Policy(model, tokenizer, name)
     n = len(job.cases)
     with model.disable_adapter():
-        base = rate(_run(policy, job.cases, None, **rollout_kwargs), n)
+        base = Rate.of(_run(policy, job.cases, None, **rollout_kwargs), n)
     model.base_model.enable_adapter_layers()  # a router may have switched them off
     model.set_adapter(job.adapter_id)
-    adapted = rate(_run(policy, job.cases, job.adapter_id, **rollout_kwargs), n)
+    adapted = Rate.of(_run(policy, job.cases, job.adapter_id, **rollout_kwargs), n)
     row = _row(job, base, adapted, alpha)
     if route is not None:
         # route every task, then run the tasks routed to the same mixture together
@@ -315,34 +484,39 @@ def evaluate_job(
         for key, group in groups.items():
             use = apply_weights(model, dict(key))
             passed += _run(policy, group, use, **rollout_kwargs)
-        row["router"] = rate(passed, n)
-    return row
+        row = replace(row, router=Rate.of(passed, n))
+    return row.to_dict()
 
 
-def render_markdown(rows: Sequence[dict[str, Any]]) -> str:
+def render_markdown(rows: Sequence[EvaluationRow | Mapping[str, Any]]) -> str:
     """The evaluation as a Markdown table."""
 
-    def fmt(r: dict[str, Any] | None) -> str:
+    def fmt(r: Rate | None) -> str:
         if not r:
             return "-"
-        return f"{r['rate']:.2f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] (n={r['n']})"
+        return f"{r.rate:.2f} [{r.ci95[0]:.2f}, {r.ci95[1]:.2f}] (n={r.n})"
 
     lines = [
         "| environment | base | + adapter | + router | gain | p | promoted |",
         "|---|---|---|---|---|---|---|",
     ]
-    for row in rows:
+    typed = [r if isinstance(r, EvaluationRow) else EvaluationRow.from_dict(r) for r in rows]
+    for row in typed:
         lines.append(
-            f"| {row['env_id']} | {fmt(row['base'])} | {fmt(row['adapter'])} | "
-            f"{fmt(row.get('router'))} | {row['gain']:+.2f} | {row['p_value']:.3g} | "
-            f"{'yes' if row['promoted'] else 'no'} |"
+            f"| {row.env_id} | {fmt(row.base)} | {fmt(row.adapter)} | "
+            f"{fmt(row.router)} | {row.gain:+.2f} | {row.p_value:.3g} | "
+            f"{'yes' if row.promoted else 'no'} |"
         )
-    reasons = [f"- {row['adapter_id']}: {row['reason']}" for row in rows]
+    reasons = [f"- {row.adapter_id}: {row.reason}" for row in typed]
     return "\n".join([*lines, "", *reasons]) + "\n"
 
 
 __all__ = [
     "EvalJob",
+    "EvaluationError",
+    "EvaluationRow",
+    "Rate",
+    "Sequential",
     "decide",
     "evaluate_capabilities",
     "evaluate_capability",
