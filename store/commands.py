@@ -669,12 +669,7 @@ def register_export(app: typer.Typer, home_of: Any, fail: Any) -> None:
         skipped and counted with their reason."""
         import itertools
 
-        from tracegym.store.exporters.openai_ft import (
-            PASSED,
-            demo_examples,
-            run_examples,
-            write_examples,
-        )
+        from tracegym.store.exporters.openai_ft import PASSED, run_examples, write_examples
 
         target = existing_home(home_of(ctx, home), fail)
         params = parse_params(param, fail)
@@ -687,6 +682,9 @@ def register_export(app: typer.Typer, home_of: Any, fail: Any) -> None:
             store = _open_store(target, fail)
             sources.append(run_examples(store, chosen(store, ids, where, params, PASSED)))
         if source is not FtSource.runs:
+            # The demonstrations read the environment registry, a floor above the store: the
+            # one import up from this room (see the import contracts in pyproject.toml).
+            from tracegym.synthesis.demonstrations import demo_examples
             from tracegym.synthesis.registry import RegistryError
 
             try:

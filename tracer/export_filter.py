@@ -23,9 +23,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
+from tracegym.tracer.attribute_mapping import operation_of
 from tracegym.tracer.third_party import (
     OWN_SCOPE,
-    _otlp,
     attribute_maps,
     attributes_of,
     filter_span,
@@ -59,7 +59,7 @@ def without_messages(span: ReadableSpan) -> ReadableSpan:
             return span
         operation: str | None = sc.OP_CHAT
     else:
-        operation = _otlp().operation_of(attributes)
+        operation = operation_of(attributes)
     return filter_span(span, operation, attributes, content=True, messages=False, limit=None)
 
 

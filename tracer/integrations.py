@@ -4,7 +4,7 @@ Each integration is the well-kept OpenInference instrumentor for that library, i
 tracegym's tracer provider, so its spans nest under the caller's `@tg.agent` / `tg.step` spans
 (same OpenTelemetry context), pass through tracegym's processor (run/step bookkeeping and the
 content policy, `tracer/third_party.py`), its redaction, and land in the store's `llm_calls` and
-`tool_calls` through the mapping the OTLP receiver uses (`store.otlp.normalize_attributes`).
+`tool_calls` through the mapping the OTLP receiver uses (`attribute_mapping.normalize_attributes`).
 
 The instrumentors get a provider of tracegym's own whose tracers look up, span by span, the
 provider `tracegym.init` installed on: `instrument` may run before `init` (calls made before

@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
+from tracegym.tracer.attribute_mapping import error_type_from_events, normalize_attributes
 from tracegym.tracer.openinference import stored
 from tracegym.tracer.spool_files import (  # noqa: F401  (the file side, re-exported)
     SPOOL_DIR,
@@ -41,8 +42,6 @@ def _attributes(span: ReadableSpan, scope: str | None) -> dict[str, Any]:
     attributes = dict(span.attributes or {})
     if scope == sc.INSTRUMENTATION_SCOPE:  # less the OpenInference copies, for other backends
         return stored(attributes)
-    from tracegym.store.otlp import error_type_from_events, normalize_attributes
-
     try:
         attributes = normalize_attributes(attributes, span.name)
         if span.status.status_code is StatusCode.ERROR and sc.ERROR_TYPE not in attributes:

@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tracegym.tracer import semconv as sc
 from tracegym.tracer import setup
+from tracegym.tracer.attribute_mapping import operation_of
 from tracegym.tracer.config import Settings
 from tracegym.tracer.operations import state
 from tracegym.tracer.processors import FanOutSpanProcessor
@@ -54,8 +55,6 @@ class Captured:
     def by_operation(self, operation: str) -> list[ReadableSpan]:
         """Spans of `operation` (`chat`, `execute_tool` ...), other instrumentations' by the
         mapping the store applies (an OpenInference LLM span is a `chat`)."""
-        from tracegym.store.otlp import operation_of
-
         return [s for s in self.spans if operation_of(dict(s.attributes or {})) == operation]
 
     def records(self) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from opentelemetry.trace import Status
 from tracegym.tracer import context as scope_context
 from tracegym.tracer import internal
 from tracegym.tracer import semconv as sc
+from tracegym.tracer.attribute_mapping import operation_of, token_counts  # as the receiver maps
 from tracegym.tracer.context import Scope
 from tracegym.tracer.operations import state
 from tracegym.tracer.serialize import truncate
@@ -108,18 +109,6 @@ def attribute_maps(spans: Sequence[ReadableSpan]) -> list[dict[str, Any]]:
     return [dict(attributes_of(span)) for span in spans]
 
 
-_otlp_module: Any = None
-
-
-def _otlp() -> Any:
-    global _otlp_module
-    if _otlp_module is None:
-        from tracegym.store import otlp  # the mapping shared with the OTLP receiver
-
-        _otlp_module = otlp
-    return _otlp_module
-
-
 class _Open:
     """What a started span of another instrumentation needs at its end."""
 
@@ -149,7 +138,7 @@ class ForeignSpans:
         if scope is None or parent is None:
             return
         attributes = attributes_of(span)
-        operation = _otlp().operation_of(attributes)
+        operation = operation_of(attributes)
         outer = self._open.get(parent.span_id)
         agent = outer.agent if outer is not None else scope.agent
         # Inside an LLM span: another instrumentation's, or a `tg.llm` around the client call
@@ -175,7 +164,7 @@ class ForeignSpans:
         """`span`, or a copy with the content policy applied."""
         entry = self._open.pop(span.context.span_id, None)
         attributes = attributes_of(span)
-        operation = _otlp().operation_of(attributes)
+        operation = operation_of(attributes)
         if entry is not None and operation in _ACTIONS:
             self._charge(entry, operation, attributes)
         return apply_policy(span, operation, attributes)
@@ -188,7 +177,7 @@ class ForeignSpans:
         if operation != sc.OP_CHAT or not entry.counted:
             return
         tokens = 0
-        for count in _otlp().token_counts(attributes):
+        for count in token_counts(attributes):
             if type(count) is int and count > 0:
                 tokens += count
         for budget in budgets:

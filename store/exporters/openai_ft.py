@@ -12,7 +12,8 @@ Two sources, one line format (`{"messages": [...], "tools": [...]}`, see `ft_for
   as the answer.
 - the registered environments' oracle demonstrations on their train seeds (never the held-out
   ones), built as training does (`synthesis.registry.demonstration`, the environment's tool
-  schemas), kept only when the verifier passes them.
+  schemas), kept only when the verifier passes them. They are made above the store, where the
+  registry is (`tracegym.synthesis.demonstrations.demo_examples`), as `Example`s of this module.
 
 Every line is validated before it is written; one that fails is skipped and counted with the
 first reason (`ExportReport.skipped`).
@@ -24,7 +25,6 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 from tracegym.store.exporters import SelectedRun
@@ -256,46 +256,6 @@ def run_examples(store: Any, runs: Sequence[SelectedRun], *, chunk: int = 256) -
         data = run_data(store, part)
         for run in part:
             yield run_example(run.trace_id, data[run.trace_id])
-
-
-def demo_examples(
-    home: str | Path, env_ids: Sequence[str] = (), *, per_env: int | None = None
-) -> Iterator[Example]:
-    """Oracle demonstrations of the registered environments (all, or `env_ids`) on their
-    train seeds (the registered number, or at most `per_env`)."""
-    from tracegym.synthesis import registry
-    from tracegym.synthesis.registry import RegistryError, demonstration
-
-    entries = registry.list_envs(home)
-    known = {e["env_id"] for e in entries}
-    missing = [e for e in env_ids if e not in known]
-    if missing:
-        raise RegistryError(
-            f"no environment {missing[0]!r} under {registry.envs_dir(home)} "
-            f"(registered: {', '.join(sorted(known)) or 'none'})"
-        )
-    for item in entries:
-        env_id = item["env_id"]
-        if env_ids and env_id not in env_ids:
-            continue
-        try:
-            env = registry.load(home, env_id)
-        except (RegistryError, ValueError, TypeError) as exc:
-            yield Example(env_id, "demo", None, f"cannot load the environment: {exc}")
-            continue
-        start, stop = env.spec.train_seeds if env.spec else (0, 0)
-        count = (item.get("tasks") or {}).get("train", stop - start)
-        if per_env is not None:
-            count = min(count, per_env)
-        tools = tool_schemas(env.tool_schemas())
-        for seed in range(start, min(stop, start + count)):
-            source = f"{env_id}:{seed}"
-            demo = demonstration(env, seed)
-            if not demo["passed"]:
-                yield Example(source, "demo", None, "the oracle's demonstration does not pass")
-                continue
-            messages = number_calls(to_openai(demo["messages"]))
-            yield Example(source, "demo", line_of(messages, tools))
 
 
 def write_examples(examples: Iterable[Example], out: IO[str]) -> ExportReport:
