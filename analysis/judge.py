@@ -52,8 +52,9 @@ class JudgeError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Capability:
-    """A capability failed runs may lack: a snake_case name and one sentence."""
+class ProposedCapability:
+    """A capability the judge proposes that failed runs may lack: a snake_case name and one
+    sentence (not `training.capabilities.Capability`, the environments one adapter learns)."""
 
     name: str
     description: str
@@ -133,11 +134,11 @@ class Judge(Protocol):
     """A model that proposes capabilities and labels runs. Either method raises `JudgeError`
     when it cannot answer; it never sees more of a run than its `RunSummary`."""
 
-    def propose(self, failed: Sequence[RunSummary]) -> list[Capability]:
+    def propose(self, failed: Sequence[RunSummary]) -> list[ProposedCapability]:
         """The capabilities these failed runs lack."""
         ...
 
-    def label(self, run: RunSummary, capabilities: Sequence[Capability]) -> list[str]:
+    def label(self, run: RunSummary, capabilities: Sequence[ProposedCapability]) -> list[str]:
         """The names (of `capabilities`) of those the run lacked; [] for none."""
         ...
 
@@ -172,7 +173,7 @@ def propose_messages(failed: Sequence[RunSummary], nonce: str) -> list[dict[str,
 
 
 def label_messages(
-    run: RunSummary, capabilities: Sequence[Capability], nonce: str
+    run: RunSummary, capabilities: Sequence[ProposedCapability], nonce: str
 ) -> list[dict[str, str]]:
     listed = "\n".join(f"- {c.name}: {c.description}" for c in capabilities)
     system = (
@@ -202,13 +203,13 @@ def parse_object(content: str) -> dict[str, Any]:
     return value
 
 
-def parse_capabilities(content: str) -> list[Capability]:
+def parse_capabilities(content: str) -> list[ProposedCapability]:
     """{"capabilities": [{"name", "description"}]}: names snake_case, unique, at most
     MAX_CAPABILITIES; anything else is a `JudgeError`."""
     items = parse_object(content).get("capabilities")
     if not isinstance(items, list) or not items:
         raise JudgeError("the answer has no non-empty 'capabilities' list")
-    out: dict[str, Capability] = {}
+    out: dict[str, ProposedCapability] = {}
     for item in items[:MAX_CAPABILITIES]:
         if not isinstance(item, dict):
             raise JudgeError("a capability is not an object")
@@ -217,11 +218,11 @@ def parse_capabilities(content: str) -> list[Capability]:
             raise JudgeError(f"capability name {_cut(str(name), 80)!r} is not snake_case")
         if not isinstance(description, str) or not description.strip():
             raise JudgeError(f"capability {name} has no description")
-        out.setdefault(name, Capability(name, _cut(description.strip())))
+        out.setdefault(name, ProposedCapability(name, _cut(description.strip())))
     return list(out.values())
 
 
-def parse_labels(content: str, capabilities: Sequence[Capability]) -> list[str]:
+def parse_labels(content: str, capabilities: Sequence[ProposedCapability]) -> list[str]:
     """{"lacking": [names]}: every name one of `capabilities`' (else a `JudgeError`)."""
     names = parse_object(content).get("lacking")
     known = {c.name for c in capabilities}
@@ -286,10 +287,10 @@ class OpenAICompatibleJudge:
             raise JudgeError("the chat completion has no text content")
         return content
 
-    def propose(self, failed: Sequence[RunSummary]) -> list[Capability]:
+    def propose(self, failed: Sequence[RunSummary]) -> list[ProposedCapability]:
         return parse_capabilities(self.complete(propose_messages(failed, secrets.token_hex(8))))
 
-    def label(self, run: RunSummary, capabilities: Sequence[Capability]) -> list[str]:
+    def label(self, run: RunSummary, capabilities: Sequence[ProposedCapability]) -> list[str]:
         messages = label_messages(run, capabilities, secrets.token_hex(8))
         return parse_labels(self.complete(messages), capabilities)
 
@@ -300,7 +301,7 @@ class Judged:
     """What the judge said: its capabilities, per run the ones lacked, and the runs skipped
     (trace id -> why); `error` when it proposed nothing usable (then no labels)."""
 
-    capabilities: list[Capability] = field(default_factory=list)
+    capabilities: list[ProposedCapability] = field(default_factory=list)
     labels: dict[str, list[str]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     error: str | None = None
@@ -371,7 +372,7 @@ def judge_hook(
     return candidates
 
 
-__all__ = ["CANDIDATE_KIND", "JUDGE", "CallSummary", "Capability", "Judge", "JudgeError",
-           "Judged", "OpenAICompatibleJudge", "RunSummary", "completions_url", "judge_candidates",
-           "judge_hook", "judge_runs", "label_messages", "parse_capabilities", "parse_labels",
-           "propose_messages", "summarize"]  # fmt: skip
+__all__ = ["CANDIDATE_KIND", "JUDGE", "CallSummary", "Judge", "JudgeError", "Judged",
+           "OpenAICompatibleJudge", "ProposedCapability", "RunSummary", "completions_url",
+           "judge_candidates", "judge_hook", "judge_runs", "label_messages", "parse_capabilities",
+           "parse_labels", "propose_messages", "summarize"]  # fmt: skip

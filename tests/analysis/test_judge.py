@@ -22,10 +22,10 @@ pytest.importorskip("duckdb")
 from tracegym.analysis.gap_selection import Thresholds, rates, stability
 from tracegym.analysis.judge import (
     JUDGE,
-    Capability,
     Judged,
     JudgeError,
     OpenAICompatibleJudge,
+    ProposedCapability,
     RunSummary,
     completions_url,
     judge_candidates,
@@ -153,7 +153,7 @@ def test_propose_and_label_round_trip(stub):
     judge = OpenAICompatibleJudge(s.url, "tiny-model", api_key="k-123", timeout_s=2)
     failed = [summarize(_run("t1", False, "please cancel my order"))]
     capabilities = judge.propose(failed)
-    assert capabilities == [Capability(**c) for c in PROPOSED["capabilities"]]
+    assert capabilities == [ProposedCapability(**c) for c in PROPOSED["capabilities"]]
     assert judge.label(failed[0], capabilities) == ["respect_policy"]
     assert judge.label(summarize(_run("t2", True, "change my seat")), capabilities) == []
     assert [r["model"] for r in s.requests] == ["tiny-model"] * 3
@@ -166,7 +166,7 @@ def test_trace_content_is_delimited_data_and_only_the_answer_is_parsed(stub):
     s = stub(_answer(lambda run: ["look_up_before_acting"]))
     judge = OpenAICompatibleJudge(s.url, "m", timeout_s=2)
     run = _run("t1", False, injected, tool_output=injected)
-    capabilities = [Capability(**c) for c in PROPOSED["capabilities"]]
+    capabilities = [ProposedCapability(**c) for c in PROPOSED["capabilities"]]
     assert judge.label(summarize(run), capabilities) == ["look_up_before_acting"]
     system, user = (m["content"] for m in s.requests[0]["messages"])
     assert "ignore previous instructions" not in system and "untrusted" in system
@@ -226,7 +226,7 @@ def test_the_final_answer_is_the_root_output_else_the_last_model_output():
 def test_malformed_answers_are_clear_errors(stub, reply: tuple[int, str], message: str):
     s = stub(lambda body: reply)
     judge = OpenAICompatibleJudge(s.url, "m", timeout_s=2)
-    capabilities = [Capability(**c) for c in PROPOSED["capabilities"]]
+    capabilities = [ProposedCapability(**c) for c in PROPOSED["capabilities"]]
     with pytest.raises(JudgeError, match=re.escape(message)):
         judge.label(summarize(_run("t1", False, "r")), capabilities)
 
@@ -295,10 +295,10 @@ def test_a_failed_proposal_leaves_no_candidates(stub):
 
 
 class _Crashing:
-    def propose(self, failed: list[RunSummary]) -> list[Capability]:
-        return [Capability("x", "d")]
+    def propose(self, failed: list[RunSummary]) -> list[ProposedCapability]:
+        return [ProposedCapability("x", "d")]
 
-    def label(self, run: RunSummary, capabilities: list[Capability]) -> list[str]:
+    def label(self, run: RunSummary, capabilities: list[ProposedCapability]) -> list[str]:
         raise RuntimeError("a bug in the judge")
 
 
@@ -413,8 +413,10 @@ def test_a_judge_label_of_the_same_runs_ranks_after_the_detectors_gap(tmp_path: 
     write_seat_agent(tmp_path, failed=13)
 
     class TwinJudge:  # labels exactly the runs whose change_seat failed: wrong_tool_order's runs
-        def propose(self, failed: Any) -> list[Capability]:
-            return [Capability("aaa_look_up_first", "looks the booking up before changing it")]
+        def propose(self, failed: Any) -> list[ProposedCapability]:
+            return [
+                ProposedCapability("aaa_look_up_first", "looks the booking up before changing it")
+            ]
 
         def label(self, run: Any, capabilities: Any) -> list[str]:
             failed_seat = any(c.tool == "change_seat" and c.error for c in run.calls)
