@@ -15,11 +15,11 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rich.text import Text
 from rich.tree import Tree
+from tracegym.store.home import Home, read_json
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.messages import chat_messages
 
@@ -214,9 +214,10 @@ def load_story(store: Any, trace_id: str) -> Story:
 
 def _findings(store: Any, trace_id: str) -> tuple[list[Finding], str | None]:
     """The run's rows of the `gap_runs` view, and when that analysis was made."""
-    path = Path(store.home) / "gaps.json"
+    # gaps.json is analysis's document (analysis.gap.GapsDocument), and the store sits below
+    # analysis: only `generated_at` is read here, the rest through the `gap_runs` view
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = read_json(Home.at(store.home).gaps)
     except (OSError, ValueError):
         return [], None
     analyzed_at = (

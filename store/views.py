@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import duckdb
+from tracegym.store.home import Home
 from tracegym.store.lake import complete_spool_files, lake_dir
 from tracegym.store.parts import lake_parts, may_be_corrupt, screen
 from tracegym.store.schema import (
@@ -39,7 +40,6 @@ PART_STEM = r"/part-(.+)-[0-9]+\.parquet$"
 VIEWS = [
     "spans", "traces", "tool_calls", "llm_calls", "memory_ops", "outcomes", "nightly", "gap_runs",
 ]  # fmt: skip
-GAPS_FILE = "gaps.json"
 
 
 def _literal(text: str) -> str:
@@ -225,7 +225,7 @@ def gap_runs_sql(home: Path) -> str:
     read when queried (a new analysis shows at once). No file, or one that is not JSON, is an
     empty view of the same columns; gaps.json written before `members` existed lists its
     `examples`. The path is a quoted literal: `read_text` takes no parameters in a view."""
-    path = _literal(str(Path(home) / GAPS_FILE))
+    path = _literal(str(Home.at(home).gaps))
     return f"""
         WITH doc AS (SELECT TRY_CAST(content AS JSON) AS doc FROM read_text({path})),
         gaps AS (
