@@ -31,6 +31,7 @@ from typing import Any
 import duckdb
 import numpy as np
 from tracegym.store import lake
+from tracegym.store.home import Home, read_json, write_json
 from tracegym.store.views import register_views
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.spool import spool_dir
@@ -172,18 +173,18 @@ def build_artifacts(home: Path) -> None:
                 "signatures": [signatures[g]],
             }
         )
-    (home / "gaps.json").write_text(
-        json.dumps(
-            {
-                "version": 1,
-                "generated_at": "2025-12-30T00:00:00Z",
-                "contrast": "failed vs successful runs",
-                "runs": {"total": RUNS, "failed": 12000, "succeeded": 18000, "unknown": 0},
-                "thresholds": {"resamples": 10},
-                "gaps": gaps,
-                "rejected": [],
-            }
-        )
+    write_json(
+        Home.at(home).gaps,
+        {
+            "version": 1,
+            "generated_at": "2025-12-30T00:00:00Z",
+            "contrast": "failed vs successful runs",
+            "runs": {"total": RUNS, "failed": 12000, "succeeded": 18000, "unknown": 0},
+            "thresholds": {"resamples": 10},
+            "gaps": gaps,
+            "rejected": [],
+        },
+        indent=None,
     )
     from tracegym.dashboards.clusters import _key
 
@@ -318,7 +319,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     home = args.cache
-    if not (home / "gaps.json").exists():
+    if not Home.at(home).gaps.exists():
         shutil.rmtree(home, ignore_errors=True)
         start = time.perf_counter()
         build_store(home)
@@ -334,7 +335,7 @@ def main() -> None:
     plain.execute("SET parquet_metadata_cache = true")  # as dashboards/db.py sets it
     spans, runs = plain.sql("SELECT count(*), count(DISTINCT trace_id) FROM spans").fetchall()[0]
     print(f"store: {spans:,} spans, {runs:,} runs")
-    gaps = json.loads((home / "gaps.json").read_text())["gaps"]
+    gaps = read_json(Home.at(home).gaps)["gaps"]
     trace_id = gaps[0]["examples"][0]["trace_id"]
     env_id = artifacts.environments(home)[0][0]["env_id"]
 
@@ -364,7 +365,7 @@ def main() -> None:
     finding_ids = [e["trace_id"] for e in gaps[0]["examples"]]
     targets = queries.run_targets(trace_id, [{"run_id": "run-" + str(int(trace_id, 16) - 1)}])
     run_floor = [*queries.run(trace_id), queries.run_outcomes(targets)]
-    gaps_path = home / "gaps.json"
+    gaps_path = Home.at(home).gaps
 
     def gaps_floor() -> None:
         clusters._cache.clear()  # the map is cached per cache-file version: time it cold
