@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tracegym.analysis.gap import Gap, GapError
-from tracegym.store.home import DocumentError, Home, read_json
+from tracegym.analysis.gap import Gap, GapsDocument
+from tracegym.store.home import GAPS_FILE, DocumentError, Home, read_json
 
 
 def _read_json(path: Path) -> tuple[Any, str | None]:
@@ -23,28 +23,23 @@ def _read_json(path: Path) -> tuple[Any, str | None]:
         return None, f"cannot read {path.name}: {exc}"
 
 
-def gaps_document(home: Path) -> tuple[dict[str, Any], str | None]:
-    """gaps.json (docs/gaps.md), or an empty document and why."""
-    data, error = _read_json(Home.at(home).gaps)
-    if not isinstance(data, dict):
-        note = error or "no gaps.json yet: run `tracegym analyze`"
-        return {"gaps": [], "rejected": [], "runs": {}}, note
-    data.setdefault("gaps", [])
-    data.setdefault("rejected", [])
-    return data, error
+def gaps_document(home: Path) -> tuple[GapsDocument, str | None]:
+    """gaps.json (docs/gaps.md), or an empty document and why. Records of its `gaps` that are
+    not gaps are kept aside (`not_gaps`, see `gaps`), not a reason to show none."""
+    try:
+        return GapsDocument.read(home, strict=False), None
+    except FileNotFoundError:
+        return GapsDocument(), "no gaps.json yet: run `tracegym analyze`"
+    except DocumentError as exc:  # names the file and what is wrong with it
+        return GapsDocument(), str(exc)
+    except (OSError, ValueError) as exc:  # unreadable, or not UTF-8
+        return GapsDocument(), f"cannot read {GAPS_FILE}: {exc}"
 
 
-def gaps(document: dict[str, Any]) -> tuple[list[Gap], str | None]:
-    """The typed gaps of a gaps.json document; records that are not gaps are left out and
-    named in the note."""
-    out, bad = [], []
-    for record in document.get("gaps") or []:
-        try:
-            out.append(Gap.from_dict(record))
-        except GapError as exc:
-            name = record.get("id") if isinstance(record, dict) else None
-            bad.append(f"{name or '?'} ({exc})")
-    return out, (f"not gaps, left out: {'; '.join(bad)}" if bad else None)
+def gaps(document: GapsDocument) -> tuple[list[Gap], str | None]:
+    """The document's gaps, and a note naming the records that are not gaps (left out)."""
+    bad = [f"{b.gap_id or '?'} ({b.reason})" for b in document.not_gaps]
+    return list(document.gaps), (f"not gaps, left out: {'; '.join(bad)}" if bad else None)
 
 
 def gap_evidence(home: Path) -> dict[str, list[dict[str, Any]]]:

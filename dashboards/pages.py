@@ -140,8 +140,8 @@ def overview(ctx: Context) -> dict[str, Any]:
         "detectors": sorted(by_detector.values(), key=lambda e: -e["failed_runs"]),
         "gaps": typed[:5],
         "gaps_note": gaps_note,
-        "analysed": document.get("runs") or {},
-        "generated_at": document.get("generated_at"),
+        "analysed": document.runs,
+        "generated_at": document.generated_at,
         "nights": _nights(history, stored_nights),
         "chart": chart,
     }
@@ -506,7 +506,7 @@ def gaps(ctx: Context) -> dict[str, Any]:
     return {
         "document": document,
         "gaps": typed,
-        "rejected": document["rejected"],
+        "rejected": list(document.rejected),
         "note": note,
         "map_note": cluster_map["note"],
         "chart": chart,
