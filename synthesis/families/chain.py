@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tracegym.analysis.gap import Gap
+from tracegym.analysis.tool_kinds import is_answer_tool
 from tracegym.synthesis.base import Action, Environment, Task
 from tracegym.synthesis.conventions import Conventions
 from tracegym.synthesis.goal import Goal
@@ -676,6 +677,4 @@ class ChainEnvironment(Environment):
 
 
 def is_answer(name: str) -> bool:
-    from tracegym.analysis.tool_kinds import is_answer_tool
-
     return is_answer_tool(name)
