@@ -8,13 +8,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from tracegym.cli_options import HomeOption, existing_home, table_console
+
+if TYPE_CHECKING:  # the pipeline is imported when a command runs (the CLI starts fast)
+    from tracegym.synthesis.pipeline import SynthesisReport
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 
@@ -45,7 +48,7 @@ def load_policy(name: str) -> Any:
         raise ValueError(f"--policy {name!r}: {exc}") from None
 
 
-def render_report(console: Console, report: Any) -> None:
+def render_report(console: Console, report: SynthesisReport) -> None:
     console.print(
         f"[bold]{len(report.environments)} environment(s)[/] from "
         f"{escape(report.gaps_path)} (tools from {escape(report.catalog_source)})"
@@ -55,17 +58,17 @@ def render_report(console: Console, report: Any) -> None:
         for column in ("environment", "family", "gap", "action", "pass@1", "in band"):
             table.add_column(column)
         for env in report.environments:
-            cal = env.get("calibration")
+            cal = env.calibration
             table.add_row(
-                escape(env["env_id"]),
-                env["family"],
-                escape(str(env["name"])),
-                escape(str(env["action"])),
-                "-" if not cal else f"{cal['pass_at_1']:.2f}",
-                "-" if not cal else ("yes" if cal["in_band"] else "no"),
+                escape(env.env_id),
+                env.family,
+                escape(str(env.name)),
+                escape(str(env.action)),
+                "-" if not cal else f"{cal.pass_at_1:.2f}",
+                "-" if not cal else ("yes" if cal.in_band else "no"),
             )
         console.print(table)
-    missing = list(getattr(report, "without_environment", ()))
+    missing = report.without_environment
     if missing:
         console.print(f"[bold]{len(missing)} gap(s) without an environment[/]")
     for item in missing:
@@ -146,7 +149,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         except GapsFileError as exc:
             fail(str(exc))
         if as_json:
-            _dump(report.to_dict())
+            _dump(report.body())
             return
         render_report(table_console(), report)
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -26,11 +24,24 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.analysis.gap import Gap, GapError
+from tracegym.store.home import (
+    SYNTHESIS_REPORT_FILE,
+    DocumentError,
+    Home,
+    read_json,
+    write_json,
+)
 from tracegym.synthesis.base import Policy
 from tracegym.synthesis.calibrate import calibrate
 from tracegym.synthesis.conventions import Conventions, conventions_from_store
 from tracegym.synthesis.families import build_spec, family_for_gap
-from tracegym.synthesis.registry import from_spec, register, unregister
+from tracegym.synthesis.registry import (
+    CalibrationSummary,
+    JsonKeys,
+    from_spec,
+    register,
+    unregister,
+)
 from tracegym.synthesis.spec import Catalog, catalog_from_patterns, catalog_from_store
 from tracegym.synthesis.validity import ValidityReport, check_environment
 from tracegym.synthesis.world import NotSynthesizable
@@ -162,19 +173,26 @@ class GapWithoutEnvironment:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GapWithoutEnvironment:
-        """ValueError on a record that is not one (a stage we do not know, no gap id)."""
+        """SynthesisRecordError (a ValueError) on a record that is not one (a stage we do not
+        know, no gap id)."""
         if not isinstance(data, Mapping) or not isinstance(data.get("gap_id"), str):
-            raise ValueError(f"not a gap-without-environment record: {data!r:.200}")
+            raise SynthesisRecordError(f"not a gap-without-environment record: {data!r:.200}")
 
         def text(name: str) -> str | None:
             value = data.get(name)
             return None if value is None else str(value)
 
+        try:
+            stage = StopStage(data.get("stage"))
+        except ValueError:
+            raise SynthesisRecordError(
+                f"gap {data['gap_id']!r}: unknown stage {data.get('stage')!r}"
+            ) from None
         return cls(
             gap_id=data["gap_id"],
             gap_name=text("gap_name"),
             detector=text("detector"),
-            stage=StopStage(data.get("stage")),
+            stage=stage,
             reason=str(data.get("reason") or ""),
             failed_checks=tuple(str(c) for c in data.get("failed_checks") or ()),
             env_id=text("env_id"),
@@ -182,23 +200,230 @@ class GapWithoutEnvironment:
         )
 
 
+class SynthesisRecordError(DocumentError):
+    """synthesis.json (or one of its rows) cannot be read as a synthesis report."""
+
+
+def _text(data: Mapping[str, Any], name: str) -> str | None:
+    value = data.get(name)
+    return None if value is None else str(value)
+
+
+def _row(data: Any, kind: str) -> Mapping[str, Any]:
+    """`data` when it is a row naming its gap, else SynthesisRecordError naming the list."""
+    if not isinstance(data, Mapping):
+        raise SynthesisRecordError(f"{kind}: a row must be an object, got {type(data).__name__}")
+    if not isinstance(data.get("gap_id"), str):
+        raise SynthesisRecordError(f"{kind}: a row without a 'gap_id': {data!r:.200}")
+    return data
+
+
+def _strings(data: Mapping[str, Any], name: str, where: str) -> list[str]:
+    value = data.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise SynthesisRecordError(f"{where}: {name!r} must be a list")
+    return [str(v) for v in value]
+
+
+@dataclass(frozen=True)
+class SynthesizedEnvironment(JsonKeys):
+    """A gap that got an environment: which, where it was registered, its knobs, what each
+    validity check said and how it was calibrated (`envs/synthesis.json`'s `environments`)."""
+
+    gap_id: str
+    name: str | None
+    detector: str | None
+    env_id: str
+    family: str
+    path: str
+    action: str | None
+    knobs: dict[str, Any] = field(default_factory=dict)
+    validity: dict[str, str] = field(default_factory=dict)  # check name -> its detail
+    calibration: CalibrationSummary | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gap_id": self.gap_id,
+            "name": self.name,
+            "detector": self.detector,
+            "env_id": self.env_id,
+            "family": self.family,
+            "path": self.path,
+            "action": self.action,
+            "knobs": dict(self.knobs),
+            "validity": dict(self.validity),
+            "calibration": None if self.calibration is None else self.calibration.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SynthesizedEnvironment:
+        data = _row(data, "environments")
+        where = f"environments: gap {data['gap_id']!r}"
+        for name in ("env_id", "family"):
+            if not isinstance(data.get(name), str):
+                raise SynthesisRecordError(f"{where}: {name!r} must be a string")
+        for name in ("knobs", "validity", "calibration"):
+            if data.get(name) is not None and not isinstance(data[name], Mapping):
+                raise SynthesisRecordError(f"{where}: {name!r} must be an object")
+        calibration = data.get("calibration")
+        try:
+            summary = None if calibration is None else CalibrationSummary.from_dict(calibration)
+        except ValueError as exc:
+            raise SynthesisRecordError(f"{where}: {exc}") from None
+        return cls(
+            gap_id=data["gap_id"],
+            name=_text(data, "name"),
+            detector=_text(data, "detector"),
+            env_id=data["env_id"],
+            family=data["family"],
+            path=str(data.get("path") or ""),
+            action=_text(data, "action"),
+            knobs=dict(data.get("knobs") or {}),
+            validity={str(k): str(v) for k, v in (data.get("validity") or {}).items()},
+            calibration=summary,
+        )
+
+
+@dataclass(frozen=True)
+class RejectedEnvironment(JsonKeys):
+    """A gap whose environment was built but not registered: the failed checks, or the error
+    (`envs/synthesis.json`'s `rejected`)."""
+
+    gap_id: str
+    name: str | None
+    detector: str | None
+    env_id: str | None
+    family: str | None
+    failures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gap_id": self.gap_id,
+            "name": self.name,
+            "detector": self.detector,
+            "env_id": self.env_id,
+            "family": self.family,
+            "failures": list(self.failures),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RejectedEnvironment:
+        data = _row(data, "rejected")
+        return cls(
+            gap_id=data["gap_id"],
+            name=_text(data, "name"),
+            detector=_text(data, "detector"),
+            env_id=_text(data, "env_id"),
+            family=_text(data, "family"),
+            failures=_strings(data, "failures", f"rejected: gap {data['gap_id']!r}"),
+        )
+
+
+@dataclass(frozen=True)
+class UnsynthesizedGap(JsonKeys):
+    """A gap no environment was built for, and why (`envs/synthesis.json`'s
+    `not_synthesizable`)."""
+
+    gap_id: str
+    name: str | None
+    detector: str | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gap_id": self.gap_id,
+            "name": self.name,
+            "detector": self.detector,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> UnsynthesizedGap:
+        data = _row(data, "not_synthesizable")
+        return cls(
+            gap_id=data["gap_id"],
+            name=_text(data, "name"),
+            detector=_text(data, "detector"),
+            reason=str(data.get("reason") or ""),
+        )
+
+
 @dataclass
 class SynthesisReport:
+    """What one synthesis did with each gap; `envs/synthesis.json` is its `to_dict()`."""
+
+    VERSION = 1
+
     home: str
     gaps_path: str
-    environments: list[dict[str, Any]] = field(default_factory=list)
-    rejected: list[dict[str, Any]] = field(default_factory=list)  # built, failed validity
-    not_synthesizable: list[dict[str, Any]] = field(default_factory=list)
+    environments: list[SynthesizedEnvironment] = field(default_factory=list)
+    rejected: list[RejectedEnvironment] = field(default_factory=list)  # built, not registered
+    not_synthesizable: list[UnsynthesizedGap] = field(default_factory=list)
     catalog_source: str = ""
     conventions: dict[str, Any] = field(default_factory=dict)  # what environments follow
     # every gap that got no environment, typed (each is also in one of the two lists above)
     without_environment: list[GapWithoutEnvironment] = field(default_factory=list)
     gaps_hash: str | None = None  # of the gaps.json read (`gaps_hash`)
+    generated_at: str | None = None  # set when it is written (`write_report`)
+    version: int = VERSION
+
+    def body(self) -> dict[str, Any]:
+        """The report without its version and time (what `tracegym synthesize --json` prints)."""
+        return {
+            "home": self.home,
+            "gaps_path": self.gaps_path,
+            "environments": [e.to_dict() for e in self.environments],
+            "rejected": [r.to_dict() for r in self.rejected],
+            "not_synthesizable": [n.to_dict() for n in self.not_synthesizable],
+            "catalog_source": self.catalog_source,
+            "conventions": dict(self.conventions),
+            "without_environment": [w.to_dict() for w in self.without_environment],
+            "gaps_hash": self.gaps_hash,
+        }
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["without_environment"] = [w.to_dict() for w in self.without_environment]
-        return data
+        return {"version": self.version, "generated_at": self.generated_at, **self.body()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SynthesisReport:
+        """SynthesisRecordError naming the list and the row that is not one."""
+        if not isinstance(data, Mapping):
+            raise SynthesisRecordError(
+                f"a synthesis report must be an object, got {type(data).__name__}"
+            )
+        version = data.get("version", 0)
+        if not isinstance(version, int) or version > cls.VERSION:
+            raise SynthesisRecordError(
+                f"synthesis report version {version!r} is not supported "
+                f"(this tracegym reads up to {cls.VERSION})"
+            )
+
+        def rows(name: str) -> list[Any]:
+            value = data.get(name)
+            if value is None:
+                return []
+            if not isinstance(value, list):
+                raise SynthesisRecordError(f"{name!r} must be a list, got {type(value).__name__}")
+            return value
+
+        conventions = data.get("conventions")
+        return cls(
+            home=str(data.get("home") or ""),
+            gaps_path=str(data.get("gaps_path") or ""),
+            environments=[SynthesizedEnvironment.from_dict(e) for e in rows("environments")],
+            rejected=[RejectedEnvironment.from_dict(r) for r in rows("rejected")],
+            not_synthesizable=[UnsynthesizedGap.from_dict(n) for n in rows("not_synthesizable")],
+            catalog_source=str(data.get("catalog_source") or ""),
+            conventions=dict(conventions) if isinstance(conventions, Mapping) else {},
+            without_environment=[
+                GapWithoutEnvironment.from_dict(w) for w in rows("without_environment")
+            ],
+            gaps_hash=_text(data, "gaps_hash"),
+            generated_at=_text(data, "generated_at"),
+            version=cls.VERSION,
+        )
 
     def stopped(
         self,
@@ -208,26 +433,30 @@ class SynthesisReport:
         """Record a gap that got no environment: in `without_environment`, and in the list
         the report's earlier readers know (`not_synthesizable`, or `rejected` once built)."""
         self.without_environment.append(record)
-        ref = {"gap_id": record.gap_id, "name": record.gap_name, "detector": record.detector}
         if record.env_id is None:
-            self.not_synthesizable.append({**ref, "reason": record.reason})
+            self.not_synthesizable.append(
+                UnsynthesizedGap(record.gap_id, record.gap_name, record.detector, record.reason)
+            )
             return
         self.rejected.append(
-            {
-                **ref,
-                "env_id": record.env_id,
-                "family": record.family,
-                "failures": failures or [record.reason],
-            }
+            RejectedEnvironment(
+                gap_id=record.gap_id,
+                name=record.gap_name,
+                detector=record.detector,
+                env_id=record.env_id,
+                family=record.family,
+                failures=failures or [record.reason],
+            )
         )
 
 
-def _gap_ref(gap: Gap) -> dict[str, Any]:
-    return {"gap_id": gap.id, "name": gap.name, "detector": gap.detector}
+def _has_store(home: Path) -> bool:
+    paths = Home.at(home)
+    return paths.lake.exists() or paths.spool.exists()
 
 
 def _store_catalog(home: Path) -> Catalog | None:
-    if not (home / "lake").exists() and not (home / "spool").exists():
+    if not _has_store(home):
         return None
     try:
         catalog = catalog_from_store(home)
@@ -237,7 +466,7 @@ def _store_catalog(home: Path) -> Catalog | None:
 
 
 def _store_conventions(home: Path) -> Conventions:
-    if not (home / "lake").exists() and not (home / "spool").exists():
+    if not _has_store(home):
         return Conventions()
     try:
         return conventions_from_store(home)
@@ -266,7 +495,7 @@ def synthesize(
     `conventions` the agent's conventions mined from it (see synthesis.conventions).
     """
     home = Path(home)
-    gaps_file = Path(gaps_path) if gaps_path is not None else home / "gaps.json"
+    gaps_file = Path(gaps_path) if gaps_path is not None else Home.at(home).gaps
     gaps, unusable = read_gaps(gaps_file)
     report = SynthesisReport(str(home), str(gaps_file), gaps_hash=gaps_hash(gaps_file))
     for record in unusable:
@@ -283,7 +512,6 @@ def synthesize(
         conventions = _store_conventions(home)
     report.conventions = conventions.to_dict()
     for gap in gaps:
-        ref = _gap_ref(gap)
         try:
             family_for_gap(gap)
         except Exception as exc:  # NotSynthesizable, or a gap we did not foresee
@@ -342,20 +570,20 @@ def synthesize(
             report.stopped(_without(gap, stage, f"{type(exc).__name__}: {exc}", **built))
             continue
         report.environments.append(
-            {
-                **ref,
-                **built,
-                "path": str(path),
-                "action": spec.roles.get("action"),
-                "knobs": env.knobs,
-                "validity": {c.name: c.detail for c in validity.checks},
-                "calibration": None
+            SynthesizedEnvironment(
+                gap_id=gap.id,
+                name=gap.name,
+                detector=gap.detector,
+                env_id=spec.env_id,
+                family=spec.family,
+                path=str(path),
+                action=spec.roles.get("action"),
+                knobs=env.knobs,
+                validity={c.name: c.detail for c in validity.checks},
+                calibration=None
                 if calibration is None
-                else {
-                    k_: calibration[k_]
-                    for k_ in ("pass_at_1", "pass_at_k", "k", "in_band", "policy")
-                },
-            }
+                else CalibrationSummary(**{k_: calibration[k_] for k_ in CalibrationSummary.KEYS}),
+            )
         )
     write_report(home, report)
     return report
@@ -380,12 +608,12 @@ def validity_stage(failed: tuple[str, ...]) -> StopStage:
 
 
 # The last synthesis, kept for the nightly report and the dashboard ------------------------------
-REPORT_FILE = "synthesis.json"
-REPORT_VERSION = 1
+REPORT_FILE = SYNTHESIS_REPORT_FILE
+REPORT_VERSION = SynthesisReport.VERSION
 
 
 def report_path(home: str | Path) -> Path:
-    return Path(home) / "envs" / REPORT_FILE
+    return Home.at(home).synthesis_report
 
 
 def gaps_hash(path: str | Path) -> str | None:
@@ -397,20 +625,8 @@ def gaps_hash(path: str | Path) -> str | None:
 def write_report(home: str | Path, report: SynthesisReport) -> Path:
     """`<home>/envs/synthesis.json`, written atomically (a reader never sees half of it)."""
     path = report_path(home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    document = {
-        "version": REPORT_VERSION,
-        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **report.to_dict(),
-    }
-    fd, tmp = tempfile.mkstemp(prefix=".synthesis.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, indent=2, ensure_ascii=False, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    report.generated_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    write_json(path, report.to_dict(), indent=2)
     return path
 
 
@@ -426,39 +642,58 @@ class LastSynthesis:
     without_environment: tuple[GapWithoutEnvironment, ...]
     unreadable: int = 0
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LastSynthesis:
+        """The parts of a synthesis report the nightly and the dashboard show; rows that do not
+        read are skipped (and the gaps without an environment among them counted), so one
+        damaged row does not hide the rest."""
+        if not isinstance(data, Mapping) or data.get("version") != REPORT_VERSION:
+            raise SynthesisRecordError(f"not a synthesis report of version {REPORT_VERSION}")
+        records, unreadable = [], 0
+        for item in data.get("without_environment") or []:
+            try:
+                records.append(GapWithoutEnvironment.from_dict(item))
+            except ValueError:
+                unreadable += 1
+        return cls(
+            generated_at=data.get("generated_at"),
+            gaps_path=data.get("gaps_path"),
+            gaps_hash=data.get("gaps_hash"),
+            environments=tuple(
+                str(e.get("env_id")) for e in data.get("environments") or [] if isinstance(e, dict)
+            ),
+            without_environment=tuple(records),
+            unreadable=unreadable,
+        )
 
-class SynthesisRecordError(ValueError):
-    """synthesis.json exists but cannot be read as one."""
+
+def read_report(home: str | Path) -> SynthesisReport | None:
+    """The last synthesis report of `home` in full, None when there was none
+    (SynthesisRecordError naming the file and the row when it cannot be read)."""
+    path = report_path(home)
+    try:
+        data = read_json(path, default=None)
+        return None if data is None else SynthesisReport.from_dict(data)
+    except (OSError, DocumentError) as exc:
+        raise SynthesisRecordError(f"cannot read {path}: {exc}") from None
 
 
 def last_synthesis(home: str | Path) -> LastSynthesis | None:
     """The last synthesis of `home`, None when there was none (SynthesisRecordError when its
     file is broken)."""
     path = report_path(home)
-    if not path.exists():
+    try:
+        data = read_json(path, default=None)
+    except (OSError, DocumentError) as exc:
+        raise SynthesisRecordError(f"cannot read {path}: {exc}") from None
+    if data is None:
         return None
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise SynthesisRecordError(f"cannot read {path}: {exc}") from None
-    if not isinstance(document, dict) or document.get("version") != REPORT_VERSION:
-        raise SynthesisRecordError(f"{path} is not a synthesis report of version {REPORT_VERSION}")
-    records, unreadable = [], 0
-    for item in document.get("without_environment") or []:
-        try:
-            records.append(GapWithoutEnvironment.from_dict(item))
-        except ValueError:
-            unreadable += 1
-    return LastSynthesis(
-        generated_at=document.get("generated_at"),
-        gaps_path=document.get("gaps_path"),
-        gaps_hash=document.get("gaps_hash"),
-        environments=tuple(
-            str(e.get("env_id")) for e in document.get("environments") or [] if isinstance(e, dict)
-        ),
-        without_environment=tuple(records),
-        unreadable=unreadable,
-    )
+        return LastSynthesis.from_dict(data)
+    except SynthesisRecordError:
+        raise SynthesisRecordError(
+            f"{path} is not a synthesis report of version {REPORT_VERSION}"
+        ) from None
 
 
 def _is_factory(policy: Any) -> bool:
@@ -487,13 +722,17 @@ __all__ = [
     "GapWithoutEnvironment",
     "GapsFileError",
     "LastSynthesis",
+    "RejectedEnvironment",
     "StopStage",
     "SynthesisRecordError",
     "SynthesisReport",
+    "SynthesizedEnvironment",
+    "UnsynthesizedGap",
     "gaps_hash",
     "last_synthesis",
     "load_gaps",
     "read_gaps",
+    "read_report",
     "report_path",
     "synthesize",
     "write_report",
