@@ -20,15 +20,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import json
 import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from tracegym.store.home import DocumentError, Home, read_json, write_json
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -37,6 +38,7 @@ SMOLLM2 = "smollm2"
 SMOLLM2_FOLDER = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL = SMOLLM2
+MODEL_INFO_FILE = "tracegym_model.json"
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 CHATML_TEMPLATE = (
@@ -49,6 +51,49 @@ CHATML_TEMPLATE = (
 
 class ModelError(RuntimeError):
     """A model that cannot be found, converted or loaded (the message says what to do)."""
+
+
+class ModelInfoError(DocumentError):
+    """A model folder's tracegym_model.json that is not the document its reader needs."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model folder's tracegym_model.json: the policy's name and its weights hash (computed
+    once when the folder is written, so adapters name their base without rehashing it)."""
+
+    VERSION: ClassVar[int] = 1
+
+    name: str
+    hash: str | None = None
+    version: int = VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "name": self.name, "hash": self.hash}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelInfo:
+        """A document as written (before `version`: read as version 0, same keys)."""
+        if not isinstance(data, Mapping):
+            raise ModelInfoError(f"{MODEL_INFO_FILE} must be an object, got {type(data).__name__}")
+        name, digest = data.get("name"), data.get("hash")
+        if not isinstance(name, str):
+            raise ModelInfoError(f"{MODEL_INFO_FILE} needs a 'name' string, got {name!r}")
+        if digest is not None and not isinstance(digest, str):
+            raise ModelInfoError(f"{MODEL_INFO_FILE}'s 'hash' must be a string, got {digest!r}")
+        return cls(name=name, hash=digest or None)
+
+    @classmethod
+    def read(cls, folder: str | os.PathLike[str]) -> ModelInfo | None:
+        """The info of the model folder `folder`, None when it has none (any HF folder)."""
+        path = Path(folder) / MODEL_INFO_FILE
+        data = read_json(path, None)
+        if data is None:
+            return None
+        try:
+            return cls.from_dict(data)
+        except ModelInfoError as exc:
+            raise ModelInfoError(f"{path}: {exc}") from None
 
 
 @dataclass
@@ -65,8 +110,8 @@ class Policy:
         return next(self.model.parameters()).device
 
 
-def models_dir(home: str | Path) -> Path:
-    return Path(home) / "models"
+def models_dir(home: str | os.PathLike[str]) -> Path:
+    return Home.at(home).models
 
 
 def default_device() -> str:
@@ -161,9 +206,8 @@ def _save_atomic(policy: Policy, target: Path) -> None:
     try:
         policy.model.save_pretrained(staging)
         policy.tokenizer.save_pretrained(staging)
-        (staging / "tracegym_model.json").write_text(
-            json.dumps({"name": policy.name, "hash": weights_hash(staging)}, indent=2) + "\n"
-        )
+        info = ModelInfo(name=policy.name, hash=weights_hash(staging))
+        write_json(staging / MODEL_INFO_FILE, info.to_dict())
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)
@@ -205,13 +249,13 @@ def ensure_model(home: str | Path, name: str | None = None) -> Path:
     name = name or DEFAULT_MODEL
     if name == SMOLLM2:
         target = models_dir(home) / SMOLLM2_FOLDER
-        if not (target / "tracegym_model.json").exists():
+        if not (target / MODEL_INFO_FILE).exists():
             convert_gguf(smollm2_gguf(), target, SMOLLM2)
         return target
     if name == "tiny" or name.startswith("tiny-"):
         seed = int(name.partition("-")[2] or 0)
         target = models_dir(home) / f"tiny-{seed}"
-        if not (target / "tracegym_model.json").exists():
+        if not (target / MODEL_INFO_FILE).exists():
             _save_atomic(tiny_model(seed), target)
         return target
     path = Path(name).expanduser()
@@ -235,19 +279,16 @@ def load_policy(folder: str | Path, device: str | None = None) -> Policy:
     model.to(device or default_device())
     model.eval()
     use_gqa_sdpa(model)  # shared key/value heads read in place (`attention`)
-    meta = folder / "tracegym_model.json"
-    name = json.loads(meta.read_text())["name"] if meta.exists() else folder.name
-    return Policy(model, tokenizer, name, str(folder))
+    info = ModelInfo.read(folder)
+    return Policy(model, tokenizer, info.name if info else folder.name, str(folder))
 
 
 def weights_hash(folder: str | Path) -> str:
     """sha256 over a model folder's config and weight files (the base model's identity)."""
     folder = Path(folder)
-    meta = folder / "tracegym_model.json"
-    if meta.exists():
-        known = json.loads(meta.read_text()).get("hash")
-        if known:
-            return known
+    info = ModelInfo.read(folder)
+    if info is not None and info.hash:
+        return info.hash
     h = hashlib.sha256()
     for path in sorted(folder.iterdir()):
         if path.suffix in (".safetensors", ".bin") or path.name == "config.json":
@@ -272,7 +313,10 @@ def quiet_peft() -> Iterator[None]:
 
 __all__ = [
     "DEFAULT_MODEL",
+    "MODEL_INFO_FILE",
     "ModelError",
+    "ModelInfo",
+    "ModelInfoError",
     "Policy",
     "convert_gguf",
     "default_device",

@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 from tracegym.cli_options import HomeOption, existing_home, table_console
+
+if TYPE_CHECKING:
+    from tracegym.training.adapters import AdapterMetadata
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 ModelOption = Annotated[
@@ -140,6 +143,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         """Train (and evaluate) the LoRA adapter of one environment's capability."""
         from tracegym.generation.model import ModelError, ensure_model
         from tracegym.synthesis import registry
+        from tracegym.training.adapters import AdapterMetadata
         from tracegym.training.sft import NoTrainingData, default_config, train_capability
 
         target = _home(ctx, home)
@@ -182,7 +186,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         if as_json:
             _dump(meta)
             return
-        _print_adapter(meta)
+        _print_adapter(AdapterMetadata.from_dict(meta))
 
     @app.command()
     def evaluate(
@@ -205,22 +209,28 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         from tracegym.generation.model import ModelError, ensure_model, load_policy
         from tracegym.synthesis import registry
         from tracegym.training import adapters
-        from tracegym.training.capabilities import env_ids_of
-        from tracegym.training.evaluate import EvalJob, evaluate_job, render_markdown
+        from tracegym.training.evaluate import (
+            EvalJob,
+            EvaluationRow,
+            evaluate_job,
+            render_markdown,
+        )
         from tracegym.training.router import (
             Router,
+            RoutingAccuracy,
             heldout_tasks,
             rounded,
             routing_accuracy,
         )
 
         target = _home(ctx, home)
-        known = [a["adapter_id"] for a in adapters.list_adapters(target)]
+        registered = adapters.all_metadata(target)
+        known = [a.adapter_id for a in registered]
         chosen = adapter_ids or known
         missing = [a for a in chosen if a not in known]
         if missing or not chosen:
             fail(f"no adapter {', '.join(missing)}" if missing else "no adapters registered")
-        bases = {a["base_model"]["folder"] for a in adapters.list_adapters(target)}
+        bases = {a.base_model.folder for a in registered}
         if model is None and len(bases) > 1:
             fail(f"the adapters were trained on different base models ({len(bases)}): --model")
         try:
@@ -234,23 +244,27 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         def route(env: Any, seed: int) -> dict[str, float]:
             return rounded(router.weights(env.make_task(seed).instruction))
 
-        rows = []
+        rows: list[EvaluationRow] = []
         for adapter_id in chosen:
-            meta = adapters.show(target, adapter_id)
-            envs = [registry.load(target, env_id) for env_id in env_ids_of(meta)]
+            meta = adapters.metadata(target, adapter_id)
+            envs = [registry.load(target, env_id) for env_id in meta.env_ids]
             job = EvalJob.spread(envs, adapter_id, eval_seeds)
-            row = evaluate_job(peft_model, policy.tokenizer, job, name=policy.name, route=route)
-            adapters.update(
-                target, adapter_id, eval=row, promoted=row["promoted"], promotion=row["reason"]
+            row = EvaluationRow.from_dict(
+                evaluate_job(peft_model, policy.tokenizer, job, name=policy.name, route=route)
+            )
+            adapters.update_metadata(
+                target, adapter_id, eval=row, promoted=row.promoted, promotion=row.reason
             )
             rows.append(row)
-        routing = routing_accuracy(router, heldout_tasks(target, known, eval_seeds))
+        routing = RoutingAccuracy.from_dict(
+            routing_accuracy(router, heldout_tasks(target, known, eval_seeds))
+        )
         if as_json:
-            _dump({"rows": rows, "routing": routing})
+            _dump({"rows": [row.to_dict() for row in rows], "routing": routing.to_dict()})
             return
         console = table_console()
         console.print(render_markdown(rows), markup=False, highlight=False)
-        console.print(f"routing accuracy: {routing['accuracy']} over {routing['n']} tasks")
+        console.print(f"routing accuracy: {routing.accuracy} over {routing.n} tasks")
 
     group = typer.Typer(help="The trained LoRA adapters: list, show.", no_args_is_help=True)
     app.add_typer(group, name="adapters")
@@ -260,9 +274,9 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         """The registered adapters."""
         from tracegym.training import adapters
 
-        items = adapters.list_adapters(_home(ctx, home))
+        items = adapters.all_metadata(_home(ctx, home))
         if as_json:
-            _dump(items)
+            _dump([a.to_dict() for a in items])
             return
         table = Table()
         for column in (
@@ -277,16 +291,16 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         ):
             table.add_column(column)
         for a in items:
-            row = (a["metrics"] or {}).get("eval") or {}
+            row = a.metrics.eval
             table.add_row(
-                escape(a["adapter_id"]),
-                escape(str(a["capability"].get("name"))),
-                escape(a["base_model"]["name"]),
-                str(a["hyperparameters"].get("rank")),
-                str(a["hyperparameters"].get("steps")),
-                f"{row['base']['rate']:.2f}" if row else "-",
-                f"{row['adapter']['rate']:.2f}" if row else "-",
-                "yes" if a.get("promoted") else "no",
+                escape(a.adapter_id),
+                escape(a.capability.name),
+                escape(a.base_model.name),
+                str(a.hyperparameters.get("rank")),
+                str(a.hyperparameters.get("steps")),
+                f"{row.base.rate:.2f}" if row else "-",
+                f"{row.adapter.rate:.2f}" if row else "-",
+                "yes" if a.promoted else "no",
             )
         console = table_console()
         console.print(table)
@@ -302,45 +316,46 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         """One adapter's metadata: capability, base model, data, settings, metrics."""
         from tracegym.training import adapters
 
+        target = _home(ctx, home)
         try:
-            meta = adapters.show(_home(ctx, home), adapter_id)
+            meta = adapters.metadata(target, adapter_id)
+            shown = adapters.show(target, adapter_id) if as_json else None
         except adapters.AdapterError as exc:
             fail(str(exc))
         if as_json:
-            _dump(meta)
+            _dump(shown)
             return
         _print_adapter(meta)
 
 
-def _print_adapter(meta: dict[str, Any]) -> None:
+def _print_adapter(meta: AdapterMetadata) -> None:
     console = table_console()
-    cap = meta["capability"]
-    console.print(f"[bold]{escape(meta['adapter_id'])}[/]: {escape(str(cap.get('name')))}")
-    base = meta["base_model"]
-    console.print(f"  base model: {escape(base['name'])} ({base['hash']})", highlight=False)
-    console.print(f"  data: {meta['data_hash']}  created: {meta['created_at']}", highlight=False)
-    hp = meta["hyperparameters"]
+    console.print(f"[bold]{escape(meta.adapter_id)}[/]: {escape(meta.capability.name)}")
+    base = meta.base_model
+    console.print(f"  base model: {escape(base.name)} ({base.hash})", highlight=False)
+    console.print(f"  data: {meta.data_hash}  created: {meta.created_at}", highlight=False)
+    hp = meta.hyperparameters
     console.print(
         f"  {hp['mode']}: rank {hp['rank']}, alpha {hp['alpha']}, {hp['steps']} steps, "
         f"lr {hp['lr']}, targets {', '.join(hp['targets'])}",
         highlight=False,
     )
-    train = meta["metrics"]["train"]
+    train = meta.metrics.train
     console.print(
         f"  train: loss {train['loss_first']} -> {train['loss_last']}, "
         f"{train['tokens_per_second']} tokens/s",
         highlight=False,
     )
-    row = meta["metrics"].get("eval")
+    row = meta.metrics.eval
     if row:
-        b, a = row["base"], row["adapter"]
+        b, a = row.base, row.adapter
         console.print(
-            f"  held-out: base {b['rate']:.2f} {b['ci95']} -> adapter {a['rate']:.2f} "
-            f"{a['ci95']} (n={a['n']})",
+            f"  held-out: base {b.rate:.2f} {list(b.ci95)} -> adapter {a.rate:.2f} "
+            f"{list(a.ci95)} (n={a.n})",
             highlight=False,
         )
-    state = "promoted" if meta.get("promoted") else "not promoted"
-    console.print(f"  {state}: {escape(str(meta.get('promotion')))}")
+    state = "promoted" if meta.promoted else "not promoted"
+    console.print(f"  {state}: {escape(meta.promotion)}")
 
 
 __all__ = ["register", "train_progress"]

@@ -16,12 +16,53 @@ analysis extra's `Embedder`; tests pass a fake one).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tracegym.store.home import DocumentError, Home
 
 NONE = "none"
 COMBINED = "routed"
+
+
+class RoutingError(DocumentError):
+    """A routing-accuracy record (in a stage result or a report) that cannot be read."""
+
+
+@dataclass(frozen=True)
+class RoutingAccuracy:
+    """How often the router's top adapter is the expected one over held-out tasks: overall
+    (None when there were no tasks), out of `n`, and per expected adapter (NONE: tasks that
+    expect no adapter). It sits inside other documents, so it carries no version of its own."""
+
+    VERSION: ClassVar[int] = 1
+
+    accuracy: float | None
+    n: int
+    per_adapter: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"accuracy": self.accuracy, "n": self.n, "per_adapter": dict(self.per_adapter)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RoutingAccuracy:
+        if not isinstance(data, Mapping):
+            raise RoutingError(f"routing accuracy must be an object, got {type(data).__name__}")
+        n, accuracy = data.get("n"), data.get("accuracy")
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise RoutingError(f"routing accuracy needs an integer 'n', got {n!r}")
+        if accuracy is not None and not isinstance(accuracy, (int, float)):
+            raise RoutingError(f"routing accuracy's 'accuracy' must be a number, got {accuracy!r}")
+        per = data.get("per_adapter") or {}
+        if not isinstance(per, Mapping):
+            raise RoutingError(f"routing accuracy's 'per_adapter' must be an object, got {per!r}")
+        return cls(
+            accuracy=float(accuracy) if accuracy is not None else None,
+            n=n,
+            per_adapter={str(k): float(v) for k, v in per.items()},
+        )
 
 
 class HashEmbedder:
@@ -79,15 +120,20 @@ class Router:
 
     @classmethod
     def from_registry(
-        cls, home: str | Path, embedder: Any, *, promoted_only: bool = True, **options: Any
+        cls,
+        home: str | os.PathLike[str],
+        embedder: Any,
+        *,
+        promoted_only: bool = True,
+        **options: Any,
     ) -> Router:
         from tracegym.training import adapters
 
         entries = {}
-        for meta in adapters.list_adapters(home):
-            if promoted_only and not meta.get("promoted"):
+        for meta in adapters.all_metadata(home):
+            if promoted_only and not meta.promoted:
                 continue
-            entries[meta["adapter_id"]] = adapters.router_texts(home, meta["adapter_id"])
+            entries[meta.adapter_id] = adapters.read_router_texts(home, meta.adapter_id).texts
         return cls(embedder, entries, **options)
 
     def scores(self, text: str) -> dict[str, float]:
@@ -176,16 +222,15 @@ def apply_weights(model: Any, weights: Mapping[str, float], name: str = COMBINED
 
 
 def heldout_tasks(
-    home: str | Path, adapter_ids: Iterable[str], n: int = 20
+    home: str | os.PathLike[str], adapter_ids: Iterable[str], n: int = 20
 ) -> list[tuple[str, str]]:
     """(request, adapter_id) pairs from the held-out tasks of each adapter's environments."""
     from tracegym.training import adapters
-    from tracegym.training.capabilities import env_ids_of
 
     out = []
     for adapter_id in adapter_ids:
-        for env_id in env_ids_of(adapters.show(home, adapter_id)):
-            path = Path(home) / "envs" / env_id / "tasks_heldout.jsonl"
+        for env_id in adapters.metadata(home, adapter_id).env_ids:
+            path = Home.at(home).environment_tasks(env_id, "heldout")
             if not path.exists():
                 continue
             with path.open(encoding="utf-8") as handle:
@@ -197,23 +242,26 @@ def heldout_tasks(
 
 
 def routing_accuracy(router: Router, tasks: Sequence[tuple[str, str | None]]) -> dict[str, Any]:
-    """Share of tasks whose top adapter is the expected one (None expects no adapter)."""
+    """Share of tasks whose top adapter is the expected one (None expects no adapter): a
+    `RoutingAccuracy` in its JSON form, as stage results and reports carry it."""
     per: dict[str, list[int]] = {}
     for text, expected in tasks:
         got = router.choose(text)
         per.setdefault(expected or NONE, []).append(int(got == expected))
     total = sum(len(v) for v in per.values())
     correct = sum(sum(v) for v in per.values())
-    return {
-        "accuracy": round(correct / total, 4) if total else None,
-        "n": total,
-        "per_adapter": {k: round(sum(v) / len(v), 4) for k, v in per.items()},
-    }
+    return RoutingAccuracy(
+        accuracy=round(correct / total, 4) if total else None,
+        n=total,
+        per_adapter={k: round(sum(v) / len(v), 4) for k, v in per.items()},
+    ).to_dict()
 
 
 __all__ = [
     "HashEmbedder",
     "Router",
+    "RoutingAccuracy",
+    "RoutingError",
     "apply_weights",
     "heldout_tasks",
     "rounded",

@@ -756,11 +756,12 @@ def train_capability(
     Loads a fresh base from `model_folder` (see model.ensure_model), so runs are independent.
     `on_step` gets every TrainStep: "sample" (rejection sampling), "sft", "grpo", then
     "evaluate" (done 0 of the held-out seeds when it starts, all of them when it ends).
-    Returns the adapter's metadata (with `metrics.eval`, `promoted`, `promotion`)."""
+    Returns the adapter's metadata in its JSON form (`AdapterMetadata.to_dict()`: with
+    `metrics.eval`, `promoted`, `promotion`)."""
     from tracegym.generation.model import load_policy, weights_hash
     from tracegym.training import adapters
     from tracegym.training.capabilities import Capability, capabilities, split_seeds
-    from tracegym.training.evaluate import EvalJob, evaluate_job
+    from tracegym.training.evaluate import EvalJob, EvaluationRow, evaluate_job
 
     capability = env if isinstance(env, Capability) else capabilities([env])[0]
     envs = capability.envs
@@ -823,12 +824,10 @@ def train_capability(
         home,
         model,
         adapter_id,
-        capability=capability.meta(),
-        base_model={
-            "name": policy.name,
-            "hash": weights_hash(model_folder),
-            "folder": str(model_folder),
-        },
+        capability=adapters.CapabilityRef.from_dict(capability.meta()),
+        base_model=adapters.BaseModelRef(
+            name=policy.name, hash=weights_hash(model_folder), folder=str(model_folder)
+        ),
         data_hash=data_hash(conversations),
         hyperparameters=config.to_dict(),
         train_metrics=metrics_dict,
@@ -839,9 +838,10 @@ def train_capability(
     job = EvalJob.spread(envs, adapter_id, eval_seeds)
     if on_step is not None:
         on_step(TrainStep("evaluate", 0, len(job.cases), name=adapter_id))
-    row = evaluate_job(model, policy.tokenizer, job, name=policy.name)
+    row = EvaluationRow.from_dict(evaluate_job(model, policy.tokenizer, job, name=policy.name))
     if on_step is not None:
         on_step(TrainStep("evaluate", len(job.cases), len(job.cases), name=adapter_id))
-    return adapters.update(
-        home, adapter_id, eval=row, promoted=row["promoted"], promotion=row["reason"]
+    meta = adapters.update_metadata(
+        home, adapter_id, eval=row, promoted=row.promoted, promotion=row.reason
     )
+    return meta.to_dict()
