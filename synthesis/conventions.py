@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.analysis.tool_kinds import is_answer_tool, is_read_tool
-from tracegym.synthesis.spec import is_id_name, parse_json
+from tracegym.synthesis.spec import is_id_name, parse_json_literal
 from tracegym.tracer.messages import chat_messages
 
 SHARE = 0.9  # a convention is what at least this share of successful runs do
@@ -79,7 +79,7 @@ def _tool_name(tool: Mapping[str, Any]) -> str:
 
 def instructions_text(value: Any) -> str:
     """`gen_ai.system_instructions` as text: a string, or the text parts of a list of parts."""
-    value = parse_json(value) if isinstance(value, str) else value
+    value = parse_json_literal(value) if isinstance(value, str) else value
     if isinstance(value, str):
         return value.strip()
     if isinstance(value, list):
@@ -95,7 +95,7 @@ def instructions_text(value: Any) -> str:
 def system_message(messages: Any) -> str:
     """The text of the system message a chat's recorded input starts with (importers of
     OpenAI-style runs record the agent's instructions there), or ""."""
-    data = parse_json(messages) if isinstance(messages, str) else messages
+    data = parse_json_literal(messages) if isinstance(messages, str) else messages
     if not isinstance(data, list):
         return ""
     for message in chat_messages(data[:2]):  # GenAI or older shape; developer -> system
@@ -129,7 +129,7 @@ def _opening(runs: Sequence[MinedRun]) -> list[str]:
 
 
 def _values(arguments: Any) -> set[str]:
-    data = parse_json(arguments)
+    data = parse_json_literal(arguments)
     if not isinstance(data, Mapping):
         return set()
     out: set[str] = set()
@@ -159,7 +159,7 @@ def _lookups(runs: Sequence[MinedRun], tools: Sequence[Mapping[str, Any]] = ()) 
             tool = call["tool"]
             if is_read_tool(tool) or is_answer_tool(tool):
                 continue
-            data = parse_json(call.get("arguments"))
+            data = parse_json_literal(call.get("arguments"))
             data = data if isinstance(data, Mapping) else {}
             arguments.setdefault(tool, set()).update(data)
             for name, value in data.items():
@@ -256,7 +256,7 @@ def conventions_from_store(home: str | Path) -> Conventions:
     for trace_id, instructions, definitions, first_input in chats:
         run = runs.setdefault(trace_id, MinedRun([]))
         run.system_instructions = instructions_text(instructions) or system_message(first_input)
-        tools = parse_json(definitions)
+        tools = parse_json_literal(definitions)
         run.tool_definitions = list(tools) if isinstance(tools, list) else []
     return mine_conventions(list(runs.values()), agent=str(agent))
 

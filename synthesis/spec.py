@@ -59,7 +59,11 @@ def is_id_name(name: str) -> bool:
     )
 
 
-def parse_json(text: Any) -> Any:
+def parse_json_literal(text: Any) -> Any:
+    """The value of JSON text, surrounding whitespace stripped; any other text stays the text
+    it was. Only text whose first character can start a JSON literal reaches the parser (most
+    recorded strings are plain words), so unlike `analysis.runs.parse_json`, "NaN" and
+    "Infinity" stay text."""
     if not isinstance(text, str):
         return text
     stripped = text.strip()
@@ -595,7 +599,7 @@ def infer_catalog(traces: Iterable[Sequence[Mapping[str, Any]]]) -> Catalog:
             if not tool:
                 continue
             calls[tool] += 1
-            arguments = parse_json(call.get("arguments"))
+            arguments = parse_json_literal(call.get("arguments"))
             if not isinstance(arguments, Mapping):
                 arguments = {} if arguments in (None, "") else {"input": arguments}
             failed = bool(call.get("error"))
@@ -608,7 +612,7 @@ def infer_catalog(traces: Iterable[Sequence[Mapping[str, Any]]]) -> Catalog:
                         for source, path in seen[item]:
                             if source != tool or path != "$":
                                 flows[(source, path, tool, name)] += 1
-            result = parse_json(call.get("result"))
+            result = parse_json_literal(call.get("result"))
             if failed:
                 result_text = None
             else:
