@@ -5,11 +5,23 @@ broken file reads as empty plus a note, so one bad artifact never takes a page d
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracegym.analysis.gap import Gap, GapsDocument
-from tracegym.store.home import GAPS_FILE, DocumentError, Home, read_json
+from tracegym.store.home import (
+    ENVIRONMENT_CALIBRATION_FILE,
+    GAPS_FILE,
+    DocumentError,
+    Home,
+    read_json,
+)
+
+if TYPE_CHECKING:
+    from tracegym.synthesis.registry import EnvironmentEntry
+    from tracegym.synthesis.validity import ValidityReport
+    from tracegym.training.adapters import AdapterMetadata
 
 
 def _read_json(path: Path) -> tuple[Any, str | None]:
@@ -60,7 +72,7 @@ def gap_evidence(home: Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def environments(home: Path) -> tuple[list[dict[str, Any]], str | None]:
+def environments(home: Path) -> tuple[list[EnvironmentEntry], str | None]:
     """The registry's index entries (synthesis/registry.py)."""
     try:
         from tracegym.synthesis.registry import list_envs
@@ -97,22 +109,42 @@ def last_synthesis(home: Path) -> tuple[Any, str | None]:
     return last, "; ".join(notes) or None
 
 
-def environment_detail(home: Path, env_id: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class EnvironmentDetail:
+    """What the environment page shows: the index entry, the spec (as JSON), the validity
+    report and calibration record it was registered with, and a sample task with its oracle
+    episode (or why there is none)."""
+
+    entry: EnvironmentEntry
+    spec: dict[str, Any]
+    validity: ValidityReport | None
+    calibration: dict[str, Any] | None  # calibration.json as written (synthesis/calibrate.py)
+    sample: dict[str, Any] | None
+    sample_error: str | None = None
+
+
+def environment_detail(home: Path, env_id: str) -> EnvironmentDetail:
     """One environment: entry, spec, validity, calibration, and a sample task with its oracle
-    episode (computed by the environment's own code, deterministic per seed)."""
+    episode (computed by the environment's own code, deterministic per seed). RegistryError
+    (a LookupError) when there is no such environment."""
     from tracegym.synthesis import registry
 
-    detail = registry.show(home, env_id)
+    entry = registry.entry(home, env_id)
+    spec = registry.load_spec(home, env_id).to_dict()
+    validity = registry.read_validity(home, env_id)
+    calibration = read_json(Home.at(home).environment(env_id) / ENVIRONMENT_CALIBRATION_FILE, None)
     try:
-        detail["sample"] = registry.sample(home, env_id)
+        sample, error = registry.sample(home, env_id), None
     except Exception as exc:
-        detail["sample"] = None
-        detail["sample_error"] = f"{type(exc).__name__}: {exc}"
-    return detail
+        sample, error = None, f"{type(exc).__name__}: {exc}"
+    return EnvironmentDetail(entry, spec, validity, calibration, sample, error)
 
 
-def adapters(home: Path) -> list[dict[str, Any]]:
-    """Every adapter's meta.json (training/adapters.py), half-written folders skipped."""
+def adapters(home: Path) -> list[AdapterMetadata]:
+    """Every adapter's meta.json (training/adapters.py); half-written folders and documents
+    that are not adapter metadata are skipped."""
+    from tracegym.training.adapters import metadata
+
     root = Home.at(home).adapters
     if not root.is_dir():
         return []
@@ -120,9 +152,10 @@ def adapters(home: Path) -> list[dict[str, Any]]:
     for folder in sorted(root.iterdir()):
         if folder.name.startswith("."):
             continue
-        data, _ = _read_json(folder / "meta.json")
-        if isinstance(data, dict):
-            out.append(data)
+        try:
+            out.append(metadata(home, folder.name))
+        except (LookupError, OSError, ValueError):  # missing, unreadable or not metadata
+            continue
     return out
 
 

@@ -534,15 +534,16 @@ def environments(ctx: Context) -> dict[str, Any]:
 
 def environment(ctx: Context, env_id: str) -> dict[str, Any]:
     detail = artifacts.environment_detail(ctx.home, env_id)
-    sample = detail.get("sample") or {}
+    sample = detail.sample or {}
+    validity = detail.validity.to_dict() if detail.validity is not None else None
     return {
         "env_id": env_id,
-        "entry": detail["entry"],
-        "spec": pretty(detail.get("spec")),
-        "validity": detail.get("validity"),
-        "validity_text": pretty(detail.get("validity")),
-        "calibration": detail.get("calibration"),
-        "calibration_text": pretty(detail.get("calibration")),
+        "entry": detail.entry,
+        "spec": pretty(detail.spec),
+        "validity": detail.validity,
+        "validity_text": pretty(validity),
+        "calibration": detail.calibration,
+        "calibration_text": pretty(detail.calibration),
         "task": pretty(sample.get("task")),
         "oracle": sample.get("oracle"),
         "messages": [
@@ -554,7 +555,7 @@ def environment(ctx: Context, env_id: str) -> dict[str, Any]:
             for m in (sample.get("oracle") or {}).get("messages") or []
             if isinstance(m, dict)
         ],
-        "sample_error": detail.get("sample_error"),
+        "sample_error": detail.sample_error,
     }
 
 
@@ -563,25 +564,24 @@ def adapters(ctx: Context) -> dict[str, Any]:
     nights = artifacts.nightly_history(ctx.home)
     rows, chart = [], {"names": [], "base": [], "adapter": [], "router": []}
     for meta in metas:
-        ev = (meta.get("metrics") or {}).get("eval") or {}
+        ev = meta.evaluation
         row = {
-            "adapter_id": meta.get("adapter_id"),
-            "capability": (meta.get("capability") or {}).get("name"),
-            "env_id": (meta.get("capability") or {}).get("env_id"),
-            "family": (meta.get("capability") or {}).get("family"),
-            "base": ev.get("base"),
-            "adapter": ev.get("adapter"),
-            "router": ev.get("router"),
-            "gain": ev.get("gain"),
-            "p_value": ev.get("p_value"),
-            "promoted": meta.get("promoted"),
-            "promotion": meta.get("promotion"),
-            "created_at": meta.get("created_at"),
+            "adapter_id": meta.adapter_id,
+            "capability": meta.capability.name,
+            "env_id": meta.capability.env_id,
+            "family": meta.capability.family,
+            "base": ev.base if ev else None,
+            "adapter": ev.adapter if ev else None,
+            "router": ev.router if ev else None,
+            "gain": ev.gain if ev else None,
+            "p_value": ev.p_value if ev else None,
+            "promoted": meta.promoted,
+            "promotion": meta.promotion,
+            "created_at": meta.created_at,
         }
         rows.append(row)
         if ev:
-            chart["names"].append(row["adapter_id"])
-            for side in ("base", "adapter", "router"):
-                r = ev.get(side) or {}
-                chart[side].append({"rate": r.get("rate"), "ci": r.get("ci95")} if r else None)
+            chart["names"].append(meta.adapter_id)
+            for name, side in (("base", ev.base), ("adapter", ev.adapter), ("router", ev.router)):
+                chart[name].append({"rate": side.rate, "ci": list(side.ci95)} if side else None)
     return {"adapters": rows, "routing": artifacts.routing(nights), "chart": chart}
