@@ -33,6 +33,9 @@ MISSED_WRITE = "missed_write"
 # (`analysis/judge.py`, keys "judge:<capability>").
 JUDGE = "judge"
 
+# The detectors analysis runs by default, in the order they run (ties in gap ranking follow
+# it). The registry takes its set and order from here and refuses a detector module that is
+# not listed (and not opt-in), so the two cannot disagree.
 BUILT_IN: tuple[str, ...] = (
     UNGROUNDED_ARGUMENT,
     WRONG_TOOL_ORDER,

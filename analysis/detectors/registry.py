@@ -6,73 +6,62 @@
     findings = [f for run in runs for d in detectors for f in d.detect(run)]
 
 A user's own detector is any `Detector` subclass; pass it alongside (or instead of) these.
-A new built-in is a module of this package defining a `Detector` subclass with a `name`: it is
-found by `discover` and runs after the ones listed here (whose order is fixed: ties in gap
-ranking follow it), so adding one edits no other file. A class with `opt_in = True` is left
-out of `DETECTORS` and the default set and kept in `OPT_IN`: `make_detector` still makes it.
+A new built-in is a module of this package defining a `Detector` subclass with a `name`, a
+constant of `analysis.detector_names`, listed in its `BUILT_IN`: that tuple is the default set
+and its order (ties in gap ranking follow it), and `discover` refuses a package that disagrees
+with it. A class with `opt_in = True` is left out of `BUILT_IN`, `DETECTORS` and the default
+set and kept in `OPT_IN`: `make_detector` still makes it.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import pkgutil
+from collections.abc import Sequence
 from typing import Any
 
 import tracegym.analysis.detectors as _package
-from tracegym.analysis.detectors.amounts import WrongAmount
+from tracegym.analysis.detector_names import BUILT_IN
 from tracegym.analysis.detectors.base import Detector
-from tracegym.analysis.detectors.budget import BudgetWaste
-from tracegym.analysis.detectors.invalid import InvalidInvocation
-from tracegym.analysis.detectors.list_args import WrongListArgument
-from tracegym.analysis.detectors.memory import PoisonedMemory
-from tracegym.analysis.detectors.missed_action import MissedAction
-from tracegym.analysis.detectors.missed_request import MissedRequest
-from tracegym.analysis.detectors.precondition import ForbiddenAction
-from tracegym.analysis.detectors.premature import PrematureFinish
-from tracegym.analysis.detectors.tool_order import WrongToolOrder
-from tracegym.analysis.detectors.ungrounded import UngroundedArgument
-from tracegym.analysis.detectors.unserved import UnservedRequest
-from tracegym.analysis.detectors.vocabulary import UnknownValue
+from tracegym.analysis.plugins import plugin_classes
 
-_ORDERED: tuple[type[Detector], ...] = (
-    UngroundedArgument,
-    WrongToolOrder,
-    PoisonedMemory,
-    BudgetWaste,
-    InvalidInvocation,
-    PrematureFinish,
-    UnservedRequest,
-    ForbiddenAction,
-    MissedAction,
-    WrongAmount,
-    WrongListArgument,
-    UnknownValue,
-    MissedRequest,
-)
 _SHARED = {"base", "registry", "state"}  # modules of machinery, not detectors
 
 
-def discover(*, opt_in: bool = False) -> dict[str, type[Detector]]:
-    """The built-in detectors by name: the fixed list first, then any other `Detector` subclass
-    with a `name` defined in a module of this package (by module name); `opt_in=True`: only
-    those marked `opt_in` (measured, not run by default)."""
-    found: dict[str, type[Detector]] = {} if opt_in else {cls.name: cls for cls in _ORDERED}
-    for info in sorted(pkgutil.iter_modules(_package.__path__), key=lambda m: m.name):
-        if info.name in _SHARED or info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{_package.__name__}.{info.name}")
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if (
-                issubclass(cls, Detector)
-                and cls.__module__ == module.__name__
-                and not inspect.isabstract(cls)
-                and cls.name
-                and cls.name not in found
-                and bool(getattr(cls, "opt_in", False)) == opt_in
-            ):
-                found[cls.name] = cls
-    return found
+class RegistryMismatch(TypeError):
+    """The package's detectors and `detector_names.BUILT_IN` disagree."""
+
+
+def discover(
+    *, opt_in: bool = False, built_in: Sequence[str] = BUILT_IN
+) -> dict[str, type[Detector]]:
+    """The built-in detectors by name, in the order of `built_in` (`detector_names.BUILT_IN`):
+    every `Detector` subclass with a `name` defined in a module of this package and not marked
+    `opt_in`; RegistryMismatch when one of them is not listed or a listed name has no class.
+    `opt_in=True`: only those marked `opt_in` (measured, not run by default), by module name."""
+    found: dict[str, type[Detector]] = {}
+    for cls in plugin_classes(_package, Detector, machinery=_SHARED):
+        if (
+            not inspect.isabstract(cls)
+            and cls.name
+            and cls.name not in found
+            and bool(getattr(cls, "opt_in", False)) == opt_in
+        ):
+            found[cls.name] = cls
+    if opt_in:
+        return found
+    unlisted = [name for name in found if name not in built_in]
+    missing = [name for name in built_in if name not in found]
+    problems = []
+    if unlisted:
+        problems.append(f"not in BUILT_IN (add it there, or mark it opt_in): {', '.join(unlisted)}")
+    if missing:
+        problems.append(f"in BUILT_IN with no detector class: {', '.join(missing)}")
+    if problems:
+        raise RegistryMismatch(
+            f"analysis.detector_names.BUILT_IN and the detectors of {_package.__name__} "
+            f"disagree: {'; '.join(problems)}"
+        )
+    return {name: found[name] for name in built_in}
 
 
 DETECTORS: dict[str, type[Detector]] = discover()

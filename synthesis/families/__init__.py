@@ -40,13 +40,12 @@ with the reason.
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 from tracegym.analysis.gap import Gap, GapError, as_gap
+from tracegym.analysis.plugins import plugin_classes
 from tracegym.synthesis.base import Environment
 from tracegym.synthesis.conventions import Conventions
 from tracegym.synthesis.families.budget import BudgetEnv
@@ -66,22 +65,15 @@ _SHARED = {"chain"}  # modules of machinery, not families
 def discover() -> dict[str, type[Environment]]:
     """Every family class defined in a module of this package, by family name (module order)."""
     found: dict[str, type[Environment]] = {}
-    for module_info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if module_info.name in _SHARED or module_info.name.startswith("_"):
+    for cls in plugin_classes(sys.modules[__name__], Environment, machinery=_SHARED):
+        if not getattr(cls, "detectors", ()):
             continue
-        module = importlib.import_module(f"{__name__}.{module_info.name}")
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if (
-                issubclass(cls, Environment)
-                and cls.__module__ == module.__name__
-                and getattr(cls, "detectors", ())
-            ):
-                if cls.family in found:
-                    raise TypeError(
-                        f"two families are named {cls.family!r}: "
-                        f"{found[cls.family].__module__} and {cls.__module__}"
-                    )
-                found[cls.family] = cls
+        if cls.family in found:
+            raise TypeError(
+                f"two families are named {cls.family!r}: "
+                f"{found[cls.family].__module__} and {cls.__module__}"
+            )
+        found[cls.family] = cls
     return found
 
 
