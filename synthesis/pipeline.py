@@ -23,7 +23,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from tracegym.analysis.gap import Gap, GapError
+from tracegym.analysis.gap import Gap, GapsDocument
 from tracegym.store.home import (
     SYNTHESIS_REPORT_FILE,
     DocumentError,
@@ -46,7 +46,7 @@ from tracegym.synthesis.spec import Catalog, catalog_from_patterns, catalog_from
 from tracegym.synthesis.validity import ValidityReport, check_environment
 from tracegym.synthesis.world import NotSynthesizable
 
-GAPS_VERSION = 1
+GAPS_VERSION = GapsDocument.VERSION
 
 
 class GapsFileError(ValueError):
@@ -54,9 +54,9 @@ class GapsFileError(ValueError):
 
 
 def read_gaps(path: str | Path) -> tuple[list[Gap], list[GapWithoutEnvironment]]:
-    """The gaps of a gaps.json document (docs/gaps.md), and the records that are not gaps
-    (synthesis reports them, the others go on). GapsFileError when the document itself is
-    unusable."""
+    """The gaps of a gaps.json document (docs/gaps.md, `analysis.gap.GapsDocument`), and the
+    records that are not gaps (synthesis reports them, the others go on). GapsFileError when
+    the document itself is unusable."""
     path = Path(path)
     if not path.exists():
         raise GapsFileError(
@@ -69,53 +69,27 @@ def read_gaps(path: str | Path) -> tuple[list[Gap], list[GapWithoutEnvironment]]
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise GapsFileError(f"cannot read {path}: {exc}") from None
-    try:
-        document = json.loads(text)
+    try:  # parsed here, not by store.home.read_json, to name the line and column in these words
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise GapsFileError(
             f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
-    if not isinstance(document, dict):
-        raise GapsFileError(
-            f"{path}: expected a JSON object with a 'gaps' list "
-            f"(docs/gaps.md), got {type(document).__name__}"
+    try:
+        document = GapsDocument.from_dict(data)
+    except DocumentError as exc:
+        raise GapsFileError(f"{path}: {exc}") from None
+    unusable = [
+        GapWithoutEnvironment(
+            gap_id=str(record.gap_id),
+            gap_name=record.name,
+            detector=None,
+            stage=StopStage.UNUSABLE,
+            reason=record.reason,
         )
-    version = document.get("version")
-    if version != GAPS_VERSION:
-        raise GapsFileError(
-            f"{path}: gaps.json version {version!r} is not supported (expected {GAPS_VERSION})"
-        )
-    records = document.get("gaps")
-    if not isinstance(records, list):
-        raise GapsFileError(f"{path}: 'gaps' must be a list, got {type(records).__name__}")
-    gaps: list[Gap] = []
-    unusable: list[GapWithoutEnvironment] = []
-    for i, record in enumerate(records):
-        if not isinstance(record, dict):
-            raise GapsFileError(f"{path}: gaps[{i}] must be an object, got {type(record).__name__}")
-        if not isinstance(record.get("id"), str) or not record["id"].strip():
-            raise GapsFileError(f"{path}: gaps[{i}] has no 'id' string")
-        if not (record.get("key") or record.get("detector")):
-            raise GapsFileError(
-                f"{path}: gaps[{i}] ({record['id']}) has neither 'key' nor 'detector'"
-            )
-        for name in ("tools", "argument_patterns", "examples", "members", "signatures"):
-            if name in record and not isinstance(record[name], list):
-                raise GapsFileError(f"{path}: gaps[{i}] ({record['id']}): '{name}' must be a list")
-        try:
-            gaps.append(Gap.from_dict(record))
-        except GapError as exc:
-            name = record.get("name")
-            unusable.append(
-                GapWithoutEnvironment(
-                    gap_id=record["id"],
-                    gap_name=name if isinstance(name, str) else None,
-                    detector=None,
-                    stage=StopStage.UNUSABLE,
-                    reason=str(exc),
-                )
-            )
-    return gaps, unusable
+        for record in document.not_gaps
+    ]
+    return list(document.gaps), unusable
 
 
 def load_gaps(path: str | Path) -> list[Gap]:

@@ -54,15 +54,15 @@ def synthesized(tmp_path_factory, catalog):
 
 def test_synthesize_registers_environments(synthesized):
     home, report = synthesized
-    assert [e["family"] for e in report.environments] == ["tool_order", "grounding"]
+    assert [e.family for e in report.environments] == ["tool_order", "grounding"]
     assert report.rejected == []
-    reasons = {n["gap_id"]: n["reason"] for n in report.not_synthesizable}
+    reasons = {n.gap_id: n.reason for n in report.not_synthesizable}
     assert "no family exercises detector 'my_custom_detector'" in reasons[GAPS[2]["id"]]
     assert "names no detector" in reasons["gap-cluster"]
     listed = registry.list_envs(home)
-    assert [e["env_id"] for e in listed] == sorted(e["env_id"] for e in report.environments)
+    assert [e.env_id for e in listed] == sorted(e.env_id for e in report.environments)
     for item in listed:
-        folder = home / "envs" / item["env_id"]
+        folder = home / "envs" / item.env_id
         assert {p.name for p in folder.iterdir()} == {
             "spec.json", "tasks_train.jsonl", "tasks_heldout.jsonl", "demos_train.jsonl",
             "validity.json"}  # fmt: skip
@@ -71,7 +71,7 @@ def test_synthesize_registers_environments(synthesized):
 
 def test_exported_tasks_and_demonstrations(synthesized):
     home, report = synthesized
-    env_id = report.environments[1]["env_id"]
+    env_id = report.environments[1].env_id
     folder = home / "envs" / env_id
     train = [json.loads(line) for line in (folder / "tasks_train.jsonl").open()]
     heldout = [json.loads(line) for line in (folder / "tasks_heldout.jsonl").open()]
@@ -96,7 +96,7 @@ def test_exported_tasks_and_demonstrations(synthesized):
 
 def test_registered_environment_loads_and_runs(synthesized):
     home, report = synthesized
-    env = registry.load(home, report.environments[0]["env_id"])
+    env = registry.load(home, report.environments[0].env_id)
     seed = env.spec.heldout_seeds[0]
     _, verdict = run_actions(env, seed, env.oracle(seed))
     assert verdict.passed
@@ -116,10 +116,10 @@ def test_calibration_against_a_policy(tmp_path, catalog):
                         catalog=catalog, n_train=10, n_heldout=10, validity_seeds=30,
                         calibration_seeds=20, k=2)  # fmt: skip
     (env,) = report.environments
-    assert env["calibration"]["in_band"] and 0.2 <= env["calibration"]["pass_at_1"] <= 0.6
-    saved = json.loads((Path(env["path"]) / "calibration.json").read_text())
-    assert saved["knobs"] == env["knobs"] == registry.load_spec(tmp_path, env["env_id"]).knobs
-    assert env["knobs"]["targets"] > 1  # harder than the default
+    assert env.calibration.in_band and 0.2 <= env.calibration.pass_at_1 <= 0.6
+    saved = json.loads((Path(env.path) / "calibration.json").read_text())
+    assert saved["knobs"] == env.knobs == registry.load_spec(tmp_path, env.env_id).knobs
+    assert env.knobs["targets"] > 1  # harder than the default
 
 
 def test_patterns_only_when_the_store_has_no_calls(tmp_path):
@@ -132,7 +132,7 @@ def test_patterns_only_when_the_store_has_no_calls(tmp_path):
     # patterns hold no result: a world would invent every field of the records it looks up
     assert report.environments == [], report
     (why,) = report.not_synthesizable
-    assert "no recorded result of get_order shows the order's record" in why["reason"]
+    assert "no recorded result of get_order shows the order's record" in why.reason
 
 
 @pytest.mark.parametrize(
@@ -178,11 +178,11 @@ def _app() -> typer.Typer:
 def test_envs_commands(synthesized):
     home, report = synthesized
     app, runner = _app(), CliRunner()
-    env_id = report.environments[0]["env_id"]
+    env_id = report.environments[0].env_id
     result = runner.invoke(app, ["--home", str(home), "envs", "list", "--json"])
     assert result.exit_code == 0, result.output
     assert [e["env_id"] for e in json.loads(result.stdout)] == sorted(
-        e["env_id"] for e in report.environments)  # fmt: skip
+        e.env_id for e in report.environments)  # fmt: skip
     result = runner.invoke(app, ["--home", str(home), "envs", "list"])
     assert result.exit_code == 0 and env_id in result.stdout
     result = runner.invoke(app, ["--home", str(home), "envs", "show", env_id])
@@ -244,7 +244,7 @@ def test_check_fails_on_a_broken_registered_environment(synthesized, tmp_path):
     home, report = synthesized
     copy = tmp_path / "home"
     shutil.copytree(home, copy)
-    env_id = report.environments[0]["env_id"]
+    env_id = report.environments[0].env_id
     spec_path = copy / "envs" / env_id / "spec.json"
     spec = json.loads(spec_path.read_text())
     spec["entry_point"] = "tests_broken_module:Nothing"
@@ -266,16 +266,16 @@ def test_agentrx_retail_end_to_end(tmp_path):
     ])  # fmt: skip
     report = synthesize(tmp_path, gaps, n_train=10, n_heldout=10, validity_seeds=30)
     assert report.catalog_source.startswith("store (100 traces)")
-    assert [e["action"] for e in report.environments] == [
+    assert [e.action for e in report.environments] == [
         "exchange_delivered_order_items",
         "modify_pending_order_items",
         "return_delivered_order_items",  # transfer_to_human_agents names no record
     ]
     assert (
         "no write tool of the gap fits"
-        in registry.load_spec(tmp_path, report.environments[2]["env_id"]).extra["action_choice"]
+        in registry.load_spec(tmp_path, report.environments[2].env_id).extra["action_choice"]
     )
-    env = registry.load(tmp_path, report.environments[0]["env_id"])
+    env = registry.load(tmp_path, report.environments[0].env_id)
     assert env.roles.lookup == "get_order_details" and env.roles.owner == "get_user_details"
     assert env.roles.status["allowed"] == ["delivered"]  # mined from the runs
     task = env.make_task(0)
