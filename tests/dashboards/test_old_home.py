@@ -129,3 +129,13 @@ def test_a_gap_record_that_is_not_a_gap_is_left_out_and_named(old_home: Path):
     gaps, bad = artifacts.gaps(document)
     assert note is None and len(gaps) == len(data["gaps"]) - 1
     assert bad is not None and bad.startswith("not gaps, left out: gap-odd (")
+
+
+def test_an_adapter_whose_metadata_is_damaged_is_left_out(old_home: Path):
+    from tracegym.dashboards.app import create_app
+
+    damaged, kept = sorted((old_home / "adapters").glob("*/meta.json"))
+    damaged.write_text('{"adapter_id": "x"')
+    status, body = _get(create_app(old_home), "/adapters")
+    assert status == 200
+    assert _raw(kept)["adapter_id"] in body and damaged.parent.name not in body
