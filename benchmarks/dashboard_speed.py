@@ -370,7 +370,7 @@ def main() -> None:
     def gaps_floor() -> None:
         clusters._cache.clear()  # the map is cached per cache-file version: time it cold
         document, _ = artifacts.gaps_document(home)
-        clusters.cluster_map(home, document["gaps"], gaps_path.stat().st_mtime)
+        clusters.cluster_map(home, document.gaps, gaps_path.stat().st_mtime)
 
     cases: list[tuple[str, str, Callable[[], Any], str]] = [
         ("overview", "/", sql(queries.overview()), "SQL"),
