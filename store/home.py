@@ -6,7 +6,7 @@ output there for the next one; this module is the only place that knows where:
     home = Home.at("~/.tracegym")
     home.spool          # spool/: span files the tracer appends to (tracer.spool_files)
     home.lake           # lake/: compacted Parquet parts
-    home.gaps           # gaps.json: what `analyze` found (analysis.document.GapsDocument)
+    home.gaps           # gaps.json: what `analyze` found (analysis.gap.GapsDocument)
     home.environments   # envs/: synthesized environments, their index and the synthesis report
     home.adapters       # adapters/: one LoRA adapter per capability, and the registry
     home.models         # models/: converted and fine-tuned base models
