@@ -1,1 +1,1 @@
-"""The trace store and failure analysis (issues 3 and 4): needs `tracegym[analysis]`."""
+"""The trace store and failure analysis: needs `tracegym[analysis]`."""

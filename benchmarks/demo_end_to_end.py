@@ -6,7 +6,7 @@ intervals, and minutes per stage.
 
 `--home` keeps the prepared model (and the dev runs) between runs: the first run is cold (the
 GGUF conversion and the base fine-tune), later ones warm. Without it a temporary home is used and
-the run is cold. Goals (issues 7, 18): routed >= base + 15 points with disjoint intervals; the
+the run is cold. Goals: routed >= base + 15 points with disjoint intervals; the
 whole command <= 15 minutes warm, `--quick` < 3 minutes, `--model tiny` <= 30 s (the tiny model's
 own size, as `tracegym demo --model tiny` runs it). Each stage is shown in wall seconds and in
 the process's CPU seconds (all threads), with the load average, since the machine is shared.

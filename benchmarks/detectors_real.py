@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/detectors_real.py [--data ../shared/data] [--json FILE] [--show N]
 
 Runs `forbidden_action`, `missed_action`, `missed_request`, `wrong_amount`, `wrong_list`,
-`unknown_value` and the error-named `wrong_tool_order` findings (the detectors of issue 14, item 2)
+`unknown_value` and the error-named `wrong_tool_order` findings (the state and argument detectors)
 on real tau-bench-style runs of agents nobody here wrote, each detector fitted on the set's own
 runs exactly as `tracegym analyze` fits it (from the successful runs; no labels), and scores their
 findings on the failed runs against what the benchmark itself says went wrong -- used here only,

@@ -1,5 +1,5 @@
-"""The OTLP receiver against hostile bodies (issue 31 items 7 and 8): time and peak memory, each
-beside a valid body of about the same size measured in the same run.
+"""The OTLP receiver against hostile bodies (bad framing, many gzip members, a gzip bomb): time
+and peak memory, each beside a valid body of about the same size measured in the same run.
 
 Server rows: every case gets a fresh receiver process (its peak RSS is a high-water mark), one
 request over loopback; time is from the first byte sent to the answer's last, memory the

@@ -1,4 +1,4 @@
-"""What checking every spool line costs compaction (issue 31), beside a floor in the same run.
+"""What checking every spool line costs compaction, beside a floor in the same run.
 
 Compaction reads spool lines through `schema.read_json_source`, which keeps only lines that are
 spans (a JSON object with `v`, the ids, `name` and the times of the right types). The floor is
@@ -27,7 +27,7 @@ from store_speed import write_synthetic_spool
 
 
 def unchecked_source(paths_param: str) -> str:
-    """The spool read as compaction read it before issue 31 (the floor)."""
+    """The spool read as compaction read it before lines were checked (the floor)."""
     columns = ", ".join(f"'{name}': '{kind}'" for name, kind in SPOOL_COLUMNS.items())
     return (
         f"read_json({paths_param}, format='newline_delimited', columns={{{columns}}}, "

@@ -10,7 +10,7 @@ Measured in one run, alternating rounds of:
 Prints the per-call overhead of each over `plain`, and tracegym's as a ratio to raw_sdk's.
 Goal: ratio <= 1.2. Then 50,000 decorated calls in a tight loop: nothing may be dropped.
 
-Then the counting-exporter configuration (issue 18's, the one peers are compared in), alternating
+Then the counting-exporter configuration (the one peers are compared in), alternating
 rounds of:
   plain       as above;
   raw_sdk4    the call inside a hand-written OTel SDK span with 4 attributes (operation, tool

@@ -1,1 +1,1 @@
-"""The web dashboards (issue 8)."""
+"""The web dashboards."""

@@ -1,6 +1,6 @@
 """Reading and inflating request bodies for the OTLP receiver, whatever the client sends.
 
-Each bound here answers one way an attacker made the receiver hurt (issue 31):
+Each bound here answers one way an attacker can make the receiver hurt:
 
 - Framing: `Content-Length` is digits only, a chunk size is hex digits only (`-1` once meant
   "read to the end of the stream"), chunk-size and trailer lines are bounded, and the body,

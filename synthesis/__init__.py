@@ -1,4 +1,4 @@
-"""Verifiable training environments synthesised from capability gaps (issue 5).
+"""Verifiable training environments synthesised from capability gaps.
 
     from tracegym.synthesis import synthesize, registry
     report = synthesize(home)                      # <home>/gaps.json -> <home>/envs/

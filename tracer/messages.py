@@ -54,7 +54,7 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=st
 
 
 # Access to dicts and objects alike ----------------------------------------------------------
-# The user's values are read as serialize.py reads them (issue 31 item 12): types with
+# The user's values are read as serialize.py reads them (running none of their code): types with
 # `type(x)`, never `x.__class__` (which isinstance looks up on every miss, and a value may make
 # a slow property); lists, tuples and dicts through the builtin's own methods (a subclass's
 # overrides never run); other Mappings asked for one key, never iterated; no iterator or

@@ -8,7 +8,7 @@ output), replaces what JSON cannot hold with a short description, and caps the f
 `max_length` characters with a visible marker.
 
 The walk runs none of the value's own code that could be slow, consume it or differ from what
-the user sees (issue 31 item 12):
+the user sees (a value may be hostile or fragile):
 
 - Types are read with `type(x)`, never `x.__class__` (which `isinstance` looks up, and which a
   value may define as a slow property).

@@ -1,1 +1,1 @@
-"""LoRA adapters per capability, routing and evaluation (issue 6): needs `tracegym[training]`."""
+"""LoRA adapters per capability, routing and evaluation: needs `tracegym[training]`."""

@@ -1,6 +1,6 @@
 """The compute floor of a stage: the matmul work its tokens need, over what this machine's cores
 do in matmul, measured in the same run. A stage's wall time over its floor says how far it is
-from what the hardware allows (issue 18).
+from what the hardware allows.
 
     shape = ModelShape.from_folder(folder)
     probe = matmul_gflops(shape.hidden, shape.intermediate, rows=256)  # GFLOP/s, these threads
