@@ -748,7 +748,7 @@ def test_without_tool_definitions_the_tools_other_runs_called_are_known():
     assert keys(detector.detect(run)) == ["unserved_request:cancel_order"]
 
 
-# Preconditions, missed actions, amounts, lists, errors that name the fix (issue 14) ------------
+# Preconditions, missed actions, amounts, lists, errors that name the fix -----------------------
 def ticket_run(
     ticket: str, status: str, *, act: bool, success: bool = True, tier: str = "basic"
 ) -> Run:

@@ -176,7 +176,7 @@ def test_dashboard_pages_and_sandboxed_sql_list_every_member(seat):
 
 
 def test_synthesize_builds_the_cause_not_the_symptom(seat):
-    """Issue 14: `synthesize` built an environment for budget_waste_out_of_steps."""
+    """`synthesize` once built an environment for the symptom, budget_waste_out_of_steps."""
     from tracegym.synthesis.pipeline import load_gaps, synthesize
 
     home, _, result = seat

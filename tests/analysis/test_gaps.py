@@ -343,7 +343,7 @@ def test_spending_is_judged_against_runs_of_the_same_kind_of_request():
 
 
 def test_the_seat_agent_ranks_the_wrong_order_not_the_budget(tmp_path: Path):
-    """Issue 14's small agent: change_seat without get_booking, then an apology."""
+    """The seat agent: change_seat without get_booking, then an apology."""
     from tracegym.analysis.pipeline import analyze
     from tracegym.tests.fixtures.seat_agent import write_seat_agent
 
