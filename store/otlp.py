@@ -59,7 +59,7 @@ __all__ = [
     "error_type_from_events",
     "normalize_attributes",
     "operation_of",
-    "parse_json",
+    "parse_json_body",
     "parse_protobuf",
     "records_from_json",
     "records_from_json_object",
@@ -598,7 +598,7 @@ def records_from_json_object(request: Any) -> list[dict[str, Any]]:
     return records
 
 
-def parse_json(body: bytes | str) -> Any:
+def parse_json_body(body: bytes | str) -> Any:
     """The JSON document in `body`; raises OTLPFormatError when it is not JSON."""
     try:
         return json.loads(body)
@@ -616,7 +616,7 @@ def parse_json(body: bytes | str) -> Any:
 
 def records_from_json(body: bytes | str) -> list[dict[str, Any]]:
     """Spool records from an OTLP/JSON request body; raises OTLPFormatError."""
-    return records_from_json_object(parse_json(body))
+    return records_from_json_object(parse_json_body(body))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ from tracegym.store.otlp import (
     OTLPFormatError,
     count_spans_json,
     count_spans_protobuf,
-    parse_json,
+    parse_json_body,
     parse_protobuf,
     records_from_json_object,
     records_from_request,
@@ -360,7 +360,7 @@ class _Handler(BaseHTTPRequestHandler):
             if encoding in ("gzip", "deflate"):
                 body = inflate(body, encoding, receiver.max_body_bytes)
             if media == JSON_TYPE:
-                request = parse_json(body)
+                request = parse_json_body(body)
                 spans = count_spans_json(request) if isinstance(request, dict) else 0
                 records = records_from_json_object(request)
             else:
