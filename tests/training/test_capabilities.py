@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
-from tracegym.training.adapters import adapter_id_for
+from tracegym.training.adapters import (
+    AdapterDocumentError,
+    AdapterMetadata,
+    CapabilityRef,
+    adapter_id_for,
+)
 from tracegym.training.capabilities import capabilities, env_ids_of, split_seeds
 from tracegym.training.evaluate import EvalJob
 from tracegym.training.toy import PressEnv, press_spec
+
+OLD_HOME = Path(__file__).parents[1] / "fixtures" / "home_before_typed_documents"
 
 
 def env(env_id: str, action: str | None, train=(0, 100), heldout=(1_000, 2_000)) -> PressEnv:
@@ -40,6 +49,20 @@ def test_environments_of_one_action_make_one_capability():
         ["refund-a"],
         ["refund-b"],
     ]
+
+
+def test_a_capability_names_itself_in_the_adapter_metadatas_type():
+    [group] = capabilities([env("refund-a", "refund"), env("refund-b", "refund")])
+    ref = group.ref()
+    assert isinstance(ref, CapabilityRef) and ref.env_ids == ("refund-a", "refund-b")
+    assert CapabilityRef.from_dict(group.meta()) == ref
+    meta = AdapterMetadata.from_dict(
+        json.loads((OLD_HOME / "adapters" / "refund_order-1dc1158a1f" / "meta.json").read_text())
+    )
+    assert env_ids_of(meta) == list(meta.capability.env_ids) == env_ids_of(meta.to_dict())
+    assert len(env_ids_of(meta)) > 1  # the demo's refund environments train together
+    with pytest.raises(AdapterDocumentError, match="'env_id'"):
+        env_ids_of({"capability": {"name": "no environment"}})
 
 
 def test_seeds_are_shared_out_from_each_environments_own_ranges():
