@@ -205,18 +205,18 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         """One environment: its gap, tools and roles, knobs, validity and calibration."""
         target, registry = _registry(ctx, home)
         try:
-            data = registry.show(target, env_id)
+            data = registry.detail(target, env_id)
         except registry.RegistryError as exc:
             fail(str(exc))
         if as_json:
-            _dump(data)
+            _dump(data.to_dict())
             return
         console = table_console()
-        spec = data["spec"]
-        roles = spec["roles"]
-        console.print(f"[bold]{escape(env_id)}[/] ({spec['family']}) at {escape(data['path'])}")
-        console.print(escape(spec["description"]), highlight=False)
-        gap = spec["gap"]
+        spec = data.spec
+        roles = spec.roles
+        console.print(f"[bold]{escape(env_id)}[/] ({spec.family}) at {escape(str(data.path))}")
+        console.print(escape(spec.description), highlight=False)
+        gap = spec.gap
         console.print(
             f"gap: {escape(str(gap.get('name')))} ({gap.get('id')}), "
             f"detector {escape(str(gap.get('detector')))}"
@@ -228,14 +228,14 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         for other in roles.get("others", []):
             table.add_row("other", escape(other))
         console.print(table)
-        console.print(f"knobs: {json.dumps(spec['knobs'])}")
-        render_rules(console, (spec.get("extra") or {}).get("rules") or [])
-        console.print(f"seeds: train {spec['train_seeds']}, held-out {spec['heldout_seeds']}")
-        if data.get("validity"):
-            for check in data["validity"]["checks"]:
-                mark = "[green]ok[/]" if check["ok"] else "[red]FAIL[/]"
-                console.print(f"  {mark} {check['name']}: {escape(check['detail'])}")
-        cal = data.get("calibration")
+        console.print(f"knobs: {json.dumps(spec.knobs)}")
+        render_rules(console, (spec.extra or {}).get("rules") or [])
+        console.print(f"seeds: train {list(spec.train_seeds)}, held-out {list(spec.heldout_seeds)}")
+        if data.validity:
+            for check in data.validity.checks:
+                mark = "[green]ok[/]" if check.ok else "[red]FAIL[/]"
+                console.print(f"  {mark} {check.name}: {escape(check.detail)}")
+        cal = data.calibration
         if cal:
             console.print(
                 f"calibrated against {escape(str(cal.get('policy')))}: pass@1 "

@@ -490,20 +490,50 @@ def read_validity(home: str | Path, env_id: str) -> ValidityReport | None:
         raise RegistryError(f"cannot read {path}: {exc}") from None
 
 
-def show(home: str | Path, env_id: str) -> dict[str, Any]:
-    """Everything about one environment, as one JSON-ready document: index entry, folder,
-    spec, validity and calibration."""
+@dataclass(frozen=True)
+class EnvironmentDetail:
+    """Everything about one registered environment: its index entry, folder, spec, the
+    validity report it was registered with and its calibration record (calibration.json, as
+    `synthesis.calibrate` wrote it), the last two None when it has none."""
+
+    entry: EnvironmentEntry
+    path: Path
+    spec: EnvironmentSpec
+    validity: ValidityReport | None
+    calibration: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "entry": self.entry.to_dict(),
+            "path": str(self.path),
+            "spec": self.spec.to_dict(),
+            "validity": None if self.validity is None else self.validity.to_dict(),
+            "calibration": self.calibration,
+        }
+
+
+def detail(home: str | Path, env_id: str) -> EnvironmentDetail:
+    """One environment's entry, spec, validity and calibration (RegistryError when it is not
+    registered or a document of its folder cannot be read)."""
     item = entry(home, env_id)
     folder = Home.at(home).environment(env_id)
-    validity = read_validity(home, env_id)
-    calibration = read_json(folder / ENVIRONMENT_CALIBRATION_FILE, default=None)
-    return {
-        "entry": item.to_dict(),
-        "path": str(folder),
-        "spec": load_spec(home, env_id).to_dict(),
-        "validity": None if validity is None else validity.to_dict(),
-        "calibration": calibration,
-    }
+    path = folder / ENVIRONMENT_CALIBRATION_FILE
+    try:
+        calibration = read_json(path, default=None)
+    except (DocumentError, OSError) as exc:
+        raise RegistryError(f"cannot read {path}: {exc}") from None
+    return EnvironmentDetail(
+        entry=item,
+        path=folder,
+        spec=load_spec(home, env_id),
+        validity=read_validity(home, env_id),
+        calibration=calibration,
+    )
+
+
+def show(home: str | Path, env_id: str) -> dict[str, Any]:
+    """`detail` as one JSON-ready document (what `tracegym envs show --json` prints)."""
+    return detail(home, env_id).to_dict()
 
 
 def sample(
@@ -524,6 +554,7 @@ def sample(
 
 __all__ = [
     "CalibrationSummary",
+    "EnvironmentDetail",
     "EnvironmentEntry",
     "EnvironmentIndex",
     "EnvironmentIndexError",
@@ -532,6 +563,7 @@ __all__ = [
     "TaskCounts",
     "ValiditySummary",
     "demonstration",
+    "detail",
     "entry",
     "environment_class",
     "envs_dir",

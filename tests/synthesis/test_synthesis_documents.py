@@ -92,6 +92,16 @@ def test_the_old_homes_index_and_validity_reports_read_through_the_types():
         assert [c.name for c in report.checks][:2] == ["oracle", "null"]
 
 
+def test_one_environments_detail_reads_its_folder_through_the_types():
+    shown = registry.detail(OLD_HOME, "requested_action-3577fa0b11")
+    assert shown.entry.gap_name == "unserved_request_refund_order"
+    assert shown.spec.roles["action"] == "refund_order" and shown.calibration is None
+    assert shown.validity is not None and shown.validity.failures == []
+    assert shown.path == Home.at(OLD_HOME).environment("requested_action-3577fa0b11")
+    as_json = registry.show(OLD_HOME, "requested_action-3577fa0b11")
+    assert as_json == shown.to_dict() and as_json["entry"]["env_id"] == shown.entry.env_id
+
+
 def test_an_index_written_without_a_version_or_later_fields_still_reads():
     old = an_entry().to_dict()
     for name in ("calibration", "registered_at", "description"):
