@@ -329,21 +329,23 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
 
 
 def _print_adapter(meta: AdapterMetadata) -> None:
+    from tracegym.training.sft import TrainConfig, TrainMetrics
+
     console = table_console()
     console.print(f"[bold]{escape(meta.adapter_id)}[/]: {escape(meta.capability.name)}")
     base = meta.base_model
     console.print(f"  base model: {escape(base.name)} ({base.hash})", highlight=False)
     console.print(f"  data: {meta.data_hash}  created: {meta.created_at}", highlight=False)
-    hp = meta.hyperparameters
+    hp = TrainConfig.from_dict(meta.hyperparameters)
     console.print(
-        f"  {hp['mode']}: rank {hp['rank']}, alpha {hp['alpha']}, {hp['steps']} steps, "
-        f"lr {hp['lr']}, targets {', '.join(hp['targets'])}",
+        f"  {hp.mode}: rank {hp.rank}, alpha {hp.alpha}, {hp.steps} steps, "
+        f"lr {hp.lr}, targets {', '.join(hp.targets)}",
         highlight=False,
     )
-    train = meta.metrics.train
+    train = TrainMetrics.from_dict(meta.metrics.train)
     console.print(
-        f"  train: loss {train['loss_first']} -> {train['loss_last']}, "
-        f"{train['tokens_per_second']} tokens/s",
+        f"  train: loss {train.loss_first} -> {train.loss_last}, "
+        f"{train.tokens_per_second} tokens/s",
         highlight=False,
     )
     row = meta.metrics.eval

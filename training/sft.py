@@ -29,8 +29,8 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, field, replace
 from typing import Any
 
 from tracegym.generation import tokens as counters
@@ -374,6 +374,16 @@ class TrainMetrics:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainMetrics:
+        """The metrics in an adapter's `metrics.train` (its other keys, the data counts and a
+        GRPO run's `sft` warm start, are left out); a missing one is a ValueError naming it."""
+        fields = cls.__dataclass_fields__
+        missing = [k for k, f in fields.items() if k not in data and f.default is MISSING]
+        if missing:
+            raise ValueError(f"training metrics lack {', '.join(repr(k) for k in missing)}")
+        return cls(**{k: v for k, v in data.items() if k in fields})
 
 
 def sft_loss(model: Any, inputs: dict) -> Any:
