@@ -280,9 +280,9 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         except NightlyStageError as exc:
             fail(f"{exc} (completed stages are kept: rerun to resume)", 1)
         if as_json:
-            _dump(result)
+            _dump(result.to_dict())
             return
-        report = Path(result["dir"]) / "report.md"
+        report = Path(result.dir) / "report.md"
         console.print(f"report: {escape(str(report))}")
 
 

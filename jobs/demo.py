@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracegym.examples.shop import (
     DEMO_SEEDS,
@@ -42,6 +42,10 @@ from tracegym.examples.shop import (
     demonstration,
     make_task,
 )
+from tracegym.store.home import Home, read_json, write_json
+
+if TYPE_CHECKING:
+    from tracegym.jobs.nightly import NightlyRun
 
 # The base fine-tune's task mix: status and cancel requests are common, refunds and address
 # changes rare (the agent's uneven competence; nothing downstream is told). `--mix` sets another.
@@ -204,13 +208,6 @@ def _hash(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
-    os.replace(tmp, path)
-
-
 def upper_layers(folder: Path) -> list[int] | None:
     """LoRA on the upper 40% of a deep model's layers: the backward pass stops there, so a step
     costs about half (SmolLM2: 12 of 30 layers). Shallow models train every layer."""
@@ -256,7 +253,7 @@ def prepare_model(home: Path, config: DemoConfig, progress: Progress | None = No
 
     source = ensure_model(home, config.model)
     demo_tasks, train, key = base_settings(source, config)
-    target = home / "models" / f"shop-base-{key}"
+    target = Home.at(home).models / f"shop-base-{key}"
     if (target / "tracegym_model.json").exists():
         return target
     policy = load_policy(source)
@@ -322,7 +319,7 @@ def run_heldout(
     from tracegym.training.router import COMBINED, Router, apply_weights, rounded
 
     policy = load_policy(folder)
-    promoted = [a["adapter_id"] for a in adapters.list_adapters(home) if a.get("promoted")]
+    promoted = [a.adapter_id for a in adapters.all_metadata(home) if a.promoted]
     routes: dict[str, dict[str, float]] = {t.task_id: {} for t in tasks}
     use: dict[str, str | None] = {t.task_id: None for t in tasks}
     if promoted:
@@ -412,7 +409,7 @@ def _run(
     from tracegym.generation.model import load_policy
     from tracegym.jobs.nightly import NightlyConfig, nightly
 
-    out = home / "demo"
+    out = Home.at(home).demo
     minutes: dict[str, float] = {}
 
     def timed(name: str, fn: Callable[[], Any]) -> Any:
@@ -434,7 +431,7 @@ def _run(
     # what the dev runs depend on (not the nightly's or held-out settings)
     dev_key = _hash({"model": folder.name, **{k: getattr(config, k) for k in DEV_SETTINGS}})
     dev_file = out / "stages" / "dev.json"
-    cached = json.loads(dev_file.read_text()) if dev_file.exists() else {}
+    cached = read_json(dev_file, {})
 
     # the agent's memory: what it noted in dev; both held-out agents start from those notes
     notes_file = out / "stages" / "notes.json"
@@ -449,7 +446,7 @@ def _run(
                             config, "dev", progress=progress, notes=notes)  # fmt: skip
         notes.save()
         tg.flush()
-        _write_json(dev_file, {"key": dev_key, "results": results})
+        write_json(dev_file, {"key": dev_key, "results": results})
         return results
 
     dev_results = timed("dev", dev)
@@ -497,7 +494,7 @@ def _run(
     base, routed, routing = timed("heldout", heldout_runs)
     tg.flush()
     report = build_report(home, config, folder, dev_results, night, base, routed, routing, minutes)
-    _write_json(out / "report.json", report)
+    write_json(out / "report.json", report)
     tmp = out / ".report.md.tmp"
     tmp.write_text(render_markdown(report))
     os.replace(tmp, out / "report.md")
@@ -511,23 +508,22 @@ def _embedder(name: str, home: Path) -> Any:
         return HashEmbedder()
     from tracegym.analysis.embeddings import Embedder
 
-    return Embedder(home / "cache")
+    return Embedder(Home.at(home).cache)
 
 
 def build_report(
-    home: Path, config: DemoConfig, folder: Path, dev: list[dict[str, Any]], night: dict[str, Any],
+    home: Path, config: DemoConfig, folder: Path, dev: list[dict[str, Any]], night: NightlyRun,
     base: list[dict[str, Any]], routed: list[dict[str, Any]], routing: dict[str, Any],
     minutes: dict[str, float],
 ) -> dict[str, Any]:  # fmt: skip
     """Everything the report says, as data (report.json; the dashboards read it too)."""
-    from tracegym.analysis.gap import Gap
+    from tracegym.analysis.gap import GapsDocument
     from tracegym.synthesis import registry
     from tracegym.training import adapters
     from tracegym.training.evaluate import gain
 
-    gaps_file = home / "gaps.json"
-    records = json.loads(gaps_file.read_text()).get("gaps", []) if gaps_file.exists() else []
-    gaps = [Gap.from_dict(g) for g in records]
+    paths = Home.at(home)
+    gaps = list(GapsDocument.read(paths).gaps) if paths.gaps.exists() else []
     before, after = rate_row(base), rate_row(routed)
     disjoint = after["ci95"][0] > before["ci95"][1] if after.get("ci95") else False
     paired = paired_test(base, routed)
@@ -552,20 +548,20 @@ def build_report(
             for g in gaps
         ],
         "environments": [
-            {k: e.get(k) for k in ("env_id", "family", "gap_id", "gap_name")}
+            {"env_id": e.env_id, "family": e.family, "gap_id": e.gap_id, "gap_name": e.gap_name}
             for e in registry.list_envs(home)
         ],
         "adapters": [
             {
-                "adapter_id": a["adapter_id"],
-                "capability": a["capability"]["name"],
-                "promoted": a.get("promoted"),
-                "promotion": a.get("promotion"),
-                "eval": a["metrics"].get("eval"),
+                "adapter_id": a.adapter_id,
+                "capability": a.capability.name,
+                "promoted": a.promoted,
+                "promotion": a.promotion,
+                "eval": a.evaluation.to_dict() if a.evaluation is not None else None,
             }
-            for a in adapters.list_adapters(home)
+            for a in adapters.all_metadata(home)
         ],
-        "nightly": {"date": night["date"], "dir": night["dir"]},
+        "nightly": {"date": night.date, "dir": night.dir},
         "heldout": {
             "base": before,
             "routed": after,

@@ -37,13 +37,18 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tracegym.generation.model import ModelError
-from tracegym.training.adapters import write_json_atomic
+from tracegym.store.home import DocumentError, Home, read_json, write_json
+
+if TYPE_CHECKING:
+    from tracegym.training.adapters import AdapterMetadata
+    from tracegym.training.evaluate import EvaluationRow
+    from tracegym.training.router import RoutingAccuracy
 
 STAGES = ("compact", "analyze", "synthesize", "train", "evaluate", "report")
 
@@ -92,8 +97,486 @@ class NightlyConfig:
         return asdict(self)
 
 
+# The night's documents ---------------------------------------------------------------------------
+class NightlyDocumentError(DocumentError):
+    """A nightly document (a stage's result, the report, the state, a history line) that is not
+    the shape its reader needs."""
+
+
+def _mapping(data: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise NightlyDocumentError(f"{what} is not a JSON object: {type(data).__name__}")
+    return data
+
+
+def _text(data: Mapping[str, Any], key: str, what: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise NightlyDocumentError(f"{what} has no {key!r} (text), got {value!r}")
+    return value
+
+
+def _version(data: Mapping[str, Any], cls: Any, what: str) -> int:
+    """The document's version: 0 when it has none (written before documents had one)."""
+    version = data.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool) or version > cls.VERSION:
+        raise NightlyDocumentError(
+            f"{what} has version {version!r}; this tracegym reads up to {cls.VERSION}"
+        )
+    return version
+
+
+def _int(data: Mapping[str, Any], key: str, what: str) -> int:
+    value = data.get(key) or 0
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise NightlyDocumentError(f"{what}'s {key!r} is not a number: {value!r}")
+    return int(value)
+
+
+def _strings(data: Mapping[str, Any], key: str) -> list[str]:
+    return [str(item) for item in data.get(key) or []]
+
+
+@dataclass
+class StageFailure:
+    """One environment (or adapter) a stage could not handle; the stage went on without it."""
+
+    item: str
+    error: str  # the exception's type
+    reason: str  # its type and the first line of its message
+    env_id: str | None = None
+    adapter_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        ids = {k: v for k, v in (("env_id", self.env_id), ("adapter_id", self.adapter_id)) if v}
+        return {**ids, "item": self.item, "error": self.error, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StageFailure:
+        data = _mapping(data, "a stage's failure")
+        return cls(
+            item=str(data.get("item", "")), error=str(data.get("error", "")),
+            reason=str(data.get("reason", "")), env_id=data.get("env_id"),
+            adapter_id=data.get("adapter_id"),
+        )  # fmt: skip
+
+
+@dataclass
+class StageResult:
+    """What one stage did tonight (`stages/<stage>.json`, and in report.json's `stages`): its
+    status (done, partial, skipped), why it was skipped, and how long it took. Each stage's
+    subclass adds its own fields; `to_dict` writes the keys the stage has always written."""
+
+    STAGE: ClassVar[str] = ""
+    VERSION: ClassVar[int] = 1
+
+    status: str = "done"
+    reason: str | None = None
+    seconds: float | None = None
+    version: int = VERSION
+
+    @property
+    def skipped(self) -> bool:
+        return self.status == "skipped"
+
+    @property
+    def failures(self) -> list[StageFailure]:
+        return []
+
+    def fields(self) -> dict[str, Any]:
+        """The stage's own keys, in the order they are written."""
+        return {}
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"version": self.VERSION, "status": self.status}
+        if self.reason is not None:
+            data["reason"] = self.reason
+        data.update(self.fields())
+        if self.seconds is not None:
+            data["seconds"] = self.seconds
+        return data
+
+    @classmethod
+    def read_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StageResult:
+        what = f"the {cls.STAGE or 'stage'} stage's result"
+        data = _mapping(data, what)
+        seconds = data.get("seconds")
+        return cls(
+            status=_text(data, "status", what), reason=data.get("reason"),
+            seconds=float(seconds) if isinstance(seconds, (int, float)) else None,
+            version=_version(data, cls, what), **cls.read_fields(data),
+        )  # fmt: skip
+
+
+@dataclass
+class CompactResult(StageResult):
+    STAGE: ClassVar[str] = "compact"
+
+    files: int = 0
+    spans: int = 0
+    parts: int = 0
+    lake: str | None = None  # the lake's fingerprint after compaction
+
+    def fields(self) -> dict[str, Any]:
+        if self.skipped:
+            return {}
+        return {"files": self.files, "spans": self.spans, "parts": self.parts, "lake": self.lake}
+
+    @classmethod
+    def read_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "files": _int(data, "files", "the compact stage's result"),
+            "spans": _int(data, "spans", "the compact stage's result"),
+            "parts": _int(data, "parts", "the compact stage's result"),
+            "lake": data.get("lake"),
+        }  # fmt: skip
+
+
+@dataclass
+class AnalyzeResult(StageResult):
+    STAGE: ClassVar[str] = "analyze"
+
+    lake: str | None = None  # the lake's fingerprint the analysis read
+    runs: dict[str, int] | None = None  # gaps.json's `runs` (done only)
+    gaps: list[str] | None = None  # the gaps' ids (done only)
+
+    def fields(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"lake": self.lake}
+        if self.runs is not None:
+            data["runs"] = self.runs
+        if self.gaps is not None:
+            data["gaps"] = self.gaps
+        return data
+
+    @classmethod
+    def read_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        runs = data.get("runs")
+        return {
+            "lake": data.get("lake"),
+            "runs": dict(runs) if isinstance(runs, Mapping) else None,
+            "gaps": _strings(data, "gaps") if "gaps" in data else None,
+        }
+
+
+@dataclass
+class SynthesizeResult(StageResult):
+    STAGE: ClassVar[str] = "synthesize"
+
+    gaps_hash: str | None = None  # of the gaps.json synthesis read
+    environments: list[str] | None = None  # None: a skipped stage that knows of no synthesis
+    rejected: list[str] = field(default_factory=list)
+    not_synthesizable: list[str] = field(default_factory=list)
+    # synthesis.pipeline.GapWithoutEnvironment records, parsed where they are shown (a damaged
+    # one is reported as such, not fatal to the night)
+    without_environment: list[dict[str, Any]] | None = None
+
+    @property
+    def says_what_it_left(self) -> bool:
+        """Whether it lists its environments and the gaps without one: a stage that ran does;
+        a skipped one does when the last synthesis of the same gaps is on record."""
+        if not self.skipped:
+            return True
+        return self.environments is not None or self.without_environment is not None
+
+    def fields(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"gaps_hash": self.gaps_hash}
+        if self.skipped:
+            if self.says_what_it_left:
+                data["environments"] = self.environments or []
+                data["without_environment"] = self.without_environment or []
+            return data
+        return {
+            **data, "environments": self.environments or [], "rejected": self.rejected,
+            "not_synthesizable": self.not_synthesizable,
+            "without_environment": self.without_environment or [],
+        }  # fmt: skip
+
+    @classmethod
+    def read_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        without = data.get("without_environment")
+        return {
+            "gaps_hash": data.get("gaps_hash"),
+            "environments": _strings(data, "environments") if "environments" in data else None,
+            "rejected": _strings(data, "rejected"),
+            "not_synthesizable": _strings(data, "not_synthesizable"),
+            "without_environment": list(without) if isinstance(without, list) else None,
+        }
+
+
+@dataclass
+class TrainResult(StageResult):
+    STAGE: ClassVar[str] = "train"
+
+    trained: list[str] = field(default_factory=list)  # adapter ids trained tonight
+    kept: list[str] = field(default_factory=list)  # adapters whose inputs did not change
+    failed: list[StageFailure] = field(default_factory=list)
+    model: str | None = None  # the base model's folder
+
+    @property
+    def failures(self) -> list[StageFailure]:
+        return self.failed
+
+    def fields(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"trained": self.trained, "kept": self.kept}
+        if self.skipped:
+            return data
+        return {**data, "failed": [f.to_dict() for f in self.failed], "model": self.model}
+
+    @classmethod
+    def read_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "trained": _strings(data, "trained"), "kept": _strings(data, "kept"),
+            "failed": [StageFailure.from_dict(f) for f in data.get("failed") or []],
+            "model": data.get("model"),
+        }  # fmt: skip
+
+
+@dataclass
+class EvaluateResult(StageResult):
+    STAGE: ClassVar[str] = "evaluate"
+
+    rows: list[EvaluationRow] = field(default_factory=list)
+    routing: RoutingAccuracy | None = None  # None: no embedder, so no router
+    failed: list[StageFailure] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[StageFailure]:
+        return self.failed
+
+    def fields(self) -> dict[str, Any]:
+        rows = [row.to_dict() for row in self.rows]
+        if self.skipped:
+            return {"rows": rows}
+        routing = self.routing.to_dict() if self.routing is not None else None
+        return {"rows": rows, "routing": routing, "failed": [f.to_dict() for f in self.failed]}
+
+    @classmethod
+    def read_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "rows": _rows(data.get("rows")),
+            "routing": _routing(data.get("routing")),
+            "failed": [StageFailure.from_dict(f) for f in data.get("failed") or []],
+        }
+
+
+def _rows(data: Any) -> list[EvaluationRow]:
+    from tracegym.training.evaluate import EvaluationRow
+
+    return [EvaluationRow.from_dict(row) for row in data or []]
+
+
+def _routing(data: Any) -> RoutingAccuracy | None:
+    from tracegym.training.router import RoutingAccuracy
+
+    return RoutingAccuracy.from_dict(data) if isinstance(data, Mapping) else None
+
+
+@dataclass
+class ReportResult(StageResult):
+    STAGE: ClassVar[str] = "report"
+
+    report: str | None = None  # the report.json it wrote
+
+    def fields(self) -> dict[str, Any]:
+        return {"report": self.report}
+
+    @classmethod
+    def read_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        return {"report": data.get("report")}
+
+
+STAGE_RESULTS: dict[str, type[StageResult]] = {
+    cls.STAGE: cls
+    for cls in (
+        CompactResult, AnalyzeResult, SynthesizeResult, TrainResult, EvaluateResult, ReportResult
+    )
+}  # fmt: skip
+
+
+def stage_result(stage: str, data: Mapping[str, Any]) -> StageResult:
+    """A stage's result document read back (`stages/<stage>.json`, report.json's `stages`)."""
+    if stage not in STAGE_RESULTS:
+        raise NightlyDocumentError(f"no nightly stage {stage!r} (stages: {', '.join(STAGES)})")
+    return STAGE_RESULTS[stage].from_dict(data)
+
+
+@dataclass
+class ReportAdapter:
+    """One adapter as the night's report lists it."""
+
+    adapter_id: str
+    capability: str
+    promoted: bool | None = None
+    promotion: str | None = None
+    data_hash: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "adapter_id": self.adapter_id, "capability": self.capability,
+            "promoted": self.promoted, "promotion": self.promotion, "data_hash": self.data_hash,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ReportAdapter:
+        data = _mapping(data, "an adapter of the nightly report")
+        return cls(
+            adapter_id=_text(data, "adapter_id", "an adapter of the nightly report"),
+            capability=str(data.get("capability", "")), promoted=data.get("promoted"),
+            promotion=data.get("promotion"), data_hash=data.get("data_hash"),
+        )  # fmt: skip
+
+
+@dataclass
+class NightlyReport:
+    """The night's data (`nightly/<date>/report.json`, for dashboards): the config, every
+    stage's result but the report's own (the evaluation rows apart), the rows, the routing
+    accuracy and the adapters."""
+
+    VERSION: ClassVar[int] = 1
+
+    date: str
+    home: str = ""
+    config: dict[str, Any] = field(default_factory=dict)  # NightlyConfig.to_dict()
+    stages: dict[str, StageResult] = field(default_factory=dict)
+    evaluation: list[EvaluationRow] = field(default_factory=list)
+    routing: RoutingAccuracy | None = None
+    adapters: list[ReportAdapter] = field(default_factory=list)
+    version: int = VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        stages = {
+            name: {k: v for k, v in result.to_dict().items() if k != "rows"}
+            for name, result in self.stages.items()
+        }
+        return {
+            "version": self.VERSION, "date": self.date, "home": self.home, "config": self.config,
+            "stages": stages, "evaluation": [row.to_dict() for row in self.evaluation],
+            "routing": self.routing.to_dict() if self.routing is not None else None,
+            "adapters": [a.to_dict() for a in self.adapters],
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NightlyReport:
+        data = _mapping(data, "the nightly report")
+        stages = _mapping(data.get("stages") or {}, "the nightly report's stages")
+        return cls(
+            date=_text(data, "date", "the nightly report"), home=str(data.get("home", "")),
+            config=dict(data.get("config") or {}),
+            stages={name: stage_result(name, result) for name, result in stages.items()},
+            evaluation=_rows(data.get("evaluation")), routing=_routing(data.get("routing")),
+            adapters=[ReportAdapter.from_dict(a) for a in data.get("adapters") or []],
+            version=_version(data, cls, "the nightly report"),
+        )  # fmt: skip
+
+
+@dataclass
+class NightlyState:
+    """What the last completed night read (`nightly/state.json`): the next night skips the
+    stages whose inputs are the same."""
+
+    VERSION: ClassVar[int] = 1
+
+    date: str | None = None
+    finished_at: str | None = None
+    lake: str | None = None  # the lake's fingerprint
+    gaps_hash: str | None = None  # of gaps.json
+    version: int = VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.VERSION, "date": self.date, "finished_at": self.finished_at,
+            "lake": self.lake, "gaps_hash": self.gaps_hash,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NightlyState:
+        data = _mapping(data, "the nightly state")
+        return cls(
+            date=data.get("date"), finished_at=data.get("finished_at"), lake=data.get("lake"),
+            gaps_hash=data.get("gaps_hash"), version=_version(data, cls, "the nightly state"),
+        )  # fmt: skip
+
+    @classmethod
+    def read(cls, home: str | os.PathLike[str] | Home) -> NightlyState:
+        """The state under `home`; an empty one when there is none or it cannot be read (the
+        next night then redoes every stage, as a first night does)."""
+        try:
+            return cls.from_dict(read_json(Home.at(home).nightly_state, {}))
+        except (OSError, DocumentError):
+            return cls()
+
+
+@dataclass
+class NightRecord:
+    """One night, as a line of `nightly/history.jsonl`."""
+
+    VERSION: ClassVar[int] = 1
+
+    date: str
+    finished_at: str | None = None
+    stages: dict[str, str] = field(default_factory=dict)  # each stage's status
+    gaps_without_environment: int = 0
+    report: str | None = None  # the night's report.json
+    version: int = VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.VERSION, "date": self.date, "finished_at": self.finished_at,
+            "stages": self.stages, "gaps_without_environment": self.gaps_without_environment,
+            "report": self.report,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NightRecord:
+        what = "a nightly history line"
+        data = _mapping(data, what)
+        stages = _mapping(data.get("stages") or {}, f"{what}'s stages")
+        return cls(
+            date=_text(data, "date", what), finished_at=data.get("finished_at"),
+            stages={str(k): str(v) for k, v in stages.items()},
+            gaps_without_environment=_int(data, "gaps_without_environment", what),
+            report=data.get("report"), version=_version(data, cls, what),
+        )  # fmt: skip
+
+
+def read_history(home: str | os.PathLike[str] | Home) -> list[NightRecord]:
+    """Every night in `nightly/history.jsonl`, oldest first. A line that is not a night (cut
+    short by a crash, edited by hand) raises NightlyDocumentError naming the file and line."""
+    path = Home.at(home).nightly_history
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    nights = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            nights.append(NightRecord.from_dict(json.loads(line)))
+        except (ValueError, NightlyDocumentError) as error:
+            raise NightlyDocumentError(f"{path} line {number}: {error}") from None
+    return nights
+
+
+@dataclass
+class NightlyRun:
+    """What `nightly()` returns: the night, its folder and every stage's result."""
+
+    date: str
+    dir: str
+    stages: dict[str, StageResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        stages = {name: result.to_dict() for name, result in self.stages.items()}
+        return {"date": self.date, "dir": self.dir, "stages": stages}
+
+
 def nightly_dir(home: str | Path) -> Path:
-    return Path(home) / "nightly"
+    return Home.at(home).nightly
 
 
 # Lock ------------------------------------------------------------------------------------------
@@ -124,6 +607,8 @@ class Lock:
                     owner = json.loads(self.path.read_text() or "{}")
                 except (OSError, ValueError):
                     owner = {}
+                if not isinstance(owner, dict):
+                    owner = {}
                 pid = int(owner.get("pid") or 0)
                 if pid and _alive(pid):
                     raise NightlyBusy(
@@ -151,7 +636,7 @@ class Lock:
 
 
 def lock(home: str | Path) -> Lock:
-    return Lock(nightly_dir(home) / ".lock")
+    return Lock(Home.at(home).nightly_lock)
 
 
 # Helpers ---------------------------------------------------------------------------------------
@@ -186,24 +671,29 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
-def _failure(item: str, error: BaseException, **ids: str) -> dict[str, str]:
+def _failure(item: str, error: BaseException, **ids: str) -> StageFailure:
     """One environment's (or adapter's) failure as recorded in a stage's `failed` list."""
-    return {**ids, "item": item, "error": type(error).__name__, "reason": _reason(error)}
+    return StageFailure(item=item, error=type(error).__name__, reason=_reason(error), **ids)
 
 
 def _status(failed: list[Any]) -> str:
     return "partial" if failed else "done"
 
 
-def _read(path: Path) -> Any:
+def _completed(stage: str, path: Path) -> StageResult | None:
+    """The stage's result when it completed earlier tonight; None when it did not, or when its
+    marker cannot be read (the stage is then redone)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return stage_result(stage, read_json(path))
+    except (OSError, DocumentError):
         return None
 
 
 # The job ---------------------------------------------------------------------------------------
-class _Night:
+class NightRunner:
+    """One night's stages, run in order under `nightly/<date>/`: a stage completed earlier
+    tonight is read back, not redone."""
+
     def __init__(
         self,
         home: Path,
@@ -214,15 +704,16 @@ class _Night:
         on_step: Callable[[Any], None] | None = None,
     ) -> None:
         self.home = home
+        self.paths = Home.at(home)
         self.on_step = on_step
         self.config = config
         self.fault = fault
         self.progress = progress or (lambda stage, message: None)
         self.embedder = embedder
         self.date = config.date or time.strftime("%Y-%m-%d", time.gmtime())
-        self.dir = nightly_dir(home) / self.date
-        self.previous = _read(nightly_dir(home) / "state.json") or {}
-        self.results: dict[str, Any] = {}
+        self.dir = self.paths.night(self.date)
+        self.previous = NightlyState.read(home)
+        self.results: dict[str, StageResult] = {}
 
     def inject(self, point: str) -> None:
         if self.fault == point:
@@ -231,9 +722,9 @@ class _Night:
     def marker(self, stage: str) -> Path:
         return self.dir / "stages" / f"{stage}.json"
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> StageResult:
         for stage in STAGES:
-            done = _read(self.marker(stage))
+            done = _completed(stage, self.marker(stage))
             if done is not None:
                 self.results[stage] = done
                 self.progress(stage, "already done")
@@ -241,14 +732,14 @@ class _Night:
             self.progress(stage, "running")
             started = time.perf_counter()
             result = self.run_stage(stage)
-            result["seconds"] = round(time.perf_counter() - started, 3)
+            result.seconds = round(time.perf_counter() - started, 3)
             self.inject(stage)
-            write_json_atomic(self.marker(stage), result)
+            write_json(self.marker(stage), result.to_dict())
             self.results[stage] = result
             self.progress(stage, stage_line(stage, result))
         return self.results["report"]
 
-    def run_stage(self, stage: str) -> dict[str, Any]:
+    def run_stage(self, stage: str) -> StageResult:
         """One stage; a failure of the whole stage is raised as NightlyStageError."""
         try:
             return getattr(self, f"stage_{stage}")()
@@ -257,70 +748,62 @@ class _Night:
         except Exception as exc:
             raise NightlyStageError(stage, exc) from exc
 
-    def failed(self, stage: str, item: str, error: BaseException, **ids: str) -> dict[str, str]:
+    def failed(self, stage: str, item: str, error: BaseException, **ids: str) -> StageFailure:
         """Record one environment's (or adapter's) failure and say so; the stage goes on."""
         entry = _failure(item, error, **ids)
-        self.progress(stage, f"failed {item}: {entry['reason']}")
+        self.progress(stage, f"failed {item}: {entry.reason}")
         return entry
 
     # Stages --------------------------------------------------------------------------------
-    def stage_compact(self) -> dict[str, Any]:
-        if not (self.home / "spool").exists() and not (self.home / "lake").exists():
-            return {"status": "skipped", "reason": "no trace store under this home"}
+    def stage_compact(self) -> CompactResult:
+        if not self.paths.spool.exists() and not self.paths.lake.exists():
+            return CompactResult(status="skipped", reason="no trace store under this home")
         try:
             from tracegym.store.store import Store
         except ImportError as exc:
-            return {"status": "skipped", "reason": f"the analysis extra is missing: {exc}"}
+            return CompactResult(status="skipped", reason=f"the analysis extra is missing: {exc}")
         with Store(self.home, compact_on_open=False) as store:
             report = store.compact()
-        return {
-            "status": "done",
-            "files": report.files,
-            "spans": report.spans,
-            "parts": report.parts,
-            "lake": _tree_fingerprint(self.home / "lake"),
-        }
+        return CompactResult(
+            files=report.files, spans=report.spans, parts=report.parts,
+            lake=_tree_fingerprint(self.paths.lake),
+        )  # fmt: skip
 
-    def stage_analyze(self) -> dict[str, Any]:
-        lake = _tree_fingerprint(self.home / "lake")
+    def stage_analyze(self) -> AnalyzeResult:
+        lake = _tree_fingerprint(self.paths.lake)
         if lake is None:
-            return {"status": "skipped", "reason": "no runs in the lake", "lake": None}
-        if lake == self.previous.get("lake") and (self.home / "gaps.json").exists():
-            return {"status": "skipped", "reason": "no new runs since the last night", "lake": lake}
+            return AnalyzeResult(status="skipped", reason="no runs in the lake", lake=None)
+        if lake == self.previous.lake and self.paths.gaps.exists():
+            return AnalyzeResult(
+                status="skipped", reason="no new runs since the last night", lake=lake
+            )
         from tracegym.analysis.pipeline import analyze
 
         result = analyze(self.home)
         document = result.gaps_document()
-        return {
-            "status": "done",
-            "lake": lake,
-            "runs": document["runs"],
-            "gaps": [g["id"] for g in document["gaps"]],
-        }
+        return AnalyzeResult(
+            lake=lake, runs=document.runs.to_dict(), gaps=[g.id for g in document.gaps]
+        )
 
-    def stage_synthesize(self) -> dict[str, Any]:
-        gaps = self.home / "gaps.json"
-        digest = _file_hash(gaps)
+    def stage_synthesize(self) -> SynthesizeResult:
+        digest = _file_hash(self.paths.gaps)
         if digest is None:
-            return {"status": "skipped", "reason": "no gaps.json", "gaps_hash": None}
-        if digest == self.previous.get("gaps_hash"):
-            return {
-                "status": "skipped",
-                "reason": "gaps unchanged",
-                "gaps_hash": digest,
+            return SynthesizeResult(status="skipped", reason="no gaps.json", gaps_hash=None)
+        if digest == self.previous.gaps_hash:
+            return SynthesizeResult(
+                status="skipped", reason="gaps unchanged", gaps_hash=digest,
                 **self._last_synthesis(digest),
-            }
+            )  # fmt: skip
         from tracegym.synthesis.pipeline import synthesize
 
         report = synthesize(self.home)
-        return {
-            "status": "done",
-            "gaps_hash": digest,
-            "environments": [e["env_id"] for e in report.environments],
-            "rejected": [e["env_id"] for e in report.rejected],
-            "not_synthesizable": [e["gap_id"] for e in report.not_synthesizable],
-            "without_environment": [w.to_dict() for w in report.without_environment],
-        }
+        return SynthesizeResult(
+            gaps_hash=digest,
+            environments=[e.env_id for e in report.environments],
+            rejected=[e.env_id for e in report.rejected],
+            not_synthesizable=[e.gap_id for e in report.not_synthesizable],
+            without_environment=[w.to_dict() for w in report.without_environment],
+        )
 
     def _last_synthesis(self, digest: str) -> dict[str, Any]:
         """The gaps without an environment as the last synthesis of these same gaps left them
@@ -359,7 +842,7 @@ class _Night:
         with Path(self.config.replay).open(encoding="utf-8") as handle:
             return [json.loads(line) for line in handle if line.strip()]
 
-    def stage_train(self) -> dict[str, Any]:
+    def stage_train(self) -> TrainResult:
         from tracegym.synthesis import registry
         from tracegym.training import adapters
         from tracegym.training.capabilities import capabilities
@@ -367,7 +850,7 @@ class _Night:
 
         envs = registry.list_envs(self.home)
         if not envs:
-            return {"status": "skipped", "reason": "no environments", "trained": [], "kept": []}
+            return TrainResult(status="skipped", reason="no environments")
         from tracegym.generation.model import weights_hash
 
         folder = self._model_folder()
@@ -376,31 +859,31 @@ class _Night:
         replay = self._replay()
         trained: list[str] = []
         kept: list[str] = []
-        failed: list[dict[str, str]] = []
+        failed: list[StageFailure] = []
         loaded = []
         for item in envs:
             try:
-                loaded.append(registry.load(self.home, item["env_id"]))
+                loaded.append(registry.load(self.home, item.env_id))
             except _PASS_THROUGH:
                 raise
             except Exception as exc:  # this environment only: record it, train the others
-                failed.append(self.failed("train", item["env_id"], exc, env_id=item["env_id"]))
+                failed.append(self.failed("train", item.env_id, exc, env_id=item.env_id))
         by_action = self.config.adapter_per_action and config.mode != "grpo"
         for capability in capabilities(loaded, by_action=by_action):
             adapter_id = capability.adapter_id
             try:
                 key = self._train_key(capability, base_hash, config)
                 existing = self._adapter(adapter_id)
-                if existing is not None and existing.get("train_key") == key:
+                if existing is not None and existing.train_key == key:
                     # trained earlier tonight (a resumed run) or on an earlier night
-                    (trained if existing.get("night") == self.date else kept).append(adapter_id)
+                    (trained if existing.night == self.date else kept).append(adapter_id)
                     continue
                 self.progress("train", f"training {adapter_id}")
                 train_capability(
                     self.home, capability, folder, config, evaluate=False, on_step=self.on_step,
                     replay=replay,
                 )  # fmt: skip
-                adapters.update(self.home, adapter_id, train_key=key, night=self.date)
+                adapters.update_metadata(self.home, adapter_id, train_key=key, night=self.date)
             except _PASS_THROUGH:
                 raise
             except Exception as exc:  # this capability only: record it, train the others
@@ -409,43 +892,41 @@ class _Night:
                 continue
             trained.append(adapter_id)
             self.inject("train:after-adapter")
-        return {
-            "status": _status(failed),
-            "trained": trained,
-            "kept": kept,
-            "failed": failed,
-            "model": str(folder),
-        }
+        return TrainResult(
+            status=_status(failed), trained=trained, kept=kept, failed=failed, model=str(folder)
+        )
 
-    def _adapter(self, adapter_id: str) -> dict[str, Any] | None:
+    def _adapter(self, adapter_id: str) -> AdapterMetadata | None:
         from tracegym.training import adapters
 
         try:
-            return adapters.show(self.home, adapter_id)
+            return adapters.metadata(self.home, adapter_id)
         except adapters.AdapterError:
             return None
 
-    def stage_evaluate(self) -> dict[str, Any]:
+    def stage_evaluate(self) -> EvaluateResult:
         from tracegym.generation.model import load_policy
         from tracegym.training import adapters
-        from tracegym.training.evaluate import evaluate_job
+        from tracegym.training.evaluate import EvaluationRow, evaluate_job
         from tracegym.training.router import (
             Router,
+            RoutingAccuracy,
             heldout_tasks,
             rounded,
             routing_accuracy,
         )
 
-        todo = list(self.results["train"].get("trained", []))
+        train = self.results["train"]
+        todo = list(train.trained) if isinstance(train, TrainResult) else []
         todo += [
-            a["adapter_id"]
-            for a in adapters.list_adapters(self.home)
-            if a["metrics"].get("eval") is None and a["adapter_id"] not in todo
+            a.adapter_id
+            for a in adapters.all_metadata(self.home)
+            if a.evaluation is None and a.adapter_id not in todo
         ]
         if not todo:
-            return {"status": "skipped", "reason": "no adapter trained tonight", "rows": []}
+            return EvaluateResult(status="skipped", reason="no adapter trained tonight")
         policy = load_policy(self._model_folder())
-        all_ids = [a["adapter_id"] for a in adapters.list_adapters(self.home)]
+        all_ids = [a.adapter_id for a in adapters.all_metadata(self.home)]
         model = adapters.load_adapters(policy.model, self.home, all_ids)
         router = None
         embedder = self.embedder
@@ -453,7 +934,7 @@ class _Night:
             try:
                 from tracegym.analysis.embeddings import Embedder
 
-                embedder = Embedder(self.home / "cache")
+                embedder = Embedder(self.paths.cache)
             except ImportError:
                 embedder = None
         if embedder is not None:
@@ -464,33 +945,29 @@ class _Night:
             assert router is not None
             return rounded(router.weights(env.make_task(seed).instruction))
 
-        rows = []
-        failed: list[dict[str, str]] = []
+        rows: list[EvaluationRow] = []
+        failed: list[StageFailure] = []
         if router is None or not self.config.route:
-            rows = self._evaluate_together(model, policy, todo)
-            if rows is not None:
-                todo = []
-            else:
-                rows = []
+            together = self._evaluate_together(model, policy, todo)
+            if together is not None:
+                rows, todo = together, []
         for adapter_id in todo:
             try:
                 job = self._job(adapter_id)
                 self.progress("evaluate", f"evaluating {adapter_id}")
-                row = evaluate_job(
-                    model,
-                    policy.tokenizer,
-                    job,
-                    name=policy.name,
-                    route=route if router is not None and self.config.route else None,
-                    max_new_tokens=self.config.max_new_tokens,
-                    batch_size=self.config.batch_size,
+                row = EvaluationRow.from_dict(
+                    evaluate_job(
+                        model,
+                        policy.tokenizer,
+                        job,
+                        name=policy.name,
+                        route=route if router is not None and self.config.route else None,
+                        max_new_tokens=self.config.max_new_tokens,
+                        batch_size=self.config.batch_size,
+                    )
                 )
-                adapters.update(
-                    self.home,
-                    adapter_id,
-                    eval=row,
-                    promoted=row["promoted"],
-                    promotion=row["reason"],
+                adapters.update_metadata(
+                    self.home, adapter_id, eval=row, promoted=row.promoted, promotion=row.reason
                 )
             except _PASS_THROUGH:
                 raise
@@ -500,10 +977,10 @@ class _Night:
             rows.append(row)
         routing = None
         if router is not None:
-            routing = routing_accuracy(
-                router, heldout_tasks(self.home, all_ids, self.config.eval_seeds)
+            routing = RoutingAccuracy.from_dict(
+                routing_accuracy(router, heldout_tasks(self.home, all_ids, self.config.eval_seeds))
             )
-        return {"status": _status(failed), "rows": rows, "routing": routing, "failed": failed}
+        return EvaluateResult(status=_status(failed), rows=rows, routing=routing, failed=failed)
 
     def _job(self, adapter_id: str) -> Any:
         """The adapter's held-out cases: `eval_seeds` of them, over its environments in turn."""
@@ -512,67 +989,66 @@ class _Night:
         from tracegym.training.capabilities import env_ids_of
         from tracegym.training.evaluate import EvalJob
 
-        meta = adapters.show(self.home, adapter_id)
+        meta = adapters.metadata(self.home, adapter_id)
         envs = [registry.load(self.home, env_id) for env_id in env_ids_of(meta)]
         return EvalJob.spread(envs, adapter_id, self.config.eval_seeds)
 
     def _evaluate_together(
         self, model: Any, policy: Any, todo: list[str]
-    ) -> list[dict[str, Any]] | None:
+    ) -> list[EvaluationRow] | None:
         """Every adapter's base and adapted arms in shared waves (`evaluate_capabilities`), the
         rows recorded as the one-at-a-time loop records them; None when any of it fails, so the
         loop redoes them one by one and records which adapter failed."""
         from tracegym.training import adapters
-        from tracegym.training.evaluate import evaluate_capabilities
+        from tracegym.training.evaluate import EvaluationRow, evaluate_capabilities
 
         try:
             jobs = [self._job(adapter_id) for adapter_id in todo]
             self.progress("evaluate", f"evaluating {', '.join(todo)} together")
-            rows = evaluate_capabilities(
+            rows = [EvaluationRow.from_dict(row) for row in evaluate_capabilities(
                 model, policy.tokenizer, jobs, name=policy.name,
                 max_new_tokens=self.config.max_new_tokens, batch_size=self.config.batch_size,
                 looks=self.config.eval_looks,
-            )  # fmt: skip
+            )]  # fmt: skip
         except _PASS_THROUGH:
             raise
         except Exception as exc:
             self.progress("evaluate", f"together failed ({_reason(exc)}): one by one")
             return None
         for row in rows:
-            adapters.update(self.home, row["adapter_id"], eval=row, promoted=row["promoted"],
-                            promotion=row["reason"])  # fmt: skip
+            adapters.update_metadata(self.home, row.adapter_id, eval=row, promoted=row.promoted,
+                                     promotion=row.reason)  # fmt: skip
         return rows
 
-    def stage_report(self) -> dict[str, Any]:
+    def stage_report(self) -> ReportResult:
         from tracegym.training import adapters
 
-        rows = self.results["evaluate"].get("rows", [])
-        report = {
-            "date": self.date,
-            "home": str(self.home),
-            "config": self.config.to_dict(),
-            "stages": {
-                s: {k: v for k, v in self.results[s].items() if k != "rows"} for s in STAGES[:-1]
-            },
-            "evaluation": rows,
-            "routing": self.results["evaluate"].get("routing"),
-            "adapters": [
-                {
-                    "adapter_id": a["adapter_id"],
-                    "capability": a["capability"]["name"],
-                    "promoted": a.get("promoted"),
-                    "promotion": a.get("promotion"),
-                    "data_hash": a["data_hash"],
-                }
-                for a in adapters.list_adapters(self.home)
+        evaluated = self.results["evaluate"]
+        rows = evaluated.rows if isinstance(evaluated, EvaluateResult) else []
+        report = NightlyReport(
+            date=self.date,
+            home=str(self.home),
+            config=self.config.to_dict(),
+            stages={s: self.results[s] for s in STAGES[:-1]},
+            evaluation=rows,
+            routing=evaluated.routing if isinstance(evaluated, EvaluateResult) else None,
+            adapters=[
+                ReportAdapter(
+                    adapter_id=a.adapter_id,
+                    capability=a.capability.name,
+                    promoted=a.promoted,
+                    promotion=a.promotion,
+                    data_hash=a.data_hash,
+                )
+                for a in adapters.all_metadata(self.home)
             ],
-        }
+        )
         markdown = render_report(self.date, self.results, rows, report)
-        write_json_atomic(self.dir / "report.json", report)
+        write_json(self.dir / "report.json", report.to_dict())
         tmp = self.dir / ".report.md.tmp"
         tmp.write_text(markdown)
         os.replace(tmp, self.dir / "report.md")
-        return {"status": "done", "report": str(self.dir / "report.json")}
+        return ReportResult(report=str(self.dir / "report.json"))
 
 
 # The report --------------------------------------------------------------------------------------
@@ -580,21 +1056,21 @@ def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def synthesis_summary(result: dict[str, Any]) -> str:
+def synthesis_summary(result: SynthesizeResult) -> str:
     """'1 environment, 2 gaps without one (see report)': what synthesis left, in a line."""
-    made = result.get("environments") or []
-    without = result.get("without_environment") or []
+    made = result.environments or []
+    without = result.without_environment or []
     line = _plural(len(made), "environment", "environments")
     if without:
         return f"{line}, {_plural(len(without), 'gap', 'gaps')} without one (see report)"
     return f"{line}, every gap got one" if made else line
 
 
-def stage_line(stage: str, result: dict[str, Any]) -> str:
+def stage_line(stage: str, result: StageResult) -> str:
     """The stage's status as the command line prints it when the stage ends."""
-    status = str(result.get("status", "done"))
-    if stage == "synthesize" and ("environments" in result or "without_environment" in result):
-        reason = f" ({result['reason']})" if result.get("reason") else ""
+    status = result.status
+    if isinstance(result, SynthesizeResult) and result.says_what_it_left:
+        reason = f" ({result.reason})" if result.reason else ""
         return f"{status}{reason} - {synthesis_summary(result)}"
     return status
 
@@ -610,20 +1086,21 @@ def md_text(value: Any) -> str:
     return text
 
 
-def without_environment_lines(result: dict[str, Any]) -> list[str]:
+def without_environment_lines(result: StageResult) -> list[str]:
     """The report's section on the gaps synthesis gave no environment, each with its reason."""
-    if "without_environment" not in result:
+    if not isinstance(result, SynthesizeResult) or not result.says_what_it_left:
         return []
     from tracegym.synthesis.pipeline import GapWithoutEnvironment
 
     lines = ["## Gaps without an environment", ""]
     records = []
-    for item in result["without_environment"]:
+    without = result.without_environment or []
+    for item in without:
         try:
             records.append(GapWithoutEnvironment.from_dict(item))
         except ValueError:
             lines.append(f"- (an unreadable record: {md_text(item)})")
-    if result.get("status") == "skipped":
+    if result.skipped:
         lines += ["As the last synthesis of these same gaps left them.", ""]
     for w in records:
         checks = f" ({', '.join(w.failed_checks)})" if w.failed_checks else ""
@@ -632,13 +1109,16 @@ def without_environment_lines(result: dict[str, Any]) -> list[str]:
             f"{md_text(w.detector or 'none')}): {w.stage.label}{md_text(checks)}: "
             f"{md_text(w.reason)}"
         )
-    if not result["without_environment"]:
+    if not without:
         lines.append("Every gap got an environment.")
     return [*lines, ""]
 
 
 def render_report(
-    date: str, results: dict[str, Any], rows: list[dict[str, Any]], report: dict[str, Any]
+    date: str,
+    results: Mapping[str, StageResult],
+    rows: list[EvaluationRow],
+    report: NightlyReport,
 ) -> str:
     """report.md: each stage in a line, the gaps without an environment, the evaluation and
     the adapters."""
@@ -649,29 +1129,31 @@ def render_report(
         r = results[stage]
         if stage == "synthesize":
             summary = stage_line(stage, r).partition(" - ")[2]
-            extra = "; ".join(part for part in (r.get("reason"), summary) if part)
+            extra = "; ".join(part for part in (r.reason, summary) if part)
         else:
-            extra = r.get("reason") or ", ".join(
-                f"{k}={v}" for k, v in r.items() if k in ("trained", "kept", "environments")
+            extra = r.reason or ", ".join(
+                f"{k}={v}"
+                for k, v in r.to_dict().items()
+                if k in ("trained", "kept", "environments")
             )
-        lines.append(f"- **{stage}**: {r.get('status')} {('- ' + extra) if extra else ''}")
-        for entry in r.get("failed") or []:
-            lines.append(f"  - failed {entry['item']}: {entry['reason']}")
+        lines.append(f"- **{stage}**: {r.status} {('- ' + extra) if extra else ''}")
+        for entry in r.failures:
+            lines.append(f"  - failed {entry.item}: {entry.reason}")
     lines.append("")
     lines += without_environment_lines(results["synthesize"])
     lines += ["## Evaluation (held-out success, 95% Wilson intervals)", ""]
     lines.append(render_markdown(rows) if rows else "No adapter was evaluated tonight.\n")
-    routing = report["routing"]
-    if routing:
-        lines.append(f"Routing accuracy: {routing['accuracy']} over {routing['n']} tasks.\n")
+    routing = report.routing
+    if routing is not None:
+        lines.append(f"Routing accuracy: {routing.accuracy} over {routing.n} tasks.\n")
     lines += ["## Adapters", ""]
-    for a in report["adapters"]:
-        state = "promoted" if a["promoted"] else "not promoted"
-        lines.append(f"- {a['adapter_id']} ({a['capability']}): {state}: {a['promotion']}")
+    for a in report.adapters:
+        state = "promoted" if a.promoted else "not promoted"
+        lines.append(f"- {a.adapter_id} ({a.capability}): {state}: {a.promotion}")
     return "\n".join(lines) + "\n"
 
 
-def record_night(home: Path, date: str, results: dict[str, Any], report: Path) -> Path:
+def record_night(home: Path, date: str, results: Mapping[str, StageResult], report: Path) -> Path:
     """Record the night in the store (the `nightly` view) as one spool record of its own."""
     import time
 
@@ -679,12 +1161,12 @@ def record_night(home: Path, date: str, results: dict[str, Any], report: Path) -
     from tracegym.tracer import semconv as sc
 
     def count(stage: str, key: str) -> int:
-        value = results.get(stage, {}).get(key)
+        value = getattr(results.get(stage), key, None)
         return len(value) if isinstance(value, (list, tuple)) else int(value or 0)
 
-    adapters_promoted = sum(
-        1 for row in results.get("evaluate", {}).get("rows", []) or [] if row.get("promoted")
-    )
+    evaluated = results.get("evaluate")
+    rows = evaluated.rows if isinstance(evaluated, EvaluateResult) else []
+    adapters_promoted = sum(1 for row in rows if row.promoted)
     now = time.time_ns()
     attributes = {
         sc.OPERATION: "nightly",
@@ -693,7 +1175,7 @@ def record_night(home: Path, date: str, results: dict[str, Any], report: Path) -
         sc.NIGHTLY_PREFIX + "environments": count("synthesize", "environments"),
         sc.NIGHTLY_PREFIX + "adapters_trained": count("train", "trained"),
         sc.NIGHTLY_PREFIX + "adapters_promoted": adapters_promoted,
-        sc.NIGHTLY_PREFIX + "stages": json.dumps({s: results[s].get("status") for s in STAGES}),
+        sc.NIGHTLY_PREFIX + "stages": json.dumps({s: results[s].status for s in STAGES}),
         sc.NIGHTLY_PREFIX + "report": str(report),
     }
     record = span_record(
@@ -712,52 +1194,66 @@ def nightly(
     progress: Callable[[str, str], None] | None = None,
     embedder: Any = None,
     on_step: Callable[[Any], None] | None = None,
-) -> dict[str, Any]:
+) -> NightlyRun:
     """Run (or resume) tonight's job under `home`; returns the stage results and report path.
     `progress(stage, message)` hears of stages, `on_step` of every training step
     (training.sft.TrainStep). Raises NightlyBusy when another run holds the lock."""
     home = Path(home)
+    paths = Home.at(home)
     config = config or NightlyConfig()
     with lock(home):
-        night = _Night(home, config, fault, progress, embedder, on_step)
+        night = NightRunner(home, config, fault, progress, embedder, on_step)
         night.run()
         results = night.results
-        state = {
-            "date": night.date,
-            "finished_at": _now(),
-            "lake": results["analyze"].get("lake"),
-            "gaps_hash": results["synthesize"].get("gaps_hash") or night.previous.get("gaps_hash"),
-        }
+        analyzed, synthesized = results["analyze"], results["synthesize"]
+        state = NightlyState(
+            date=night.date,
+            finished_at=_now(),
+            lake=getattr(analyzed, "lake", None),
+            gaps_hash=getattr(synthesized, "gaps_hash", None) or night.previous.gaps_hash,
+        )
         if not (night.dir / "recorded").exists():
-            with (nightly_dir(home) / "history.jsonl").open("a", encoding="utf-8") as handle:
-                handle.write(
-                    json.dumps(
-                        {
-                            "date": night.date,
-                            "finished_at": state["finished_at"],
-                            "stages": {s: results[s].get("status") for s in STAGES},
-                            "gaps_without_environment": len(
-                                results["synthesize"].get("without_environment") or []
-                            ),
-                            "report": str(night.dir / "report.json"),
-                        }
-                    )
-                    + "\n"
-                )
+            without = getattr(synthesized, "without_environment", None) or []
+            record = NightRecord(
+                date=night.date,
+                finished_at=state.finished_at,
+                stages={s: results[s].status for s in STAGES},
+                gaps_without_environment=len(without),
+                report=str(night.dir / "report.json"),
+            )
+            with paths.nightly_history.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record.to_dict()) + "\n")
             record_night(home, night.date, results, night.dir / "report.json")
             (night.dir / "recorded").touch()
-        write_json_atomic(nightly_dir(home) / "state.json", state)
-        return {"date": night.date, "dir": str(night.dir), "stages": results}
+        write_json(paths.nightly_state, state.to_dict())
+        return NightlyRun(date=night.date, dir=str(night.dir), stages=results)
 
 
 __all__ = [
     "STAGES",
+    "AnalyzeResult",
+    "CompactResult",
+    "EvaluateResult",
     "Lock",
+    "NightRecord",
+    "NightRunner",
     "NightlyBusy",
     "NightlyConfig",
+    "NightlyDocumentError",
     "NightlyFault",
+    "NightlyReport",
+    "NightlyRun",
     "NightlyStageError",
+    "NightlyState",
+    "ReportAdapter",
+    "ReportResult",
+    "StageFailure",
+    "StageResult",
+    "SynthesizeResult",
+    "TrainResult",
     "lock",
     "nightly",
     "nightly_dir",
+    "read_history",
+    "stage_result",
 ]

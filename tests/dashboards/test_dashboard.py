@@ -77,9 +77,9 @@ def _xss_run() -> str:
 
 def _add_training_artifacts(home: Path, env_id: str | None) -> None:
     """An evaluated adapter and one recorded night, as the training stage writes them."""
-    from tracegym.jobs.nightly import record_night
+    from tracegym.jobs.nightly import record_night, stage_result
     from tracegym.training.adapters import write_json_atomic
-    from tracegym.training.evaluate import rate
+    from tracegym.training.evaluate import EvaluationRow, rate
 
     folder = home / "adapters" / "lora-demo"
     folder.mkdir(parents=True)
@@ -130,10 +130,10 @@ def _add_training_artifacts(home: Path, env_id: str | None) -> None:
         )
         + "\n"
     )
-    results = {s: {"status": "done"} for s in (*stages, "report")}
-    results["analyze"]["gaps"] = 3
-    results["train"]["trained"] = ["lora-demo"]
-    results["evaluate"]["rows"] = [row]
+    results = {s: stage_result(s, {"status": "done"}) for s in (*stages, "report")}
+    results["analyze"].gaps = ["gap-1", "gap-2", "gap-3"]
+    results["train"].trained = ["lora-demo"]
+    results["evaluate"].rows = [EvaluationRow.from_dict(row)]
     record_night(home, "2026-01-02", results, night / "report.json")
 
 

@@ -73,12 +73,12 @@ def reference(tmp_path_factory):
 def test_nightly_runs_every_stage_and_writes_the_report(reference):
     home, result, seen = reference
     assert [s for s in STAGES if s in seen] == list(STAGES)
-    stages = result["stages"]
-    assert stages["compact"]["status"] == "skipped"  # no trace store in this home
-    assert stages["train"]["trained"] == ["toy-press"]
-    row = stages["evaluate"]["rows"][0]
-    assert row["base"]["n"] == 4 and row["router"] is not None
-    assert stages["evaluate"]["routing"]["accuracy"] == 1.0
+    stages = result.stages
+    assert stages["compact"].status == "skipped"  # no trace store in this home
+    assert stages["train"].trained == ["toy-press"]
+    row = stages["evaluate"].rows[0]
+    assert row.base.n == 4 and row.router is not None
+    assert stages["evaluate"].routing.accuracy == 1.0
     night = home / "nightly" / DATE
     assert (night / "report.md").read_text().startswith(f"# tracegym nightly {DATE}")
     assert "Wilson" in (night / "report.md").read_text()
@@ -98,9 +98,9 @@ def test_next_night_is_incremental(reference):
     home, _result, _seen = reference
     before = adapters.show(home, "toy-press")["created_at"]
     result = nightly(home, config("2026-01-03"), embedder=FakeEmbedder())
-    stages = result["stages"]
-    assert stages["train"]["trained"] == [] and stages["train"]["kept"] == ["toy-press"]
-    assert stages["evaluate"]["status"] == "skipped"
+    stages = result.stages
+    assert stages["train"].trained == [] and stages["train"].kept == ["toy-press"]
+    assert stages["evaluate"].status == "skipped"
     assert adapters.show(home, "toy-press")["created_at"] == before
     assert len((home / "nightly" / "history.jsonl").read_text().splitlines()) == 2
 
@@ -119,7 +119,7 @@ def test_a_stale_lock_is_taken_over(tmp_path):
     os.waitpid(pid, 0)
     (tmp_path / "nightly" / ".lock").write_text(json.dumps({"pid": pid, "since": "x"}))
     result = nightly(tmp_path, NightlyConfig(model="tiny", date=DATE))
-    assert result["stages"]["train"]["status"] == "skipped"  # no environments here
+    assert result.stages["train"].status == "skipped"  # no environments here
 
 
 @pytest.mark.parametrize("point", [*STAGES, "train:after-adapter"])

@@ -119,16 +119,19 @@ def test_a_failed_calibration_is_its_stage(tmp_path):
 
 
 # The nightly -----------------------------------------------------------------------------------
-def _night(home: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], list[str]]:
+def _night(home: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[str]]:
     """The nightly job with training and evaluation stubbed out (no model): the synthesize
     stage and the report are the real ones."""
     from tracegym.jobs import nightly as job
 
-    def skipped(self: Any) -> dict[str, Any]:
-        return {"status": "skipped", "reason": "stubbed in this test", "rows": []}
+    def train_skipped(self: Any) -> job.TrainResult:
+        return job.TrainResult(status="skipped", reason="stubbed in this test")
 
-    monkeypatch.setattr(job._Night, "stage_train", skipped)
-    monkeypatch.setattr(job._Night, "stage_evaluate", skipped)
+    def evaluate_skipped(self: Any) -> job.EvaluateResult:
+        return job.EvaluateResult(status="skipped", reason="stubbed in this test")
+
+    monkeypatch.setattr(job.NightRunner, "stage_train", train_skipped)
+    monkeypatch.setattr(job.NightRunner, "stage_evaluate", evaluate_skipped)
     lines: list[str] = []
     result = job.nightly(
         home, job.NightlyConfig(date=DATE), progress=lambda s, m: lines.append(f"{s}: {m}")
@@ -137,7 +140,7 @@ def _night(home: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any],
 
 
 @pytest.fixture(scope="module")
-def night(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], list[str]]:
+def night(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, list[str]]:
     home = tmp_path_factory.mktemp("night")
     write_gaps(home, [BUILDS, NO_FAMILY, NO_DETECTOR])
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -152,9 +155,9 @@ def _fast(real: Any) -> Any:
 
 def test_the_nightly_stage_lists_them_and_says_so_in_a_line(night):
     home, result, lines = night
-    stage = result["stages"]["synthesize"]
-    assert stage["status"] == "done" and len(stage["environments"]) == 1
-    listed = {w["gap_id"]: w for w in stage["without_environment"]}
+    stage = result.stages["synthesize"]
+    assert stage.status == "done" and len(stage.environments) == 1
+    listed = {w["gap_id"]: w for w in stage.without_environment}
     assert set(listed) == {NO_FAMILY["id"], "gap-cluster"}
     assert listed[NO_FAMILY["id"]]["stage"] == "no_family"
     assert "no family exercises detector" in listed[NO_FAMILY["id"]]["reason"]
@@ -180,13 +183,13 @@ def test_report_md_lists_them_with_their_reasons_and_escapes_names(night):
 
 
 def test_a_skipped_synthesis_still_says_why(night):
-    from tracegym.jobs.nightly import NightlyConfig, _Night
+    from tracegym.jobs.nightly import NightlyConfig, NightRunner
 
     home, _result, _lines = night
     previous = json.loads((home / "nightly" / "state.json").read_text())
-    stage = _Night(home, NightlyConfig(date="2026-02-04"), None, None, None).stage_synthesize()
-    assert previous["gaps_hash"] == stage["gaps_hash"] and stage["status"] == "skipped"
-    assert {w["gap_id"] for w in stage["without_environment"]} == {NO_FAMILY["id"], "gap-cluster"}
+    stage = NightRunner(home, NightlyConfig(date="2026-02-04"), None, None, None).stage_synthesize()
+    assert previous["gaps_hash"] == stage.gaps_hash and stage.status == "skipped"
+    assert {w["gap_id"] for w in stage.without_environment} == {NO_FAMILY["id"], "gap-cluster"}
     from tracegym.jobs.nightly import stage_line
 
     assert stage_line("synthesize", stage) == (
@@ -195,15 +198,15 @@ def test_a_skipped_synthesis_still_says_why(night):
 
 
 def test_every_gap_built_says_so(tmp_path, monkeypatch):
-    from tracegym.jobs.nightly import render_report, stage_line
+    from tracegym.jobs.nightly import NightlyReport, render_report, stage_line
 
     write_gaps(tmp_path, [BUILDS])
     monkeypatch.setattr(pipeline, "synthesize", _fast(pipeline.synthesize))
     result, _lines = _night(tmp_path, monkeypatch)
-    stage = result["stages"]["synthesize"]
-    assert stage["without_environment"] == []
+    stage = result.stages["synthesize"]
+    assert stage.without_environment == []
     assert stage_line("synthesize", stage) == "done - 1 environment, every gap got one"
-    markdown = render_report(DATE, result["stages"], [], {"routing": None, "adapters": []})
+    markdown = render_report(DATE, result.stages, [], NightlyReport(date=DATE))
     assert "Every gap got an environment." in markdown
 
 

@@ -408,7 +408,7 @@ def test_train_capability_reports_each_phase(tmp_path, one_thread):
 def test_rollouts_are_queryable_in_the_store_after_compaction(tmp_path, tracer_setup):
     pytest.importorskip("duckdb")
     import tracegym as tg
-    from tracegym.jobs.nightly import NightlyConfig, _Night
+    from tracegym.jobs.nightly import NightlyConfig, NightRunner
     from tracegym.store.store import Store
 
     tracer_setup(service="policy-rollouts", home=tmp_path)
@@ -417,8 +417,8 @@ def test_rollouts_are_queryable_in_the_store_after_compaction(tmp_path, tracer_s
     results = [rollout(policy, env, s, max_new_tokens=8) for s in (1_000_000, 1_000_001)]
     tg.flush()
     tg.shutdown()
-    compacted = _Night(tmp_path, NightlyConfig(), None, None, None).stage_compact()
-    assert compacted["status"] == "done" and compacted["spans"] > 0
+    compacted = NightRunner(tmp_path, NightlyConfig(), None, None, None).stage_compact()
+    assert compacted.status == "done" and compacted.spans > 0
     with Store(tmp_path, compact_on_open=False) as store:
         rows = store.sql("SELECT run_id, agent, success FROM traces ORDER BY run_id").fetchall()
         calls = store.sql("SELECT count(*) FROM llm_calls").fetchall()[0][0]
