@@ -59,7 +59,7 @@ def synthesized(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
 
 def test_the_report_lists_each_gap_without_an_environment_with_its_stage_and_reason(synthesized):
     home, report = synthesized
-    assert [e["gap_id"] for e in report.environments] == [BUILDS["id"]]
+    assert [e.gap_id for e in report.environments] == [BUILDS["id"]]
     without = {w.gap_id: w for w in report.without_environment}
     assert set(without) == {NO_FAMILY["id"], "gap-cluster"}
     custom = without[NO_FAMILY["id"]]
@@ -69,14 +69,14 @@ def test_the_report_lists_each_gap_without_an_environment_with_its_stage_and_rea
     assert without["gap-cluster"].stage is StopStage.UNUSABLE
     assert "names no detector" in without["gap-cluster"].reason
     # the lists earlier readers know still say the same
-    assert {n["gap_id"]: n["reason"] for n in report.not_synthesizable} == {
+    assert {n.gap_id: n.reason for n in report.not_synthesizable} == {
         w.gap_id: w.reason for w in report.without_environment
     }
     # kept with the registry, so the nightly and the dashboard need no rerun
     kept = last_synthesis(home)
     assert kept is not None and kept.gaps_hash == pipeline.gaps_hash(home / "gaps.json")
     assert kept.without_environment == tuple(report.without_environment)
-    assert kept.environments == (report.environments[0]["env_id"],)
+    assert kept.environments == (report.environments[0].env_id,)
     assert json.loads(json.dumps(report.to_dict()))["without_environment"][0]["stage"] in {
         "no_family", "unusable"}  # fmt: skip
 
@@ -100,7 +100,7 @@ def test_failed_checks_say_which_and_fidelity_alone_is_its_own_stage(tmp_path, m
     report = synthesize(tmp_path, **FAST)
     (both,) = report.without_environment
     assert both.stage is StopStage.VALIDITY and both.failed_checks == ("determinism", "fidelity")
-    assert report.rejected[0]["failures"] == [
+    assert report.rejected[0].failures == [
         "determinism: determinism broke on seed 3",
         "fidelity: fidelity broke on seed 3",
     ]
@@ -251,7 +251,7 @@ def test_the_environments_page_lists_them_escaped(synthesized):
     assert XSS not in body and "&lt;img src=x onerror=&#34;window.__xss = 1&#34;&gt;" in custom
     (cluster,) = [r for r in rows if "gap-cluster" in r]
     assert "not a usable gap" in cluster and "names no detector" in cluster
-    assert report.environments[0]["env_id"] in body.split("Gaps without an environment")[0]
+    assert report.environments[0].env_id in body.split("Gaps without an environment")[0]
 
 
 def test_the_environments_page_when_every_gap_got_one_and_before_any_synthesis(tmp_path):
