@@ -43,6 +43,7 @@ ENVIRONMENT_TASKS_FILES = {"train": "tasks_train.jsonl", "heldout": "tasks_heldo
 ADAPTERS_DIR = "adapters"
 MODELS_DIR = "models"
 NIGHTLY_DIR = "nightly"
+NIGHT_REPORT_FILE = "report.json"
 CACHE_DIR = "cache"
 EMBEDDINGS_FILE = "embeddings.npz"
 IMPORTS_DIR = "imports"
@@ -131,6 +132,10 @@ class Home:
 
     def night(self, date: str) -> Path:
         return self.nightly / date
+
+    def night_report(self, date: str) -> Path:
+        """The night's report.json (jobs.nightly.NightlyReport), what dashboards read."""
+        return self.night(date) / NIGHT_REPORT_FILE
 
     @property
     def nightly_state(self) -> Path:
