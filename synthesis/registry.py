@@ -11,6 +11,8 @@
 
 `load(home, env_id)` gives a runnable `Environment` back (its class is the spec's
 `entry_point`, so environments you write yourself register and load the same way).
+`read_index`/`list_envs`/`entry` give the index typed (`EnvironmentIndex`, `EnvironmentEntry`),
+`detail` one environment's documents (`EnvironmentDetail`); the paths are `store.home.Home`'s.
 """
 
 from __future__ import annotations
