@@ -50,9 +50,10 @@ class RegistryError(LookupError):
     """An environment that is not registered, or a registry that cannot be read."""
 
 
-class EnvironmentIndexError(RegistryError, DocumentError):
-    """`envs/index.json` (or one of its entries) is not the shape the registry writes; the
-    message names the file or the entry and what is wrong."""
+class RegistryDocumentError(RegistryError, DocumentError):
+    """A document the registry writes (`envs/index.json`, one of its entries, an environment's
+    validity.json) is not the shape it writes; the message names the file or the entry and
+    what is wrong."""
 
 
 def envs_dir(home: str | Path) -> Path:
@@ -84,7 +85,7 @@ def _text(data: Mapping[str, Any], name: str) -> str | None:
 def _number(data: Mapping[str, Any], name: str, where: str) -> Any:
     value = data.get(name)
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise EnvironmentIndexError(f"{where}: {name!r} must be a number, got {value!r:.80}")
+        raise RegistryDocumentError(f"{where}: {name!r} must be a number, got {value!r:.80}")
     return value
 
 
@@ -95,7 +96,7 @@ def _seed_range(data: Mapping[str, Any], name: str, where: str) -> list[int]:
         and len(value) == 2
         and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     ):
-        raise EnvironmentIndexError(f"{where}: {name!r} must be [start, stop], got {value!r:.80}")
+        raise RegistryDocumentError(f"{where}: {name!r} must be [start, stop], got {value!r:.80}")
     return [int(value[0]), int(value[1])]
 
 
@@ -104,7 +105,7 @@ def _mapping(data: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise EnvironmentIndexError(
+        raise RegistryDocumentError(
             f"{where}: {name!r} must be an object, got {type(value).__name__}"
         )
     return value
@@ -142,7 +143,7 @@ class ValiditySummary(JsonKeys):
     def from_dict(cls, data: Mapping[str, Any], where: str = "validity") -> ValiditySummary:
         ok = data.get("ok")
         if not isinstance(ok, bool):
-            raise EnvironmentIndexError(f"{where}: 'ok' must be true or false, got {ok!r:.80}")
+            raise RegistryDocumentError(f"{where}: 'ok' must be true or false, got {ok!r:.80}")
         return cls(ok=ok, checked_at=_text(data, "checked_at"))
 
 
@@ -211,18 +212,18 @@ class EnvironmentEntry(JsonKeys):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EnvironmentEntry:
-        """EnvironmentIndexError naming the entry and the field when it is not one."""
+        """RegistryDocumentError naming the entry and the field when it is not one."""
         if not isinstance(data, Mapping):
-            raise EnvironmentIndexError(
+            raise RegistryDocumentError(
                 f"an environment entry must be an object, got {type(data).__name__}"
             )
         env_id = data.get("env_id")
         if not isinstance(env_id, str) or not env_id:
-            raise EnvironmentIndexError(f"environment entry without an 'env_id': {data!r:.200}")
+            raise RegistryDocumentError(f"environment entry without an 'env_id': {data!r:.200}")
         where = f"environment {env_id!r}"
         for name in ("family", "entry_point"):
             if not isinstance(data.get(name), str):
-                raise EnvironmentIndexError(f"{where}: {name!r} must be a string")
+                raise RegistryDocumentError(f"{where}: {name!r} must be a string")
         calibration = _mapping(data, "calibration", where)
         return cls(
             env_id=env_id,
@@ -262,12 +263,12 @@ class EnvironmentIndex(JsonKeys):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EnvironmentIndex:
-        """EnvironmentIndexError when `data` is not an index (or one entry is not an entry)."""
+        """RegistryDocumentError when `data` is not an index (or one entry is not an entry)."""
         if not isinstance(data, Mapping) or not isinstance(data.get("environments"), list):
-            raise EnvironmentIndexError("not a tracegym environment index")
+            raise RegistryDocumentError("not a tracegym environment index")
         version = data.get("version", 0)
         if not isinstance(version, int) or version > cls.VERSION:
-            raise EnvironmentIndexError(
+            raise RegistryDocumentError(
                 f"environment index version {version!r} is not supported "
                 f"(this tracegym reads up to {cls.VERSION})"
             )
@@ -296,21 +297,21 @@ def from_spec(spec: EnvironmentSpec, **knobs: Any) -> Environment:
 
 
 def read_index(home: str | Path) -> EnvironmentIndex:
-    """The registry's index (empty when nothing was registered yet); EnvironmentIndexError
+    """The registry's index (empty when nothing was registered yet); RegistryDocumentError
     naming the file when it cannot be read as one."""
     path = Home.at(home).environment_index
     try:
         data = read_json(path, default=None)
     except DocumentError as exc:
-        raise EnvironmentIndexError(str(exc)) from None
+        raise RegistryDocumentError(str(exc)) from None
     if data is None:
         return EnvironmentIndex()
     try:
         return EnvironmentIndex.from_dict(data)
-    except EnvironmentIndexError as exc:
+    except RegistryDocumentError as exc:
         if str(exc) == "not a tracegym environment index":
-            raise EnvironmentIndexError(f"{path} is not a tracegym environment index") from None
-        raise EnvironmentIndexError(f"{path}: {exc}") from None
+            raise RegistryDocumentError(f"{path} is not a tracegym environment index") from None
+        raise RegistryDocumentError(f"{path}: {exc}") from None
 
 
 def _write_index(home: str | Path, index: EnvironmentIndex) -> None:
@@ -457,14 +458,14 @@ def load(home: str | Path, env_id: str, **knobs: Any) -> Environment:
 
 
 def validity_report_from_dict(data: Mapping[str, Any]) -> ValidityReport:
-    """A validity.json document (`ValidityReport.to_dict()`) read back; EnvironmentIndexError
+    """A validity.json document (`ValidityReport.to_dict()`) read back; RegistryDocumentError
     naming the field when it is not one."""
     if not isinstance(data, Mapping) or not isinstance(data.get("checks"), list):
-        raise EnvironmentIndexError(f"not a validity report (no 'checks' list): {data!r:.200}")
+        raise RegistryDocumentError(f"not a validity report (no 'checks' list): {data!r:.200}")
     checks = []
     for i, check in enumerate(data["checks"]):
         if not isinstance(check, Mapping) or not isinstance(check.get("name"), str):
-            raise EnvironmentIndexError(f"validity report: checks[{i}] has no 'name'")
+            raise RegistryDocumentError(f"validity report: checks[{i}] has no 'name'")
         value = check.get("value")
         checks.append(
             Check(
@@ -559,8 +560,8 @@ __all__ = [
     "EnvironmentDetail",
     "EnvironmentEntry",
     "EnvironmentIndex",
-    "EnvironmentIndexError",
     "JsonKeys",
+    "RegistryDocumentError",
     "RegistryError",
     "TaskCounts",
     "ValiditySummary",

@@ -29,7 +29,7 @@ from tracegym.synthesis.registry import (
     CalibrationSummary,
     EnvironmentEntry,
     EnvironmentIndex,
-    EnvironmentIndexError,
+    RegistryDocumentError,
     RegistryError,
     TaskCounts,
     ValiditySummary,
@@ -125,7 +125,7 @@ def test_an_index_written_without_a_version_or_later_fields_still_reads():
 def test_a_damaged_entry_raises_a_named_error(damage: Any, message: str, tmp_path: Path):
     data = an_entry().to_dict()
     damage(data)
-    with pytest.raises(EnvironmentIndexError, match=message):
+    with pytest.raises(RegistryDocumentError, match=message):
         EnvironmentEntry.from_dict(data)
     path = Home.at(tmp_path).environment_index
     path.parent.mkdir(parents=True)
@@ -139,13 +139,13 @@ def test_an_index_that_is_not_one_names_its_file(tmp_path: Path):
     path = Home.at(tmp_path).environment_index
     path.parent.mkdir(parents=True)
     path.write_text("{broken", encoding="utf-8")
-    with pytest.raises(EnvironmentIndexError, match=f"{path} is not valid JSON"):
+    with pytest.raises(RegistryDocumentError, match=f"{path} is not valid JSON"):
         registry.read_index(tmp_path)
     path.write_text('{"version": 1}', encoding="utf-8")
-    with pytest.raises(EnvironmentIndexError, match=f"{path} is not a tracegym environment index"):
+    with pytest.raises(RegistryDocumentError, match=f"{path} is not a tracegym environment index"):
         registry.read_index(tmp_path)
     path.write_text('{"version": 99, "environments": []}', encoding="utf-8")
-    with pytest.raises(EnvironmentIndexError, match="version 99 is not supported"):
+    with pytest.raises(RegistryDocumentError, match="version 99 is not supported"):
         registry.read_index(tmp_path)
     assert registry.read_index(tmp_path / "nothing") == EnvironmentIndex()
 
