@@ -18,8 +18,6 @@ and shows them to the model with the request.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import threading
 import time
@@ -32,6 +30,7 @@ from typing import Any
 import tracegym as tg
 from tracegym.examples.shop import RULES, TOOL_SCHEMAS, ShopTask, ShopTools, verify
 from tracegym.generation.model import Policy
+from tracegym.store.home import read_json, write_json
 from tracegym.training.rollout import (
     ChatEncoder,
     LaneSession,
@@ -56,8 +55,8 @@ class CustomerNotes:
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else None
         loaded = {}
-        if self.path is not None and self.path.exists():
-            loaded = json.loads(self.path.read_text(encoding="utf-8"))
+        if self.path is not None:
+            loaded = read_json(self.path, {})
         self.notes: dict[str, str] = dict(loaded)
         self._opened = dict(loaded)
         self._lock = threading.Lock()
@@ -74,11 +73,9 @@ class CustomerNotes:
     def save(self) -> None:
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
         with self._lock:
-            tmp.write_text(json.dumps(self.notes, indent=1, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, self.path)
+            notes = dict(sorted(self.notes.items()))
+        write_json(self.path, notes, indent=1)
 
 
 @dataclass
