@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from tracegym.store.home import EMBEDDINGS_FILE
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 
@@ -24,7 +25,8 @@ class Embedder:
     """Embeds texts with a cache (`<home>/cache/embeddings.npz`): one vector per text hash."""
 
     def __init__(self, cache_dir: Path | None = None, batch_size: int = 64) -> None:
-        self.cache_path = Path(cache_dir) / "embeddings.npz" if cache_dir is not None else None
+        # `cache_dir` is the home's cache folder (`Home.cache`): the file is `Home.embeddings_cache`
+        self.cache_path = Path(cache_dir) / EMBEDDINGS_FILE if cache_dir is not None else None
         self.batch_size = batch_size
         self._model = None
         self._cache: dict[str, np.ndarray] = {}

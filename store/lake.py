@@ -28,25 +28,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
+from tracegym.store.home import LAKE_DIR as LAKE_DIR
+from tracegym.store.home import Home
 from tracegym.store.schema import read_json_source, row_select
-from tracegym.tracer.spool_files import is_complete, spool_dir
+from tracegym.tracer.spool_files import is_complete
 
-LAKE_DIR = "lake"
 SPANS_DIR = "spans"
 OUTCOMES_DIR = "outcomes"  # outcome records, kept apart so `spans` needs no filter
 STAGING_DIR = "_staging"
 LOCK_FILE = ".compact.lock"
 
 
-def lake_dir(home: Path) -> Path:
-    return Path(home) / LAKE_DIR
+def lake_dir(home: Path | Home) -> Path:
+    return Home.at(home).lake
 
 
-def spans_dir(home: Path) -> Path:
+def spans_dir(home: Path | Home) -> Path:
     return lake_dir(home) / SPANS_DIR
 
 
-def outcomes_dir(home: Path) -> Path:
+def outcomes_dir(home: Path | Home) -> Path:
     return lake_dir(home) / OUTCOMES_DIR
 
 
@@ -106,7 +107,7 @@ def _count_lines(path: Path) -> int:
 
 def complete_spool_files(home: Path) -> tuple[list[Path], list[Path]]:
     """(files ready to compact, files a live writer still holds), in name order."""
-    directory = spool_dir(home)
+    directory = Home.at(home).spool
     if not directory.is_dir():
         return [], []
     ready, live = [], []

@@ -17,7 +17,6 @@ the `tracegym.store` logger.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+from tracegym.store.home import read_json, write_json
 from tracegym.store.lake import _stem_of_part, compaction_lock, lake_dir
 
 TABLES = ("spans", "outcomes", "nightly")  # the lake's folders the views read
@@ -132,7 +132,7 @@ def _data_problem(con: duckdb.DuckDBPyConnection, path: Path) -> str | None:
 def _known_good(home: Path) -> dict[Path, tuple[int, int]]:
     """Footers an earlier process found good: {path: (size, mtime_ns)} from CHECKED_FILE."""
     try:
-        entries = json.loads((lake_dir(home) / CHECKED_FILE).read_text(encoding="utf-8"))
+        entries = read_json(lake_dir(home) / CHECKED_FILE)
         return {lake_dir(home) / name: (int(size), int(mtime)) for name, size, mtime in entries}
     except (OSError, ValueError, TypeError):
         return {}
@@ -142,13 +142,8 @@ def _remember_good(home: Path, good: dict[Path, os.stat_result]) -> None:
     """Write CHECKED_FILE (whole, renamed into place) when the disk lets us; never required."""
     lake = lake_dir(home)
     entries = [[str(p.relative_to(lake)), st.st_size, st.st_mtime_ns] for p, st in good.items()]
-    tmp = lake / f"{CHECKED_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
-    try:
-        tmp.write_text(json.dumps(entries), encoding="utf-8")
-        os.replace(tmp, lake / CHECKED_FILE)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    with contextlib.suppress(OSError):
+        write_json(lake / CHECKED_FILE, entries, indent=None)
 
 
 def check(home: Path, paths: Iterable[Path], *, deep: bool = False) -> list[BadPart]:

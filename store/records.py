@@ -17,8 +17,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tracegym.store.home import Home
 from tracegym.tracer import semconv as sc
-from tracegym.tracer.spool_files import SPOOL_VERSION, SpoolWriter, spool_dir
+from tracegym.tracer.spool_files import SPOOL_VERSION, SpoolWriter
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
 
@@ -100,7 +101,7 @@ def write_spool_file(home: Path, records: Iterable[Mapping[str, Any]], stem: str
 def write_spool_bytes(home: Path, data: bytes | Iterable[bytes], stem: str) -> Path:
     """`write_spool_file` for records already encoded (`encode_records`): one bytes object, or
     pieces written one after the other (never joined in memory)."""
-    directory = spool_dir(home)
+    directory = Home.at(home).spool
     directory.mkdir(parents=True, exist_ok=True)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)[:120]
     final = directory / f"{safe}.jsonl"

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracegym.store.home import Home
 from tracegym.store.records import encode_records, write_spool_bytes
 from tracegym.tracer.redact import Redactor, redact_records
 from tracegym.tracer.semconv import OUTCOME_SPAN_NAME as OUTCOME
@@ -290,7 +291,8 @@ def _stored(
     and per outcome's ids the (time, attributes) of each copy it holds."""
     spans: set[tuple[str, str]] = set()
     outcomes: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
-    if not trace_ids or not any((home / d).is_dir() for d in ("spool", "lake")):
+    paths = Home.at(home)
+    if not trace_ids or not (paths.spool.is_dir() or paths.lake.is_dir()):
         return spans, outcomes
     try:
         from tracegym.store.store import Store
@@ -373,7 +375,7 @@ def import_path(
         raise ValueError(f"max_bytes must be positive, got {limit}")
     convert = _streaming_converter(fmt)
     path, home = Path(path), Path(home)
-    registry = home / "imports"
+    registry = Home.at(home).imports
     labels_bytes = Path(labels).read_bytes() if labels is not None else b""
     kwargs = {"labels": Path(labels)} if labels is not None else {}
     redactor = Redactor() if redact else None
