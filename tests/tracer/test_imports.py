@@ -138,3 +138,52 @@ print(result.exit_code, " a " in result.output, api)
     result = run_python(script)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "True", "[]"]
+
+
+def test_other_instrumentations_spans_map_without_leaving_the_tracer(run_python):
+    """The tracer maps another instrumentation's spans (the spool record, `by_operation`) with
+    its own attribute mapping: no tracegym module outside the tracer is loaded to do it."""
+    script = """
+import json, sys
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tracegym.tracer.spool import span_record
+from tracegym.tracer.testing import Captured
+from tracegym.tracer.third_party import apply_policy, attributes_of
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+tracer = provider.get_tracer("openinference.instrumentation.openai")
+with tracer.start_as_current_span("ChatCompletion") as span:
+    span.set_attributes({
+        "openinference.span.kind": "LLM",
+        "llm.token_count.prompt": 3,
+        "llm.input_messages.0.message.role": "user",
+        "llm.input_messages.0.message.content": "hi",
+    })
+(finished,) = exporter.get_finished_spans()
+attributes = span_record(finished)["attributes"]
+apply_policy(finished, "chat", attributes_of(finished))
+outside = sorted(
+    m for m in sys.modules
+    if m.startswith("tracegym.") and not m.startswith("tracegym.tracer")
+)
+print(json.dumps({
+    "operation": attributes.get("gen_ai.operation.name"),
+    "input_tokens": attributes.get("gen_ai.usage.input_tokens"),
+    "messages": "gen_ai.input.messages" in attributes,
+    "chat": len(Captured(exporter).by_operation("chat")),
+    "outside": outside,
+}))
+"""
+    result = run_python(script)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "operation": "chat",
+        "input_tokens": 3,
+        "messages": True,
+        "chat": 1,
+        "outside": [],
+    }
