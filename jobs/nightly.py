@@ -1,25 +1,29 @@
 """The nightly batch job: compaction -> analysis -> synthesis -> training -> evaluation -> report.
 
     from tracegym.jobs.nightly import nightly, NightlyConfig
-    report = nightly(home)                 # or `tracegym nightly`
+    run = nightly(home)                    # or `tracegym nightly`; a NightlyRun
 
-Everything for one night lives under `<home>/nightly/<YYYY-MM-DD>/`:
+Everything for one night lives under `<home>/nightly/<YYYY-MM-DD>/` (`Home.night(date)`):
 
-    stages/<stage>.json   the stage's result; written atomically when the stage completes
-    report.json           the night's data (for dashboards)
+    stages/<stage>.json   the stage's result (a StageResult: CompactResult ... ReportResult);
+                          written atomically when the stage completes
+    report.json           the night's data, for dashboards (NightlyReport)
     report.md             the same as Markdown
 
+Each document is a dataclass here with `to_dict`/`from_dict` and a version; the JSON keeps the
+keys it had before the version, so nights written then still read (as version 0).
+
 Incremental: a stage compares its inputs with the last completed night's (`<home>/nightly/
-state.json`) and skips what did not change: analysis runs only when the lake changed (new runs),
-synthesis only when gaps.json changed, training only for environments whose adapter is missing
-or was trained on other data, base model or settings, evaluation only for adapters trained
-tonight (the others keep their numbers).
+state.json`, NightlyState) and skips what did not change: analysis runs only when the lake
+changed (new runs), synthesis only when gaps.json changed, training only for environments whose
+adapter is missing or was trained on other data, base model or settings, evaluation only for
+adapters trained tonight (the others keep their numbers).
 
 Safe: a lock file (`<home>/nightly/.lock`, holding the pid) refuses a second concurrent run (a
 lock whose process is gone is taken over); every artifact is written to a temporary name and
 renamed; after a kill, the next run of the same night skips the stages that completed and redoes
 the one that was interrupted (adapters already saved with matching inputs are not retrained).
-Each night is appended to `<home>/nightly/history.jsonl`.
+Each night is appended to `<home>/nightly/history.jsonl` (a NightRecord a line; `read_history`).
 
 One environment's failure does not stop the night: an environment that cannot be trained (no
 training examples, a broken spec ...) or an adapter that cannot be evaluated is listed under the
@@ -604,8 +608,8 @@ class Lock:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 try:
-                    owner = json.loads(self.path.read_text() or "{}")
-                except (OSError, ValueError):
+                    owner = read_json(self.path)
+                except (OSError, DocumentError):
                     owner = {}
                 if not isinstance(owner, dict):
                     owner = {}
@@ -617,6 +621,7 @@ class Lock:
                     ) from None
                 self.path.unlink(missing_ok=True)  # stale: its process is gone
                 continue
+            # created exclusively (that is the lock), so not through write_json's rename
             with os.fdopen(fd, "w") as handle:
                 handle.write(json.dumps({"pid": os.getpid(), "since": _now()}))
             self.held = True
