@@ -725,7 +725,7 @@ class NightRunner:
             raise NightlyFault(f"injected fault at {point}")
 
     def marker(self, stage: str) -> Path:
-        return self.dir / "stages" / f"{stage}.json"
+        return self.paths.night_stage(self.date, stage)
 
     def run(self) -> StageResult:
         for stage in STAGES:
@@ -1049,11 +1049,12 @@ class NightRunner:
             ],
         )
         markdown = render_report(self.date, self.results, rows, report)
-        write_json(self.dir / "report.json", report.to_dict())
+        report_file = self.paths.night_report(self.date)
+        write_json(report_file, report.to_dict())
         tmp = self.dir / ".report.md.tmp"
         tmp.write_text(markdown)
         os.replace(tmp, self.dir / "report.md")
-        return ReportResult(report=str(self.dir / "report.json"))
+        return ReportResult(report=str(report_file))
 
 
 # The report --------------------------------------------------------------------------------------
@@ -1224,11 +1225,11 @@ def nightly(
                 finished_at=state.finished_at,
                 stages={s: results[s].status for s in STAGES},
                 gaps_without_environment=len(without),
-                report=str(night.dir / "report.json"),
+                report=str(paths.night_report(night.date)),
             )
             with paths.nightly_history.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record.to_dict()) + "\n")
-            record_night(home, night.date, results, night.dir / "report.json")
+            record_night(home, night.date, results, paths.night_report(night.date))
             (night.dir / "recorded").touch()
         write_json(paths.nightly_state, state.to_dict())
         return NightlyRun(date=night.date, dir=str(night.dir), stages=results)

@@ -137,6 +137,10 @@ class Home:
         """The night's report.json (jobs.nightly.NightlyReport), what dashboards read."""
         return self.night(date) / NIGHT_REPORT_FILE
 
+    def night_stage(self, date: str, stage: str) -> Path:
+        """A stage's result that night (jobs.nightly.StageResult), written when it completes."""
+        return self.night(date) / "stages" / f"{stage}.json"
+
     @property
     def nightly_state(self) -> Path:
         return self.nightly / "state.json"
