@@ -5,23 +5,19 @@ broken file reads as empty plus a note, so one bad artifact never takes a page d
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracegym.analysis.gap import Gap, GapsDocument
-from tracegym.store.home import (
-    ENVIRONMENT_CALIBRATION_FILE,
-    GAPS_FILE,
-    DocumentError,
-    Home,
-    read_json,
-)
+from tracegym.store.home import GAPS_FILE, DocumentError, Home, read_json
 
 if TYPE_CHECKING:
-    from tracegym.synthesis.registry import EnvironmentEntry
-    from tracegym.synthesis.validity import ValidityReport
+    from tracegym.synthesis.registry import EnvironmentDetail, EnvironmentEntry
     from tracegym.training.adapters import AdapterMetadata
+    from tracegym.training.evaluate import EvaluationRow
+    from tracegym.training.router import RoutingAccuracy
 
 
 def _read_json(path: Path) -> tuple[Any, str | None]:
@@ -109,35 +105,23 @@ def last_synthesis(home: Path) -> tuple[Any, str | None]:
     return last, "; ".join(notes) or None
 
 
-@dataclass(frozen=True)
-class EnvironmentDetail:
-    """What the environment page shows: the index entry, the spec (as JSON), the validity
-    report and calibration record it was registered with, and a sample task with its oracle
-    episode (or why there is none)."""
-
-    entry: EnvironmentEntry
-    spec: dict[str, Any]
-    validity: ValidityReport | None
-    calibration: dict[str, Any] | None  # calibration.json as written (synthesis/calibrate.py)
-    sample: dict[str, Any] | None
-    sample_error: str | None = None
-
-
 def environment_detail(home: Path, env_id: str) -> EnvironmentDetail:
-    """One environment: entry, spec, validity, calibration, and a sample task with its oracle
-    episode (computed by the environment's own code, deterministic per seed). RegistryError
-    (a LookupError) when there is no such environment."""
+    """One environment's entry, spec, validity report and calibration record (RegistryError,
+    a LookupError, when it is not registered)."""
     from tracegym.synthesis import registry
 
-    entry = registry.entry(home, env_id)
-    spec = registry.load_spec(home, env_id).to_dict()
-    validity = registry.read_validity(home, env_id)
-    calibration = read_json(Home.at(home).environment(env_id) / ENVIRONMENT_CALIBRATION_FILE, None)
+    return registry.detail(home, env_id)
+
+
+def environment_sample(home: Path, env_id: str) -> tuple[dict[str, Any] | None, str | None]:
+    """A sample task with its oracle episode (computed by the environment's own code,
+    deterministic per seed), or None and why it could not be made."""
+    from tracegym.synthesis import registry
+
     try:
-        sample, error = registry.sample(home, env_id), None
-    except Exception as exc:
-        sample, error = None, f"{type(exc).__name__}: {exc}"
-    return EnvironmentDetail(entry, spec, validity, calibration, sample, error)
+        return registry.sample(home, env_id), None
+    except Exception as exc:  # the page shows the rest and says why
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def adapters(home: Path) -> list[AdapterMetadata]:
@@ -159,44 +143,96 @@ def adapters(home: Path) -> list[AdapterMetadata]:
     return out
 
 
-def nightly_history(home: Path) -> list[dict[str, Any]]:
-    """`<home>/nightly/history.jsonl`, newest first, each with its report.json when readable."""
+@dataclass(frozen=True)
+class Night:
+    """One night of the batch job as the pages show it: the stages' statuses from its line of
+    `nightly/history.jsonl` (the latest line of its date), and from its report.json the
+    held-out evaluation rows, the routing accuracy and the gaps synthesis gave no environment.
+
+    The nightly's own document types (jobs.nightly) sit on the jobs' floor, beside the
+    dashboard's and not below it, so the report is read here down to the typed rows it holds:
+    `training.evaluate.EvaluationRow`, `training.router.RoutingAccuracy`, and the
+    `synthesis.pipeline.GapWithoutEnvironment` records (parsed where they are shown)."""
+
+    date: str
+    stages: dict[str, str] = field(default_factory=dict)
+    evaluation: tuple[EvaluationRow, ...] = ()
+    routing: RoutingAccuracy | None = None
+    without_environment: tuple[Mapping[str, Any], ...] = ()
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _night(record: Mapping[str, Any], report: Mapping[str, Any]) -> Night:
+    """A history line and its report (empty when unreadable); parts that do not read as their
+    type are left out, so one damaged row never hides the night."""
+    from tracegym.training.evaluate import EvaluationRow
+    from tracegym.training.router import RoutingAccuracy
+
+    rows = []
+    for row in report.get("evaluation") or []:
+        try:
+            rows.append(EvaluationRow.from_dict(row))
+        except (ValueError, TypeError):  # EvaluationError, or a number that is not one
+            continue
+    measured = report.get("routing") or _mapping(report.get("evaluate")).get("routing")
+    try:
+        accuracy = RoutingAccuracy.from_dict(measured) if isinstance(measured, Mapping) else None
+    except ValueError:  # RoutingError
+        accuracy = None
+    synthesize = _mapping(_mapping(report.get("stages")).get("synthesize"))
+    without = synthesize.get("without_environment")
+    return Night(
+        date=str(record["date"]),
+        stages={str(k): str(v) for k, v in _mapping(record.get("stages")).items()},
+        evaluation=tuple(rows),
+        routing=accuracy,
+        without_environment=tuple(
+            item
+            for item in (without if isinstance(without, list) else [])
+            if isinstance(item, Mapping)
+        ),
+    )
+
+
+def nightly_history(home: Path) -> list[Night]:
+    """`<home>/nightly/history.jsonl`, newest first, each night with its report.json when
+    readable; lines that are not a night (cut short, edited by hand) are skipped."""
     home = Home.at(home)
     path = home.nightly_history
     if not path.exists():
         return []
-    nights = []
+    by_date: dict[str, Mapping[str, Any]] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            night = json.loads(line)
+            record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(night, dict):
-            nights.append(night)
-    by_date: dict[str, dict[str, Any]] = {}
-    for night in nights:
-        by_date[str(night.get("date"))] = night  # the latest record of a date wins
-    out = sorted(by_date.values(), key=lambda n: str(n.get("date")), reverse=True)
-    for night in out:
-        report = night.get("report")
-        candidate = Path(report) if isinstance(report, str) else None
+        if isinstance(record, Mapping) and isinstance(record.get("date"), str):
+            by_date[record["date"]] = record  # the latest record of a date wins
+    out = []
+    for date in sorted(by_date, reverse=True):
+        record = by_date[date]
+        named = record.get("report")
+        candidate = Path(named) if isinstance(named, str) else None
         if candidate is not None and not candidate.is_absolute():
             candidate = home.root / candidate
-        own = home.night(str(night.get("date"))) / "report.json"
-        for path in (own, candidate):
+        report: Mapping[str, Any] = {}
+        for path in (home.night_report(date), candidate):
             if path is not None and path.is_file():
                 data, _ = _read_json(path)
-                if isinstance(data, dict):
-                    night["report_data"] = data
+                if isinstance(data, Mapping):
+                    report = data
                     break
+        out.append(_night(record, report))
     return out
 
 
-def routing(nights: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The latest routing accuracy a night measured ({"accuracy", "n", ...})."""
+def routing(nights: list[Night]) -> dict[str, Any] | None:
+    """The latest routing accuracy a night measured ({"accuracy", "n", "date"})."""
     for night in nights:
-        data = night.get("report_data") or {}
-        value = data.get("routing") or (data.get("evaluate") or {}).get("routing")
-        if isinstance(value, dict):
-            return {**value, "date": night.get("date")}
+        if night.routing is not None:
+            return {"accuracy": night.routing.accuracy, "n": night.routing.n, "date": night.date}
     return None

@@ -10,6 +10,7 @@ import contextlib
 import datetime as dt
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,22 +165,21 @@ def _per_run(ctx: Context) -> dict[str, list[Any]]:
     }
 
 
-def _nights(history: list[dict[str, Any]], stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _nights(history: list[artifacts.Night], stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per night: the store's counts joined with history.jsonl's report (before/after)."""
     by_date = {str(n["date"]): dict(n) for n in stored}
     for night in history:
-        row = by_date.setdefault(str(night.get("date")), {"date": night.get("date")})
-        report = night.get("report_data") or {}
-        row["stages"] = row.get("stages") or json.dumps(night.get("stages") or {})
-        row["without"] = _without_environment((report.get("stages") or {}).get("synthesize"))
+        row = by_date.setdefault(night.date, {"date": night.date})
+        row["stages"] = row.get("stages") or json.dumps(night.stages)
+        row["without"] = _without_environment(night.without_environment)
         row["evaluation"] = [
             {
-                "adapter_id": e.get("adapter_id"),
-                "base": (e.get("base") or {}).get("rate"),
-                "adapter": (e.get("adapter") or {}).get("rate"),
-                "promoted": e.get("promoted"),
+                "adapter_id": e.adapter_id,
+                "base": e.base.rate,
+                "adapter": e.adapter.rate,
+                "promoted": e.promoted,
             }
-            for e in report.get("evaluation") or []
+            for e in night.evaluation
         ]
     for row in by_date.values():
         stages = row.get("stages")
@@ -190,28 +190,32 @@ def _nights(history: list[dict[str, Any]], stored: list[dict[str, Any]]) -> list
     return sorted(by_date.values(), key=lambda n: str(n.get("date")), reverse=True)
 
 
-def _without_environment(result: Any) -> list[dict[str, str]]:
+def _without_environment(records: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     """The gaps a night's synthesis gave no environment, each with its stage and reason (the
     report's `stages.synthesize.without_environment`, synthesis.GapWithoutEnvironment)."""
-    if not isinstance(result, dict):
-        return []
-    out = []
-    for item in result.get("without_environment") or []:
-        if not isinstance(item, dict):
-            continue
-        stage = item.get("stage")
-        try:
-            from tracegym.synthesis.pipeline import GapWithoutEnvironment
+    from tracegym.synthesis.pipeline import GapWithoutEnvironment
 
-            stage = GapWithoutEnvironment.from_dict(item).stage.label
-        except Exception:  # an older or partial record: show what it holds
-            stage = stage if isinstance(stage, str) else ""
+    out = []
+    for item in records:
+        try:
+            gap = GapWithoutEnvironment.from_dict(item)
+        except ValueError:  # SynthesisRecordError: an older or partial record, shown as it is
+            stage = item.get("stage")
+            out.append(
+                {
+                    "gap": str(item.get("gap_name") or item.get("gap_id") or "?"),
+                    "gap_id": str(item.get("gap_id") or ""),
+                    "stage": stage if isinstance(stage, str) else "",
+                    "reason": str(item.get("reason") or ""),
+                }
+            )
+            continue
         out.append(
             {
-                "gap": str(item.get("gap_name") or item.get("gap_id") or "?"),
-                "gap_id": str(item.get("gap_id") or ""),
-                "stage": str(stage or ""),
-                "reason": str(item.get("reason") or ""),
+                "gap": gap.gap_name or gap.gap_id or "?",
+                "gap_id": gap.gap_id,
+                "stage": gap.stage.label,
+                "reason": gap.reason,
             }
         )
     return out
@@ -534,12 +538,13 @@ def environments(ctx: Context) -> dict[str, Any]:
 
 def environment(ctx: Context, env_id: str) -> dict[str, Any]:
     detail = artifacts.environment_detail(ctx.home, env_id)
-    sample = detail.sample or {}
+    sample, sample_error = artifacts.environment_sample(ctx.home, env_id)
+    sample = sample or {}
     validity = detail.validity.to_dict() if detail.validity is not None else None
     return {
         "env_id": env_id,
         "entry": detail.entry,
-        "spec": pretty(detail.spec),
+        "spec": pretty(detail.spec.to_dict()),
         "validity": detail.validity,
         "validity_text": pretty(validity),
         "calibration": detail.calibration,
@@ -555,7 +560,7 @@ def environment(ctx: Context, env_id: str) -> dict[str, Any]:
             for m in (sample.get("oracle") or {}).get("messages") or []
             if isinstance(m, dict)
         ],
-        "sample_error": detail.sample_error,
+        "sample_error": sample_error,
     }
 
 

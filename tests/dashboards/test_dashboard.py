@@ -620,33 +620,45 @@ def test_overview_charts_runs_one_by_one_when_they_span_minutes(server: Server):
 
 
 def test_nightly_history_shows_why_gaps_got_no_environment(tmp_path: Path):
-    from tracegym.dashboards import pages
+    from tracegym.dashboards import artifacts, pages
+    from tracegym.store.home import Home, write_json
 
-    night = {
+    home = Home.at(tmp_path)
+    report = {
         "date": "2026-01-03",
-        "stages": {"synthesize": "done"},
-        "report_data": {
-            "stages": {
-                "synthesize": {
-                    "status": "done",
-                    "environments": [],
-                    "without_environment": [
-                        {
-                            "gap_id": "gap-1",
-                            "gap_name": "refund before lookup",
-                            "detector": "tool_order",
-                            "stage": "family",
-                            "reason": "no environment family fits <b>this</b> gap",
-                        }
-                    ],
-                }
+        "stages": {
+            "synthesize": {
+                "status": "done",
+                "environments": [],
+                "without_environment": [
+                    {
+                        "gap_id": "gap-1",
+                        "gap_name": "refund before lookup",
+                        "detector": "tool_order",
+                        "stage": "no_family",
+                        "reason": "no environment family fits <b>this</b> gap",
+                    },
+                    {"gap_id": "gap-2", "stage": "a stage of tomorrow", "reason": "why"},
+                ],
             }
         },
     }
-    rows = pages._nights([night], [])
+    write_json(home.night_report("2026-01-03"), report)
+    night = {"date": "2026-01-03", "stages": {"synthesize": "done"}}
+    home.nightly_history.write_text("cut sh\n" + json.dumps(night) + "\n")
+    history = artifacts.nightly_history(tmp_path)
+    assert [n.date for n in history] == ["2026-01-03"]
+    rows = pages._nights(history, [])
+    assert rows[0]["stages"] == {"synthesize": "done"}
     assert rows[0]["without"][0]["gap"] == "refund before lookup"
     assert rows[0]["without"][0]["reason"].startswith("no environment family fits")
-    assert rows[0]["without"][0]["stage"]  # the stage synthesis stopped at, as a label
+    assert rows[0]["without"][0]["stage"] == "no family"  # where synthesis stopped, as a label
+    assert rows[0]["without"][1] == {  # a record this version cannot read: shown as it is
+        "gap": "gap-2",
+        "gap_id": "gap-2",
+        "stage": "a stage of tomorrow",
+        "reason": "why",
+    }
 
 
 def test_sessions_group_runs_by_conversation(server: Server, home: Path):
