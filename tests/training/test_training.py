@@ -1,4 +1,4 @@
-"""Training: tiny model, rollouts, SFT with LoRA, registry, held-out evaluation (issue 6)."""
+"""Training: tiny model, rollouts, SFT with LoRA, registry, held-out evaluation."""
 
 from __future__ import annotations
 
@@ -128,14 +128,15 @@ def test_training_raises_heldout_success(trained):
 
 def test_registry_round_trip(trained):
     home, folder, meta = trained
-    listed = adapters.list_adapters(home)
-    assert [a["adapter_id"] for a in listed] == ["toy-press"]
-    shown = adapters.show(home, "toy-press")
-    for key in ("capability", "base_model", "data_hash", "hyperparameters", "created_at"):
-        assert shown[key], key
-    assert shown["capability"]["env_id"] == "toy-press"
-    assert shown["base_model"]["hash"] and shown["hyperparameters"]["rank"] == 16
-    assert shown["router_texts"] > 10
+    listed = adapters.all_metadata(home)
+    assert [a.adapter_id for a in listed] == ["toy-press"]
+    shown = adapters.metadata(home, "toy-press")
+    assert shown.capability.env_ids == ("toy-press",) and shown.data_hash and shown.created_at
+    assert shown.base_model.hash and shown.hyperparameters["rank"] == 16
+    assert shown.metrics.eval is not None and shown.promoted == shown.metrics.eval.promoted
+    assert shown.to_dict() == meta  # train_capability returns the JSON form of what it wrote
+    assert len(adapters.read_router_texts(home, "toy-press").texts) > 10
+    assert adapters.show(home, "toy-press")["router_texts"] > 10
     # reload the adapter on a fresh base: the same greedy held-out result
     policy = load_policy(folder)
     model = adapters.load_adapters(policy.model, home, ["toy-press"])
@@ -151,7 +152,7 @@ def test_registry_round_trip(trained):
     assert data.attempted == 8 and 0 < data.sampled <= 8
     assert len(data.conversations) == data.demonstrations + data.sampled == 4 + data.sampled
     with pytest.raises(adapters.AdapterError):
-        adapters.show(home, "nope")
+        adapters.metadata(home, "nope")
     assert not any(p.name.startswith(".") for p in (home / "adapters").iterdir())
     json.loads((home / "adapters" / "toy-press" / "meta.json").read_text())
 
