@@ -9,6 +9,11 @@
 A folder is written to a staging directory and renamed into place, so a half-written adapter is
 never seen. `load_adapters(policy, ids)` puts registered adapters on a base model (one PeftModel,
 one named adapter each).
+
+meta.json is an `AdapterMetadata` (with `CapabilityRef`, `BaseModelRef`, `AdapterMetrics` and
+the evaluation's `training.evaluate.EvaluationRow`) and router.json a `RouterTexts`; read them
+with `metadata`, `all_metadata` and `read_router_texts`, change them with `update_metadata`.
+`list_adapters`, `show` and `update` give the same documents as JSON objects.
 """
 
 from __future__ import annotations
@@ -267,8 +272,8 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-# Deprecated: jobs/nightly.py still imports this name; it goes when the nightly writes through
-# tracegym.store.home.write_json itself.
+# Deprecated: the old name of tracegym.store.home.write_json, kept while callers written before
+# it still import it from here; it goes when none does.
 write_json_atomic = write_json
 
 
@@ -375,6 +380,10 @@ def update_metadata(
     if eval is not None:
         row = eval if isinstance(eval, EvaluationRow) else EvaluationRow.from_dict(eval)
         meta = replace(meta, metrics=replace(meta.metrics, eval=row))
+    typed = {"capability": CapabilityRef, "base_model": BaseModelRef, "metrics": AdapterMetrics}
+    for key, kind in typed.items():
+        if isinstance(fields.get(key), Mapping):
+            fields[key] = kind.from_dict(fields[key])
     known = {k: v for k, v in fields.items() if k in AdapterMetadata._KEYS}
     extra = {k: v for k, v in fields.items() if k not in AdapterMetadata._KEYS}
     meta = replace(meta, **known, extra={**meta.extra, **extra})
