@@ -140,3 +140,26 @@ def test_killed_in_any_stage_then_resumed_gives_the_same_artifacts(point, refere
 
 def _diff(a, b):
     raise AssertionError(json.dumps({"resumed": a, "reference": b}, indent=1)[:4000])
+
+
+def test_the_command_prints_the_night_as_json(tmp_path):
+    """`tracegym nightly --json`: the night, its folder and each stage's result as written."""
+    from tracegym.cli import app
+    from typer.testing import CliRunner
+
+    args = ["--home", str(tmp_path), "nightly", "--model", "tiny", "--json", "--date", DATE]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)
+    assert printed["date"] == DATE and printed["dir"] == str(tmp_path / "nightly" / DATE)
+    for stage in STAGES:
+        marker = tmp_path / "nightly" / DATE / "stages" / f"{stage}.json"
+        assert printed["stages"][stage] == json.loads(marker.read_text()), stage
+    assert printed["stages"]["train"] == {
+        "version": 1,
+        "status": "skipped",
+        "reason": "no environments",
+        "trained": [],
+        "kept": [],
+        "seconds": printed["stages"]["train"]["seconds"],
+    }
