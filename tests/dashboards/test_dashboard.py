@@ -78,10 +78,11 @@ def _xss_run() -> str:
 def _add_training_artifacts(home: Path, env_id: str | None) -> None:
     """An evaluated adapter and one recorded night, as the training stage writes them."""
     from tracegym.jobs.nightly import record_night, stage_result
-    from tracegym.training.adapters import write_json_atomic
+    from tracegym.store.home import Home, write_json
     from tracegym.training.evaluate import EvaluationRow, rate
 
-    folder = home / "adapters" / "lora-demo"
+    paths = Home.at(home)
+    folder = paths.adapters / "lora-demo"
     folder.mkdir(parents=True)
     row = {
         "env_id": env_id,
@@ -94,7 +95,7 @@ def _add_training_artifacts(home: Path, env_id: str | None) -> None:
         "promoted": True,
         "reason": "held-out gain +0.40 is significant (p=0.005 < 0.05)",
     }
-    write_json_atomic(
+    write_json(
         folder / "meta.json",
         {
             "version": 1,
@@ -114,18 +115,17 @@ def _add_training_artifacts(home: Path, env_id: str | None) -> None:
             "created_at": "2026-01-02T00:00:00Z",
         },
     )
-    night = home / "nightly" / "2026-01-02"
-    night.mkdir(parents=True)
+    paths.night("2026-01-02").mkdir(parents=True)
     report = {"date": "2026-01-02", "evaluation": [row], "routing": {"accuracy": 0.9, "n": 20}}
-    write_json_atomic(night / "report.json", report)
+    write_json(paths.night_report("2026-01-02"), report)
     stages = {s: "done" for s in ("compact", "analyze", "synthesize", "train", "evaluate")}
-    (home / "nightly" / "history.jsonl").write_text(
+    paths.nightly_history.write_text(
         json.dumps(
             {
                 "date": "2026-01-02",
                 "finished_at": "2026-01-02T03:00:00Z",
                 "stages": stages,
-                "report": str(night / "report.json"),
+                "report": str(paths.night_report("2026-01-02")),
             }
         )
         + "\n"
@@ -134,7 +134,7 @@ def _add_training_artifacts(home: Path, env_id: str | None) -> None:
     results["analyze"].gaps = ["gap-1", "gap-2", "gap-3"]
     results["train"].trained = ["lora-demo"]
     results["evaluate"].rows = [EvaluationRow.from_dict(row)]
-    record_night(home, "2026-01-02", results, night / "report.json")
+    record_night(home, "2026-01-02", results, paths.night_report("2026-01-02"))
 
 
 @pytest.fixture(scope="module")
@@ -438,8 +438,8 @@ def test_environment_and_adapter_pages(server: Server, home: Path):
 
     env = list_envs(home)[0]
     _, body, _ = server.get("/environments")
-    assert env["env_id"] in body
-    status, body, _ = server.get(f"/environments/{env['env_id']}")
+    assert env.env_id in body
+    status, body, _ = server.get(f"/environments/{env.env_id}")
     assert status == 200 and 'id="oracle"' in body and "Validity" in body and "pass@1" in body
     assert server.get("/environments/none-such")[0] == 404
     _, body, _ = server.get("/adapters")
@@ -908,7 +908,7 @@ def _data_pages(home: Path) -> list[tuple[str, str, str]]:
         "SELECT json_extract_string(attributes, '$.\"gen_ai.conversation.id\"') AS c FROM spans "
         "WHERE c IS NOT NULL ORDER BY c LIMIT 1",
     )[0][0]
-    env_id = list_envs(home)[0]["env_id"]
+    env_id = list_envs(home)[0].env_id
     return [
         ("overview", "/", "#chart-daily[data-drawn]"),
         ("runs", "/runs", "#runs-table a.run-link"),
