@@ -1,5 +1,5 @@
-"""Issue 13, item 3: one environment that cannot be trained (or evaluated) must not abort the
-night; a whole stage that fails stops it with a one-line error naming the stage.
+"""One environment that cannot be trained (or evaluated) must not abort the night; a whole
+stage that fails stops it with a one-line error naming the stage.
 
 Reproduction: `tracegym --home H demo --scripted` then `tracegym --home H nightly --model tiny`
 ended in `ValueError: no training examples for budget-...` (the budget environment's prompt
