@@ -139,3 +139,38 @@ def test_an_adapter_whose_metadata_is_damaged_is_left_out(old_home: Path):
     status, body = _get(create_app(old_home), "/adapters")
     assert status == 200
     assert _raw(kept)["adapter_id"] in body and damaged.parent.name not in body
+
+
+def test_old_home_nights_read_as_the_nightly_reads_them(old_home: Path):
+    """The dashboard reads a night's report down to its typed rows (the nightly's own types sit
+    beside the dashboard, not below it): the same rows and routing as jobs.nightly's types."""
+    from tracegym.dashboards import artifacts
+    from tracegym.jobs.nightly import NightlyReport, read_history
+    from tracegym.store.home import Home
+
+    nights = artifacts.nightly_history(old_home)
+    records = read_history(old_home)
+    assert [n.date for n in nights] == sorted({r.date for r in records}, reverse=True)
+    for night in nights:
+        record = next(r for r in reversed(records) if r.date == night.date)
+        report = NightlyReport.from_dict(_raw(Home.at(old_home).night_report(night.date)))
+        assert night.stages == record.stages
+        assert list(night.evaluation) == report.evaluation and night.evaluation
+        assert night.routing == report.routing and night.routing is not None
+
+
+def test_a_damaged_evaluation_row_leaves_the_rest_of_the_night(old_home: Path):
+    from tracegym.dashboards.app import create_app
+    from tracegym.store.home import Home, write_json
+
+    date = json.loads((old_home / "nightly" / "history.jsonl").read_text().splitlines()[-1])["date"]
+    path = Home.at(old_home).night_report(date)
+    report = _raw(path)
+    damaged, *kept = report["evaluation"]
+    assert kept
+    report["evaluation"][0] = {**damaged, "base": "not a rate"}
+    write_json(path, report)
+    status, body = _get(create_app(old_home), "/")
+    assert status == 200
+    assert f"{damaged['adapter_id']}: " not in body
+    assert all(f"{row['adapter_id']}: " in body for row in kept)
