@@ -27,10 +27,10 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tracegym.examples.shop import (
     DEMO_SEEDS,
@@ -42,7 +42,7 @@ from tracegym.examples.shop import (
     demonstration,
     make_task,
 )
-from tracegym.store.home import Home, read_json, write_json
+from tracegym.store.home import DocumentError, Home, read_json, write_json
 
 if TYPE_CHECKING:
     from tracegym.jobs.nightly import NightlyRun
@@ -206,6 +206,47 @@ def torch_threads(n: int | None) -> Iterator[None]:
 
 def _hash(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+class DemoDocumentError(DocumentError):
+    """A demo document under <home>/demo/ that is not the shape its reader needs."""
+
+
+@dataclass
+class DevRuns:
+    """The development runs (`demo/stages/dev.json`), kept for a rerun with the same settings:
+    `key` hashes the model and `DEV_SETTINGS`, `results` are `lm_agent.TaskResult.to_dict()`."""
+
+    VERSION: ClassVar[int] = 1
+
+    key: str
+    results: list[dict[str, Any]]
+    version: int = VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.VERSION, "key": self.key, "results": self.results}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DevRuns:
+        if not isinstance(data, Mapping):
+            raise DemoDocumentError(f"the dev runs are not a JSON object: {type(data).__name__}")
+        key, results, version = data.get("key"), data.get("results"), data.get("version", 0)
+        if not isinstance(key, str) or not isinstance(results, list):
+            raise DemoDocumentError("the dev runs need a 'key' (text) and 'results' (a list)")
+        if not isinstance(version, int) or version > cls.VERSION:
+            raise DemoDocumentError(f"the dev runs have version {version!r} (up to {cls.VERSION})")
+        return cls(key=key, results=[dict(r) for r in results], version=version)
+
+    @classmethod
+    def read(cls, path: Path) -> DevRuns | None:
+        """The dev runs at `path`, None when there are none yet."""
+        data = read_json(path, None)
+        if data is None:
+            return None
+        try:
+            return cls.from_dict(data)
+        except DemoDocumentError as error:
+            raise DemoDocumentError(f"{path}: {error}") from None
 
 
 def upper_layers(folder: Path) -> list[int] | None:
@@ -431,14 +472,14 @@ def _run(
     # what the dev runs depend on (not the nightly's or held-out settings)
     dev_key = _hash({"model": folder.name, **{k: getattr(config, k) for k in DEV_SETTINGS}})
     dev_file = out / "stages" / "dev.json"
-    cached = read_json(dev_file, {})
+    cached = DevRuns.read(dev_file)
 
     # the agent's memory: what it noted in dev; both held-out agents start from those notes
     notes_file = out / "stages" / "notes.json"
 
     def dev() -> list[dict[str, Any]]:
-        if cached.get("key") == dev_key and notes_file.exists():
-            return cached["results"]
+        if cached is not None and cached.key == dev_key and notes_file.exists():
+            return cached.results
         notes_file.unlink(missing_ok=True)
         notes = CustomerNotes(notes_file)
         policy = load_policy(folder)
@@ -446,7 +487,7 @@ def _run(
                             config, "dev", progress=progress, notes=notes)  # fmt: skip
         notes.save()
         tg.flush()
-        write_json(dev_file, {"key": dev_key, "results": results})
+        write_json(dev_file, DevRuns(key=dev_key, results=results).to_dict())
         return results
 
     dev_results = timed("dev", dev)
