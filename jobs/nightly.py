@@ -547,9 +547,12 @@ class NightRecord:
         )  # fmt: skip
 
 
-def read_history(home: str | os.PathLike[str] | Home) -> list[NightRecord]:
+def read_history(
+    home: str | os.PathLike[str] | Home, *, skip_damaged: bool = False
+) -> list[NightRecord]:
     """Every night in `nightly/history.jsonl`, oldest first. A line that is not a night (cut
-    short by a crash, edited by hand) raises NightlyDocumentError naming the file and line."""
+    short by a crash, edited by hand) raises NightlyDocumentError naming the file and line, or
+    with `skip_damaged` is left out (a page that shows the nights)."""
     path = Home.at(home).nightly_history
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -562,6 +565,8 @@ def read_history(home: str | os.PathLike[str] | Home) -> list[NightRecord]:
         try:
             nights.append(NightRecord.from_dict(json.loads(line)))
         except (ValueError, NightlyDocumentError) as error:
+            if skip_damaged:
+                continue
             raise NightlyDocumentError(f"{path} line {number}: {error}") from None
     return nights
 

@@ -216,6 +216,7 @@ def test_a_damaged_history_line_names_the_file_and_line(tmp_path: Path):
     history.write_text('{"date": "2026-01-01", "stages": {}}\n{"date": "2026-01-0\n')
     with pytest.raises(NightlyDocumentError, match=r"history.jsonl line 2"):
         read_history(tmp_path)
+    assert [n.date for n in read_history(tmp_path, skip_damaged=True)] == ["2026-01-01"]
 
 
 def test_a_damaged_state_is_a_first_night(tmp_path: Path):
