@@ -272,11 +272,6 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-# Deprecated: the old name of tracegym.store.home.write_json, kept while callers written before
-# it still import it from here; it goes when none does.
-write_json_atomic = write_json
-
-
 def save_adapter(
     home: str | os.PathLike[str],
     model: Any,
@@ -464,5 +459,4 @@ __all__ = [
     "show",
     "update",
     "update_metadata",
-    "write_json_atomic",
 ]
