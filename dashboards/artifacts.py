@@ -105,23 +105,27 @@ def last_synthesis(home: Path) -> tuple[Any, str | None]:
     return last, "; ".join(notes) or None
 
 
-def environment_detail(home: Path, env_id: str) -> EnvironmentDetail:
-    """One environment's entry, spec, validity report and calibration record (RegistryError,
-    a LookupError, when it is not registered)."""
+@dataclass(frozen=True)
+class EnvironmentView:
+    """What the environment page shows: the registry's detail (entry, spec, validity report,
+    calibration record) and a sample task with its oracle episode, or why there is none."""
+
+    detail: EnvironmentDetail
+    sample: dict[str, Any] | None
+    sample_error: str | None = None
+
+
+def environment_detail(home: Path, env_id: str) -> EnvironmentView:
+    """One environment, and a sample task with its oracle episode (computed by the
+    environment's own code, deterministic per seed). RegistryError (a LookupError) when it is
+    not registered."""
     from tracegym.synthesis import registry
 
-    return registry.detail(home, env_id)
-
-
-def environment_sample(home: Path, env_id: str) -> tuple[dict[str, Any] | None, str | None]:
-    """A sample task with its oracle episode (computed by the environment's own code,
-    deterministic per seed), or None and why it could not be made."""
-    from tracegym.synthesis import registry
-
+    detail = registry.detail(home, env_id)
     try:
-        return registry.sample(home, env_id), None
+        return EnvironmentView(detail, registry.sample(home, env_id))
     except Exception as exc:  # the page shows the rest and says why
-        return None, f"{type(exc).__name__}: {exc}"
+        return EnvironmentView(detail, None, f"{type(exc).__name__}: {exc}")
 
 
 def adapters(home: Path) -> list[AdapterMetadata]:

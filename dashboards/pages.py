@@ -537,9 +537,8 @@ def environments(ctx: Context) -> dict[str, Any]:
 
 
 def environment(ctx: Context, env_id: str) -> dict[str, Any]:
-    detail = artifacts.environment_detail(ctx.home, env_id)
-    sample, sample_error = artifacts.environment_sample(ctx.home, env_id)
-    sample = sample or {}
+    view = artifacts.environment_detail(ctx.home, env_id)
+    detail, sample = view.detail, view.sample or {}
     validity = detail.validity.to_dict() if detail.validity is not None else None
     return {
         "env_id": env_id,
@@ -560,7 +559,7 @@ def environment(ctx: Context, env_id: str) -> dict[str, Any]:
             for m in (sample.get("oracle") or {}).get("messages") or []
             if isinstance(m, dict)
         ],
-        "sample_error": sample_error,
+        "sample_error": view.sample_error,
     }
 
 
