@@ -14,6 +14,7 @@ from tracegym.analysis.gap import Gap, GapsDocument
 from tracegym.store.home import GAPS_FILE, DocumentError, Home, read_json
 
 if TYPE_CHECKING:
+    from tracegym.synthesis.pipeline import LastSynthesis
     from tracegym.synthesis.registry import EnvironmentDetail, EnvironmentEntry
     from tracegym.training.adapters import AdapterMetadata
     from tracegym.training.evaluate import EvaluationRow
@@ -78,7 +79,7 @@ def environments(home: Path) -> tuple[list[EnvironmentEntry], str | None]:
         return [], f"cannot read the environment registry: {exc}"
 
 
-def last_synthesis(home: Path) -> tuple[Any, str | None]:
+def last_synthesis(home: Path) -> tuple[LastSynthesis | None, str | None]:
     """The last synthesis (`synthesis.pipeline.LastSynthesis`: the gaps that got no
     environment and why), None when there was none, and a note when it cannot be read or
     gaps.json changed since."""
@@ -204,12 +205,11 @@ def _night(record: Mapping[str, Any], report: Mapping[str, Any]) -> Night:
 def nightly_history(home: Path) -> list[Night]:
     """`<home>/nightly/history.jsonl`, newest first, each night with its report.json when
     readable; lines that are not a night (cut short, edited by hand) are skipped."""
-    home = Home.at(home)
-    path = home.nightly_history
-    if not path.exists():
+    paths = Home.at(home)
+    if not paths.nightly_history.exists():
         return []
     by_date: dict[str, Mapping[str, Any]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in paths.nightly_history.read_text(encoding="utf-8").splitlines():
         try:
             record = json.loads(line)
         except ValueError:
@@ -222,11 +222,11 @@ def nightly_history(home: Path) -> list[Night]:
         named = record.get("report")
         candidate = Path(named) if isinstance(named, str) else None
         if candidate is not None and not candidate.is_absolute():
-            candidate = home.root / candidate
+            candidate = paths.root / candidate
         report: Mapping[str, Any] = {}
-        for path in (home.night_report(date), candidate):
-            if path is not None and path.is_file():
-                data, _ = _read_json(path)
+        for where in (paths.night_report(date), candidate):
+            if where is not None and where.is_file():
+                data, _ = _read_json(where)
                 if isinstance(data, Mapping):
                     report = data
                     break

@@ -574,17 +574,17 @@ def adapters(ctx: Context) -> dict[str, Any]:
             "capability": meta.capability.name,
             "env_id": meta.capability.env_id,
             "family": meta.capability.family,
-            "base": ev.base if ev else None,
-            "adapter": ev.adapter if ev else None,
-            "router": ev.router if ev else None,
-            "gain": ev.gain if ev else None,
-            "p_value": ev.p_value if ev else None,
+            "base": ev.base if ev is not None else None,
+            "adapter": ev.adapter if ev is not None else None,
+            "router": ev.router if ev is not None else None,
+            "gain": ev.gain if ev is not None else None,
+            "p_value": ev.p_value if ev is not None else None,
             "promoted": meta.promoted,
             "promotion": meta.promotion,
             "created_at": meta.created_at,
         }
         rows.append(row)
-        if ev:
+        if ev is not None:
             chart["names"].append(meta.adapter_id)
             for name, side in (("base", ev.base), ("adapter", ev.adapter), ("router", ev.router)):
                 chart[name].append({"rate": side.rate, "ci": list(side.ci95)} if side else None)
