@@ -1036,7 +1036,7 @@ def test_screenshots_of_an_empty_store_draw_no_empty_charts(page: Any, empty_ser
     assert "no runs yet" in page.inner_text("#runs-table")
 
 
-# Hostile query strings, hostile names in charts, garbage rows (issue 31) --------------------
+# Hostile query strings, hostile names in charts, garbage rows -------------------------------
 @pytest.mark.parametrize(
     "value",
     [
