@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -203,8 +204,10 @@ def _wait_listening(port: int, proc: subprocess.Popen) -> None:
 
 
 def test_collect_limits_reach_the_receiver(tmp_path: Path):
-    """--max-body-bytes, --max-buffered-bytes and --body-deadline are the server's limits:
-    each answer below would differ under the defaults (20 MiB, 40 MiB, 30 s)."""
+    """--max-body-bytes and --body-deadline are the running server's limits: each answer below
+    would differ under the defaults (20 MiB, 30 s). The byte budget's waits and 503s are
+    tested on the receiver itself (tests/chaos/test_receiver_hostile.py); that the flag reaches
+    it is the next test's."""
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "tracegym.cli", "--home", str(tmp_path), "collect",
@@ -230,14 +233,36 @@ def test_collect_limits_reach_the_receiver(tmp_path: Path):
                 pytest.fail("no answer to a body still arriving: the deadline did not cut it")
         assert answer.startswith(b"HTTP/1.1 408"), answer
 
-        # Two bodies of which 60 bytes each arrived: 120 > the 100-byte budget, so one waits
-        # for room and gets 503 when the deadline comes; the other, waiting for its client,
-        # gets 408. Under the default budget both would get 408.
-        first, second = _send(port, 100, b"1" * 60), _send(port, 100, b"2" * 60)
-        assert sorted([_status(first), _status(second)]) == [408, 503]
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_collect_passes_its_limits_to_the_receiver(tmp_path: Path, monkeypatch):
+    """Every limit flag reaches the `Receiver` the command builds (parsed sizes, seconds)."""
+    from tracegym.store import receiver as receiver_module
+
+    built: dict[str, Any] = {}
+
+    class Recorded:
+        def __init__(self, home: Any, **options: Any) -> None:
+            built.update(options, home=home)
+
+        def serve_forever(self) -> None:
+            raise KeyboardInterrupt
+
+        def stop(self) -> None:
+            built["stopped"] = True
+
+    monkeypatch.setattr(receiver_module, "Receiver", Recorded)
+    done = runner.invoke(app, ["--home", str(tmp_path), "collect", "--port", "0",
+                               "--max-body-bytes", "100", "--max-buffered-bytes", "1KiB",
+                               "--body-deadline", "1.5"])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert built["max_body_bytes"] == 100
+    assert built["max_buffered_bytes"] == 1024
+    assert built["body_deadline_s"] == 1.5
+    assert built["stopped"] is True
 
 
 @pytest.mark.parametrize(
