@@ -834,7 +834,7 @@ def train_capability(
         home,
         model,
         adapter_id,
-        capability=adapters.CapabilityRef.from_dict(capability.meta()),
+        capability=capability.ref(),
         base_model=adapters.BaseModelRef(
             name=policy.name, hash=weights_hash(model_folder), folder=str(model_folder)
         ),
