@@ -10,6 +10,8 @@ The commands that put data into a home (demo, import, collect) create it (`writa
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -23,6 +25,21 @@ HomeOption = Annotated[
         "--home",
         help="Data directory (default: $TRACEGYM_HOME, else ./.tracegym).",
         show_default=False,
+    ),
+]
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+ModelOption = Annotated[
+    str,
+    typer.Option(
+        "--model", help="Policy: smollm2 (default, offline), tiny[-SEED], or a local HF folder."
+    ),
+]
+EmbedderOption = Annotated[
+    str,
+    typer.Option(
+        "--embedder",
+        help="Router embeddings: minilm (the analysis extra's model) or hash (no model).",
     ),
 ]
 
@@ -84,3 +101,8 @@ def hide_flag_type(option: Any) -> None:
     """An empty metavar on `option` when it is a flag (see `hide_flag_types`)."""
     if getattr(option, "is_flag", False) and getattr(option, "metavar", "") is None:
         option.metavar = ""
+
+
+def print_json(data: Any) -> None:
+    """A command's `--json` answer on stdout: indented, non-ASCII kept, anything else as str."""
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")

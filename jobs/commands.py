@@ -5,8 +5,6 @@ Registered on the main app by `register(app, home_of, fail)`, like each stage's 
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,26 +12,16 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from tracegym.cli_options import HomeOption, existing_home, table_console, writable_home
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-ModelOption = Annotated[
-    str,
-    typer.Option(
-        "--model", help="Policy: smollm2 (default, offline), tiny[-SEED], or a local HF folder."
-    ),
-]
-EmbedderOption = Annotated[
-    str,
-    typer.Option(
-        "--embedder",
-        help="Router embeddings: minilm (the analysis extra's model) or hash (no model).",
-    ),
-]
-
-
-def _dump(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+from tracegym.cli_options import (
+    EmbedderOption,
+    HomeOption,
+    JsonOption,
+    ModelOption,
+    existing_home,
+    print_json,
+    table_console,
+    writable_home,
+)
 
 
 def _embedder(name: str, home: Path) -> Any:
@@ -280,7 +268,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         except NightlyStageError as exc:
             fail(f"{exc} (completed stages are kept: rerun to resume)", 1)
         if as_json:
-            _dump(result.to_dict())
+            print_json(result.to_dict())
             return
         report = Path(result.dir) / "report.md"
         console.print(f"report: {escape(str(report))}")

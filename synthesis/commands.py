@@ -6,7 +6,6 @@ Registered on the main app by `register(app, home_of, fail)`.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -14,16 +13,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from tracegym.cli_options import HomeOption, existing_home, table_console
+from tracegym.cli_options import HomeOption, JsonOption, existing_home, print_json, table_console
 
 if TYPE_CHECKING:  # the pipeline is imported when a command runs (the CLI starts fast)
     from tracegym.synthesis.pipeline import SynthesisReport
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-
-
-def _dump(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
 def load_policy(name: str) -> Any:
@@ -149,7 +142,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         except GapsFileError as exc:
             fail(str(exc))
         if as_json:
-            _dump(report.body())
+            print_json(report.body())
             return
         render_report(table_console(), report)
 
@@ -172,7 +165,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         except registry.RegistryError as exc:
             fail(str(exc))
         if as_json:
-            _dump([item.to_dict() for item in items])
+            print_json([item.to_dict() for item in items])
             return
         console = table_console()
         table = Table()
@@ -209,7 +202,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         except registry.RegistryError as exc:
             fail(str(exc))
         if as_json:
-            _dump(data.to_dict())
+            print_json(data.to_dict())
             return
         console = table_console()
         spec = data.spec
@@ -261,7 +254,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         except registry.RegistryError as exc:
             fail(str(exc))
         if as_json:
-            _dump(data)
+            print_json(data)
             return
         console = table_console()
         task = data["task"]
@@ -320,7 +313,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                     }
                 )
         if as_json:
-            _dump(reports)
+            print_json(reports)
         else:
             console = table_console()
             for report in reports:

@@ -5,37 +5,24 @@ Registered on the main app by `register(app, home_of, fail)`.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
-from tracegym.cli_options import HomeOption, existing_home, table_console
+from tracegym.cli_options import (
+    EmbedderOption,
+    HomeOption,
+    JsonOption,
+    ModelOption,
+    existing_home,
+    print_json,
+    table_console,
+)
 
 if TYPE_CHECKING:
     from tracegym.training.adapters import AdapterMetadata
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-ModelOption = Annotated[
-    str,
-    typer.Option(
-        "--model", help="Policy: smollm2 (default, offline), tiny[-SEED], or a local HF folder."
-    ),
-]
-EmbedderOption = Annotated[
-    str,
-    typer.Option(
-        "--embedder",
-        help="Router embeddings: minilm (the analysis extra's model) or hash (no model).",
-    ),
-]
-
-
-def _dump(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
 def _embedder(name: str, home: Path) -> Any:
@@ -184,7 +171,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         except NoTrainingData as exc:
             fail(str(exc))
         if as_json:
-            _dump(meta)
+            print_json(meta)
             return
         _print_adapter(AdapterMetadata.from_dict(meta))
 
@@ -260,7 +247,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             routing_accuracy(router, heldout_tasks(target, known, eval_seeds))
         )
         if as_json:
-            _dump({"rows": [row.to_dict() for row in rows], "routing": routing.to_dict()})
+            print_json({"rows": [row.to_dict() for row in rows], "routing": routing.to_dict()})
             return
         console = table_console()
         console.print(render_markdown(rows), markup=False, highlight=False)
@@ -276,7 +263,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
 
         items = adapters.all_metadata(_home(ctx, home))
         if as_json:
-            _dump([a.to_dict() for a in items])
+            print_json([a.to_dict() for a in items])
             return
         table = Table()
         for column in (
@@ -323,7 +310,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         except adapters.AdapterError as exc:
             fail(str(exc))
         if as_json:
-            _dump(shown)
+            print_json(shown)
             return
         _print_adapter(meta)
 
