@@ -158,12 +158,11 @@ class Home:
         return self.root / DEMO_DIR
 
 
-def write_json(path: str | os.PathLike[str], data: Any, *, indent: int | None = 2) -> None:
-    """Write `data` as JSON to `path` atomically: a temporary file in the same folder, flushed,
-    then renamed over the target. Values JSON cannot encode are written as `str(value)`."""
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Replace the file at `path` with `text` atomically: a temporary file in the same folder,
+    flushed, then renamed over the target (a reader sees the old file or the new one)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=indent, ensure_ascii=False, default=str) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -175,6 +174,12 @@ def write_json(path: str | os.PathLike[str], data: Any, *, indent: int | None = 
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_json(path: str | os.PathLike[str], data: Any, *, indent: int | None = 2) -> None:
+    """Write `data` as JSON to `path` atomically (`write_text`). Values JSON cannot encode are
+    written as `str(value)`."""
+    write_text(path, json.dumps(data, indent=indent, ensure_ascii=False, default=str) + "\n")
 
 
 _MISSING: Any = object()

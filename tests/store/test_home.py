@@ -53,3 +53,13 @@ def test_read_json_names_a_damaged_file_and_defaults_a_missing_one(tmp_path: Pat
     assert read_json(tmp_path / "missing.json", default=None) is None
     with pytest.raises(FileNotFoundError):
         read_json(tmp_path / "missing.json")
+
+
+def test_write_text_replaces_a_text_file_whole(tmp_path: Path) -> None:
+    from tracegym.store.home import write_text
+
+    target = tmp_path / "night" / "report.md"
+    write_text(target, "# one\n")
+    write_text(target, "# two\n")
+    assert target.read_text() == "# two\n"
+    assert [p.name for p in target.parent.iterdir()] == ["report.md"]
