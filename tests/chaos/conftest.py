@@ -1,4 +1,4 @@
-"""The chaos suite: concurrency, faults and hostile input, each a reproduction from issue 13.
+"""The chaos suite: concurrency, faults and hostile input, each a reproduction of a fault found.
 
 Every test here is bounded in count and time and talks to loopback only. They are marked
 `chaos` (run them alone with `pytest -m chaos`); the slower ones are also marked `slow`, which

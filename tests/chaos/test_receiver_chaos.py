@@ -4,7 +4,7 @@
   accepted and stored as NULL) or are negative: 400, naming the span; nothing written.
 - One thread per connection and no cap (8 concurrent 19 MiB requests peaked at 555 MB): now at
   most `max_requests` requests are converted at once, and the bodies being read hold at most
-  `max_buffered_bytes` (issue 31: no longer slots that slow clients could hold); a body that
+  `max_buffered_bytes` (not request slots, which slow clients could hold); a body that
   finds no room waits `busy_wait_s`, then gets 503 + Retry-After; a stalled body gets 408 after
   `body_timeout_s`; connections beyond `max_connections` get a 503 at once. The server answers
   normally afterwards.
@@ -154,7 +154,7 @@ def wait_for_buffered(receiver: Receiver, n: int) -> None:
 
 
 def test_the_body_beyond_the_budget_is_refused_and_the_server_recovers(home):
-    """Bodies being read may hold `max_buffered_bytes` at once (issue 31 item 9: no longer
+    """Bodies being read may hold `max_buffered_bytes` at once (no longer
     `max_requests` bodies, which two slow clients could hold); past it, 503 + Retry-After."""
     with Receiver(
         home, port=0, max_body_bytes=100_000, max_buffered_bytes=200_000, busy_wait_s=0.2

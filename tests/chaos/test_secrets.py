@@ -1,4 +1,4 @@
-"""Issue 13 item 10 and issue 31 item 11: secrets must not reach disk.
+"""Secrets must not reach disk.
 
 Before the fix `export DB_PASSWORD=...`, `AWS_SECRET_ACCESS_KEY=...`, a bare AWS secret key,
 the JSON keys `token`, `secret_key` and `passphrase`, and a PEM private key cut by the

@@ -1,4 +1,4 @@
-"""Issue 13 item 8: the tracer's look at user values must never change what the user's code does.
+"""The tracer's look at user values must never change what the user's code does.
 
 Before the fix, an argument whose `__repr__` raised SystemExit, KeyboardInterrupt or another
 BaseException escaped from the decorator and the decorated function never ran (the undecorated
@@ -6,7 +6,7 @@ call returned normally). Now every inspection of a user value is guarded against
 raises: the value becomes a `<TypeName>` placeholder, the failure is counted once, the function
 runs once and returns (or raises) exactly what it would undecorated.
 
-Since issue 31 item 12 the tracer no longer calls a value's own `__repr__`, `__str__`,
+The tracer no longer calls a value's own `__repr__`, `__str__`,
 `__len__`, `__iter__` or `__class__` at all (see serialize.py): the hostile values here also
 raise from `model_dump`, which it still calls, and their `__repr__` counts that it never ran.
 """

@@ -1,4 +1,4 @@
-"""tracegym's spans in a real Phoenix: what a Phoenix user sees (issue 16, item 3).
+"""tracegym's spans in a real Phoenix: what a Phoenix user sees.
 
 `phoenix serve` runs on loopback (PHOENIX_HOST=127.0.0.1, free ports, a temporary working
 directory); an agent traced with tracegym exports to it over OTLP/HTTP through tracegym's own

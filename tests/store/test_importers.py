@@ -1053,7 +1053,7 @@ def test_mutated_valid_input_gives_records_or_a_format_error(data: Any, fmt: str
         assert all(r["trace_id"] and r["span_id"] for r in records)
 
 
-# Secrets: every importer goes through the one redaction path (issue 31 item 11) --------------
+# Secrets: every importer goes through the one redaction path -------------------------------
 #
 # `tracegym import otlp-json` stored every secret shape that `tracegym collect` of the same body
 # redacted, and so did the other importers. Each test below puts the whole corpus into every
