@@ -7,7 +7,7 @@ interpreter that only reads the file and parses it with `json.loads` (a line at 
 lines, which is what the parsing alone needs); for the bomb, the unpacked size (what unpacking
 it whole would hold). Prints MB and the ratio to the floor; the bomb must be refused, with a
 ratio far below 1.
-Issue 31 item 12: before, 45 MB of JSON lines took 425 MB (openai-chat: 1,536 MB) and a 2 MB
+Before, 45 MB of JSON lines took 425 MB (openai-chat: 1,536 MB) and a 2 MB
 gzip 8.4 GB.
 
     .venv/bin/python benchmarks/import_memory.py [--mb 45] [--bomb-mb 2048]

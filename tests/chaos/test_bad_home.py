@@ -1,4 +1,4 @@
-"""Issue 13, item 12: every command that reads a home refuses a missing one (or a file) with a
+"""Every command that reads a home refuses a missing one (or a file) with a
 one-line error and exit code 2, instead of answering from an empty store; `outcome` for a run
 the store does not hold (yet) warns and still records.
 

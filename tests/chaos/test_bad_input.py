@@ -1,4 +1,4 @@
-"""Issue 13, items 11 and 4: hostile or filtered input must not crash a command or replace
+"""Hostile or filtered input must not crash a command or replace
 what the store holds.
 
 11. A 6 KB deeply nested JSON (`'[' * 3000 + ']' * 3000`) ended every importer in a

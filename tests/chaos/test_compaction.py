@@ -1,4 +1,4 @@
-"""Issue 13, item 1: two compactions at once corrupted the lake and lost spans (they shared
+"""Two compactions at once corrupted the lake and lost spans (they shared
 `lake/_staging/<first stem>` and nothing serialised them). Now one compaction at a time holds
 `lake/.compact.lock`; a query entry point skips instead of queueing behind it."""
 

@@ -1,4 +1,4 @@
-"""Issue 31, item 3: one corrupt Parquet part made the whole store unreadable. 200 overwritten
+"""One corrupt Parquet part made the whole store unreadable. 200 overwritten
 bytes in one lake part ended `tracegym traces` and `summary` in a traceback (exit 1) and kept the
 dashboard's database from opening; a truncated part made `compact` and `sql` exit 2. Now the
 other parts read, the bad one is named in one line on stderr and moved to lake/quarantine/

@@ -1,4 +1,4 @@
-"""Issue 13 item 7: a dead OTLP endpoint must not hold `tg.flush(t)` past `t`, nor the agent's exit
+"""A dead OTLP endpoint must not hold `tg.flush(t)` past `t`, nor the agent's exit
 past the shutdown bound, and the spans it swallowed are counted, not lost silently.
 
 The endpoint is a black hole: a loopback socket that listens and never accepts, so the kernel

@@ -1,4 +1,4 @@
-"""Issue 31 item 13: the spans of a forked multiprocessing child that ends normally are stored,
+"""The spans of a forked multiprocessing child that ends normally are stored,
 each exactly once.
 
 multiprocessing ends a child with `os._exit` (after its own `util._exit_function()`), so the

@@ -1,4 +1,4 @@
-"""Issue 31, item 4: reads on a full disk failed, because opening the store compacts and the
+"""Reads on a full disk failed, because opening the store compacts and the
 compaction could not write. Here a real tmpfs (in a mount namespace of its own) is filled to the
 last byte, then remounted read-only: `tracegym sql` and `traces` answer from the lake plus the
 spool as they are, with a one-line note, and the spool files stay where they were."""

@@ -1,4 +1,4 @@
-"""Issue 13 item 9: a memory read that returns a million records must cost the agent's thread a
+"""A memory read that returns a million records must cost the agent's thread a
 bounded amount of work.
 
 Before the fix every record was hashed for `tracegym.memory.result.content_hashes` (+9.5 s for

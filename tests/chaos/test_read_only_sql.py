@@ -1,4 +1,4 @@
-"""Issue 13, item 5: `tracegym sql` / `Store.sql` ran writes inside EXPLAIN ANALYZE (a COPY wrote
+"""`tracegym sql` / `Store.sql` ran writes inside EXPLAIN ANALYZE (a COPY wrote
 its file, DROP VIEW and CREATE OR REPLACE TEMP VIEW ran), accepted `PRAGMA enable_profiling`, and
 ran both of `SELECT 1; SELECT 2`. Now DuckDB's own parse decides: one statement, a SELECT, an
 EXPLAIN [ANALYZE] of a SELECT or a catalog PRAGMA, on a connection whose configuration is locked.

@@ -1,4 +1,4 @@
-"""Issue 13, item 2: readers around a compaction. A compaction killed between renaming its parts
+"""Readers around a compaction. A compaction killed between renaming its parts
 and unlinking its spool files made a reader that does not compact count both (349,998 rows for
 300,000 spans), and a dashboard whose spool files another process compacted away answered 500
 (`No files found that match the pattern`) until its next refresh. Now the views leave out the
@@ -122,7 +122,7 @@ PAUSED_COMPACTION = textwrap.dedent(
 
 
 def test_a_dashboard_reading_during_compactions_always_counts_exactly(tmp_path: Path):
-    """Issue 31, item 6: this test counted the answers a reader thread got while a compaction
+    """This test counted the answers a reader thread got while a compaction
     ran (at least 3), which a loaded machine did not give. Now the compaction stops at each
     point a reader can meet and the dashboard reads there: the same 24 reads on any machine."""
     total = write_spool(tmp_path, files=8, spans_per_file=2500, outcomes=True)

@@ -1,4 +1,4 @@
-"""Issue 13 items 13 and 10 (receiver half): the OTLP receiver under hostile input and load.
+"""The OTLP receiver under hostile input and load.
 
 - Times that do not fit the store's BIGINT nanoseconds (`startTimeUnixNano = 2**70` was
   accepted and stored as NULL) or are negative: 400, naming the span; nothing written.

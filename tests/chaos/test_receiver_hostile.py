@@ -1,4 +1,4 @@
-"""Issue 31 items 7-10: the OTLP receiver against an attacker's bodies, and its health check.
+"""The OTLP receiver against an attacker's bodies, and its health check.
 
 - 7: a chunk size of `-1` read the rest of the stream (400 MiB buffered before a 400). Every
   framing now keeps the body limit: strict chunk sizes, extensions bounded, chunked gzip bombs.

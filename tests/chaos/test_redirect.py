@@ -1,4 +1,4 @@
-"""Issue 13 item 14: the token redirect (`?token=T` -> cookie + 303) must stay on the dashboard.
+"""The token redirect (`?token=T` -> cookie + 303) must stay on the dashboard.
 
 Before the fix, `//evil.com/?token=T` with a valid token answered `Location: //evil.com/`, which
 a browser reads as another origin (an open redirect carrying the dashboard's authority). Every

@@ -7,7 +7,7 @@ thread, redaction later on already-truncated text). Every shape of the corpus go
 real pipeline (`tracegym.init`, batch processor, redacting exporter, spool) and the raw spool
 bytes are searched for it.
 
-Issue 31 item 11: span names (`tg.step(f"clone https://x:{token}@host")`), event names, link
+Span names (`tg.step(f"clone https://x:{token}@host")`), event names, link
 attributes and resource attributes (OTEL_RESOURCE_ATTRIBUTES) reached the spool verbatim; they
 now go through the same `redact_parts` as everything else (the importers' side of it is in
 tests/store/test_importers.py, the receiver's in test_receiver_chaos.py).

@@ -1,4 +1,4 @@
-"""Issue 31 item 12: capturing a value must not slow the agent, nor consume what it gets back.
+"""Capturing a value must not slow the agent, nor consume what it gets back.
 
 Before the fix, a tool call under an agent called the argument's `__repr__` 4 times (a repr
 sleeping 5 s cost 20 s), looked up its `__class__` 48 times (a slow one cost minutes), and

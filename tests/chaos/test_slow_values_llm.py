@@ -1,4 +1,4 @@
-"""Issue 31 item 12, the `@tg.llm` side: reading messages must not slow the agent, nor consume
+"""The `@tg.llm` side: reading messages must not slow the agent, nor consume
 what it passes or gets back.
 
 Before the fix, tracer/messages.py read the messages of an LLM call with `isinstance`, which

@@ -1,4 +1,4 @@
-"""Issue 31: a garbage or half-written spool line became a span of NULLs. DuckDB's
+"""A garbage or half-written spool line became a span of NULLs. DuckDB's
 `read_json(..., ignore_errors=true)` kept such a line as a row: 20 KB of random bytes gave
 dozens of phantom spans after compaction, and a live batch cut mid-line gave a run with no
 start time (the dashboard's `/` answered 500). Now only lines that are JSON objects with the

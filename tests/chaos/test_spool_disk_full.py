@@ -1,4 +1,4 @@
-"""Issue 31: with the home on a full 20 MB tmpfs the agent was unharmed, but once space was
+"""With the home on a full 20 MB tmpfs the agent was unharmed, but once space was
 freed one span counted as exported was lost and the complete lines of the batch counted as
 failed were stored: `SpoolWriter.write` left a partial line after ENOSPC and appended the next
 batch onto it. Here a real tmpfs (mounted in a mount namespace of its own, so nothing outside

@@ -1,4 +1,4 @@
-"""Issue 13, item 6: the dashboard's SQL box could be starved. Its time limit started before the
+"""The dashboard's SQL box could be starved. Its time limit started before the
 query waited for the connection, so queued cross joins ran unbounded once their turn came, and
 every waiting request held one of the server's threads until `/healthz` timed out. Now the limit
 counts from the query's start, one query runs and a few wait, the rest get 503 at once, and

@@ -1,4 +1,4 @@
-"""Issue 31, item 3: `tracegym doctor` reports the store's health (corrupt parts, spool files cut
+"""`tracegym doctor` reports the store's health (corrupt parts, spool files cut
 mid-line, dead compactions' staging, the quarantine) without writing, and `--repair` moves the
 corrupt parts aside (never deleting them) and clears the dead staging."""
 

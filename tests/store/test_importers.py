@@ -1060,10 +1060,10 @@ def test_mutated_valid_input_gives_records_or_a_format_error(data: Any, fmt: str
 # text field of a valid file of its format where the file still converts (one file per field),
 # imports the folder with redaction off (proving those fields reach the spool) and on.
 
-from tests.store.test_medagentbench import _doc as _medagentbench_doc  # noqa: E402
 from tracegym.tracer.redact import REDACTED  # noqa: E402
 
 from tests.chaos.secret_corpus import INNOCENT, SECRETS  # noqa: E402
+from tests.store.test_medagentbench import _doc as _medagentbench_doc  # noqa: E402
 
 _SECRET_TEXT = "\n\n".join(text for _, text, _ in SECRETS)
 _INNOCENT_TEXT = "\n\n".join(INNOCENT)
@@ -1226,7 +1226,7 @@ def test_innocent_corpus_arrives_intact_through_every_importer(tmp_path: Path, f
 
 # Bounded memory: a limit on input size, gzip unpacked under it, JSON lines a line at a time ---
 #
-# Issue 31 item 12: a 45 MB JSON file took 3 GB of memory and a 2 MB gzip 4.1 GB (a bomb: it
+# A 45 MB JSON file took 3 GB of memory and a 2 MB gzip 4.1 GB (a bomb: it
 # was unpacked whole). Small limits stand in for the default here.
 
 

@@ -1,4 +1,4 @@
-"""Issue 31, items 4, 5 and 7: reading the store.
+"""Reading the store.
 
 4. Opening the store compacts; on a full or read-only disk that failed, and every read with it.
    Now a read that cannot compact reads the lake plus the spool as they are, with a note.

@@ -376,7 +376,7 @@ def test_async_generator_llm_usage_charged(cap):
     assert a(cap.one("invoke_agent stream-agent"))[sc.USED_TOKENS] == 9
 
 
-# Issue 31 item 14: a generator left with `break` is closed, not failed -------------------------
+# A generator left with `break` is closed, not failed -------------------------
 
 
 def test_generators_left_with_break_under_asyncio_run_are_not_errors(cap):

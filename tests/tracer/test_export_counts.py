@@ -1,4 +1,4 @@
-"""Issue 31: each span offered to a pipeline is counted once, as exported or as failed, and the
+"""Each span offered to a pipeline is counted once, as exported or as failed, and the
 spool's `spans_exported.spool` is the number of lines on disk.
 
 A span that a layer of the pipeline gave up on (the spool could not encode it, redaction or the

@@ -352,7 +352,7 @@ def test_reader_skips_unknown_versions(tmp_path):
     ids=repr,
 )  # fmt: skip
 def test_reader_skips_and_counts_lines_that_are_no_span(tmp_path, change):
-    """Issue 31: the reader (`tracegym summary`, importers) took any object of version 1; it
+    """The reader (`tracegym summary`, importers) took any object of version 1; it
     skips what the store skips: a required field missing or of the wrong type."""
     directory = spool_dir(tmp_path)
     directory.mkdir(parents=True)
@@ -379,7 +379,7 @@ def span_ids(spans) -> set[str]:
 
 @pytest.mark.parametrize("written", [1, 2], ids=["half a line", "lines and a half"])
 def test_a_write_cut_short_by_a_full_disk_leaves_no_partial_line(tmp_path, monkeypatch, written):
-    """Issue 31: `os.write` wrote part of a batch, then failed with ENOSPC; the partial line
+    """`os.write` wrote part of a batch, then failed with ENOSPC; the partial line
     stayed and the next batch was appended onto it (one span counted exported was lost, the
     failed batch's complete lines were stored). Now the file is cut back to before the batch."""
     import errno
