@@ -15,6 +15,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+from tracegym.store.home import Home
+from tracegym.summary import spool_files, summarize
+from tracegym.tracer.spool_files import iter_spool
 
 
 def _bytes(n: int) -> str:
@@ -120,10 +123,6 @@ def read_summary(home: Path) -> tuple[dict[str, Any], dict[str, int]]:
     """Summarise the whole store (lake and spool) when the analysis extra is installed, else
     the spool alone (the bare, tracer-only install). Raises OSError when the store cannot be
     read."""
-    from tracegym.store.home import Home
-    from tracegym.summary import spool_files, summarize
-    from tracegym.tracer.spool_files import iter_spool
-
     try:
         from tracegym.store.store import Store
     except ImportError:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from tracegym.analysis.clustering import assign, cluster
 from tracegym.analysis.detectors.base import Detector, Finding
+from tracegym.analysis.detectors.registry import default_detectors
 from tracegym.analysis.embeddings import Embedder
 from tracegym.analysis.gap import Gap, GapsDocument, GapThresholds, RejectedCandidate, RunCounts
 from tracegym.analysis.gap_selection import (
@@ -83,8 +84,6 @@ class Analysis:
 
 
 def default_detector_set() -> list[Detector]:
-    from tracegym.analysis.detectors.registry import default_detectors
-
     return default_detectors()
 
 
@@ -164,7 +163,7 @@ def analyze(
     `analysis.judge.judge_hook`) scored and selected like the detectors' and clusters'.
     `progress`, if given, is told each stage as it starts (the CLI shows it: a cold analysis
     spends most of its time loading and running the embedding model)."""
-    from tracegym.store.store import Store
+    from tracegym.store.store import Store  # duckdb: only when analysing a home
 
     say = progress or (lambda _stage: None)
     t = thresholds or Thresholds()

@@ -29,6 +29,7 @@ from typing import Any
 
 import tracegym as tg
 from tracegym.examples.shop import RULES, TOOL_SCHEMAS, ShopTask, ShopTools, verify
+from tracegym.generation.batching import map_batched
 from tracegym.generation.model import Policy
 from tracegym.store.home import read_json, write_json
 from tracegym.training.rollout import (
@@ -222,7 +223,6 @@ class ShopAgent:
         on_done: Callable[[TaskResult], None] | None = None,
     ) -> list[TaskResult]:
         """`[run(t) for t in tasks]`, generating for `batch_size` tasks at a time."""
-        from tracegym.generation.batching import map_batched
 
         def one(lane: Any, task: ShopTask) -> TaskResult:
             return self.run(task, lane=lane, adapter=adapter)

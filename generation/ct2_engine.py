@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tracegym.generation.batching import Lane, Wave, _common_prefix, run_waves
-from tracegym.generation.model import weights_hash
+from tracegym.generation.model import Policy, save_policy, weights_hash
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -153,8 +153,6 @@ def engine_for(policy: Any, quantization: str = "float32", threads: int = 0) -> 
     converted once per distinct weights (`<tmp>/tracegym-ct2/model-<hash>.ct2-<quantization>`,
     the HF copy in between deleted) and kept in this process."""
     import shutil
-
-    from tracegym.generation.model import Policy, save_policy
 
     model = _effective_model(policy.model)
     digest = _state_hash(model)

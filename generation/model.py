@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from tracegym.generation.attention import use_gqa_sdpa
 from tracegym.store.home import DocumentError, Home, read_json, write_json
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -266,7 +267,6 @@ def ensure_model(home: str | Path, name: str | None = None) -> Path:
 
 def load_policy(folder: str | Path, device: str | None = None) -> Policy:
     """Load a model folder as a Policy (GPU when there is one, else CPU; float32)."""
-    from tracegym.generation.attention import use_gqa_sdpa
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = Path(folder)

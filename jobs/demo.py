@@ -30,8 +30,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
+import tracegym as tg
+from tracegym.analysis.gap import GapsDocument
+from tracegym.examples.lm_agent import CustomerNotes, ShopAgent
 from tracegym.examples.shop import (
     DEMO_SEEDS,
     DEV_SEEDS,
@@ -42,10 +45,15 @@ from tracegym.examples.shop import (
     demonstration,
     make_task,
 )
+from tracegym.generation.batching import map_batched
+from tracegym.generation.model import ensure_model, load_policy, save_policy, weights_hash
+from tracegym.jobs.nightly import NightlyConfig, NightlyRun, nightly
 from tracegym.store.home import DocumentError, Home, read_json, write_json
-
-if TYPE_CHECKING:
-    from tracegym.jobs.nightly import NightlyRun
+from tracegym.training import adapters, sft
+from tracegym.training.evaluate import gain, rate
+from tracegym.training.rollout import to_chat
+from tracegym.training.router import COMBINED, HashEmbedder, Router, apply_weights, rounded
+from tracegym.training.sft import TrainStep, default_config
 
 # The base fine-tune's task mix: status and cancel requests are common, refunds and address
 # changes rare (the agent's uneven competence; nothing downstream is told). `--mix` sets another.
@@ -271,8 +279,6 @@ def base_demos(config: DemoConfig) -> list[Any]:
 def base_settings(source: Path, config: DemoConfig) -> tuple[list[Any], dict[str, Any], str]:
     """The base fine-tune's tasks, its TrainConfig overrides, and the cache key of its model
     (the source weights, the mix, the settings and the demonstrations' seeds)."""
-    from tracegym.generation.model import weights_hash
-
     demo_tasks = base_demos(config)
     train = {"steps": config.base_steps, "batch_size": 4, "max_length": 1024, "lr": 1e-3,
              "layers": upper_layers(source)}  # fmt: skip
@@ -288,10 +294,6 @@ def prepare_model(home: Path, config: DemoConfig, progress: Progress | None = No
     """The base agent's model: `config.model` fine-tuned briefly on demonstrations drawn with
     `config.mix` (`BASE_MIX` by default), merged and saved once under
     <home>/models/shop-base-<key>/."""
-    from tracegym.generation.model import ensure_model, load_policy, save_policy
-    from tracegym.training.rollout import to_chat
-    from tracegym.training.sft import TrainStep, default_config, train_adapter
-
     source = ensure_model(home, config.model)
     demo_tasks, train, key = base_settings(source, config)
     target = Home.at(home).models / f"shop-base-{key}"
@@ -305,7 +307,7 @@ def prepare_model(home: Path, config: DemoConfig, progress: Progress | None = No
         if progress is not None:
             progress("base fine-tune", step.done, step.total)
 
-    model, _ = train_adapter(policy, conversations, settings, "shop-base", on_step=on_step)
+    model, _ = sft.train_adapter(policy, conversations, settings, "shop-base", on_step=on_step)
     merged = model.merge_and_unload()
     policy.model = merged
     policy.name = f"{policy.name}-shop"
@@ -327,8 +329,6 @@ def run_agent(
 ) -> list[dict[str, Any]]:
     """The agent on `tasks`, batched, every run traced into `home`'s spool; `notes` are its
     memory (`lm_agent.CustomerNotes`)."""
-    from tracegym.examples.lm_agent import ShopAgent
-
     agent = ShopAgent(policy, max_new_tokens=config.max_new_tokens, split=split, notes=notes)
     done = [0]
 
@@ -353,12 +353,6 @@ def run_heldout(
     (not a second run that could differ only by float rounding in another batch). Both agents'
     episodes share batched waves, each lane decoding with its own adapter or none
     (`batching.map_batched(adapter_of=...)`); both start from the dev notes in `notes_file`."""
-    from tracegym.examples.lm_agent import CustomerNotes, ShopAgent
-    from tracegym.generation.batching import map_batched
-    from tracegym.generation.model import load_policy
-    from tracegym.training import adapters
-    from tracegym.training.router import COMBINED, Router, apply_weights, rounded
-
     policy = load_policy(folder)
     promoted = [a.adapter_id for a in adapters.all_metadata(home) if a.promoted]
     routes: dict[str, dict[str, float]] = {t.task_id: {} for t in tasks}
@@ -416,8 +410,6 @@ def passed_requests(results: list[dict[str, Any]]) -> list[str]:
 
 # The whole job ---------------------------------------------------------------------------------
 def rate_row(results: list[dict[str, Any]]) -> dict[str, Any]:
-    from tracegym.training.evaluate import rate
-
     return rate(sum(1 for r in results if r["passed"]), len(results))
 
 
@@ -445,11 +437,6 @@ def _run(
     progress: Progress | None,
     stage: Callable[[str], None] | None,
 ) -> dict[str, Any]:
-    import tracegym as tg
-    from tracegym.examples.lm_agent import CustomerNotes
-    from tracegym.generation.model import load_policy
-    from tracegym.jobs.nightly import NightlyConfig, nightly
-
     out = Home.at(home).demo
     minutes: dict[str, float] = {}
 
@@ -544,10 +531,8 @@ def _run(
 
 def _embedder(name: str, home: Path) -> Any:
     if name == "hash":
-        from tracegym.training.router import HashEmbedder
-
         return HashEmbedder()
-    from tracegym.analysis.embeddings import Embedder
+    from tracegym.analysis.embeddings import Embedder  # numpy and a sentence model: only here
 
     return Embedder(Home.at(home).cache)
 
@@ -558,10 +543,7 @@ def build_report(
     minutes: dict[str, float],
 ) -> dict[str, Any]:  # fmt: skip
     """Everything the report says, as data (report.json; the dashboards read it too)."""
-    from tracegym.analysis.gap import GapsDocument
-    from tracegym.synthesis import registry
-    from tracegym.training import adapters
-    from tracegym.training.evaluate import gain
+    from tracegym.synthesis import registry  # polars: loaded when the report is built
 
     paths = Home.at(home)
     gaps = list(GapsDocument.read(paths).gaps) if paths.gaps.exists() else []

@@ -30,6 +30,7 @@ from typing import Any
 
 from tracegym.analysis.tool_kinds import is_answer_tool, is_read_tool
 from tracegym.synthesis.spec import is_id_name, parse_json_literal
+from tracegym.tracer import semconv as sc
 from tracegym.tracer.messages import chat_messages
 
 SHARE = 0.9  # a convention is what at least this share of successful runs do
@@ -216,8 +217,7 @@ def mine_conventions(runs: Sequence[MinedRun], agent: str = "") -> Conventions:
 def conventions_from_store(home: str | Path) -> Conventions:
     """The conventions of the agent with the most successful runs in the store under `home`
     (runs without an outcome are left out)."""
-    from tracegym.store.store import Store
-    from tracegym.tracer import semconv as sc
+    from tracegym.store.store import Store  # duckdb: only when reading a store
 
     with Store(home) as store:
         top = store.sql(

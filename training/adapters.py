@@ -28,7 +28,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from tracegym.generation.model import quiet_peft
 from tracegym.store.home import DocumentError, Home, read_json, write_json
+from tracegym.training.evaluate import EvaluationError, EvaluationRow
 
 if TYPE_CHECKING:
     from tracegym.training.evaluate import EvaluationRow
@@ -135,8 +137,6 @@ class AdapterMetrics:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AdapterMetrics:
-        from tracegym.training.evaluate import EvaluationError, EvaluationRow
-
         data = _object(data, "an adapter's 'metrics'")
         train = _object(data.get("train") or {}, "an adapter's 'metrics.train'")
         row = data.get("eval")
@@ -369,8 +369,6 @@ def update_metadata(
 ) -> AdapterMetadata:
     """Record an evaluation (`eval`, into `metrics.eval`) and other fields (`promoted`,
     `promotion`, `train_key`, `night`, ...) in an adapter's meta.json."""
-    from tracegym.training.evaluate import EvaluationRow
-
     meta = metadata(home, adapter_id)
     if eval is not None:
         row = eval if isinstance(eval, EvaluationRow) else EvaluationRow.from_dict(eval)
@@ -423,7 +421,6 @@ def router_texts(home: str | os.PathLike[str], adapter_id: str) -> list[str]:
 def load_adapters(model: Any, home: str | os.PathLike[str], adapter_ids: Sequence[str]) -> Any:
     """`model` (a base model or a PeftModel) with the registered adapters loaded by name."""
     from peft import PeftModel
-    from tracegym.generation.model import quiet_peft
 
     for adapter_id in adapter_ids:
         path = adapters_dir(home) / adapter_id / WEIGHTS_DIR

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from tracegym.generation.batching import map_batched
 from tracegym.generation.model import Policy
 from tracegym.store.home import DocumentError
 from tracegym.training.rollout import rollout
@@ -318,8 +319,6 @@ def _run(
     """Greedy passes over `cases`, generating for `batch_size` episodes at a time."""
     import copy
 
-    from tracegym.generation.batching import map_batched
-
     if batch_size <= 1:
         return sum(rollout(policy, copy.deepcopy(env), s, adapter=adapter, **kw).passed
                    for env, s in cases)  # fmt: skip
@@ -341,8 +340,6 @@ def run_arms(
     waves: a lane decodes with its own adapter (or none), so the base and the adapted arms, and
     all environments, share batched steps instead of queueing."""
     import copy
-
-    from tracegym.generation.batching import map_batched
 
     items = [
         (j, env, seed, adapter)

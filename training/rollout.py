@@ -28,7 +28,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import tracegym as tg
 from tracegym.generation import tokens
+from tracegym.generation.batching import map_batched
 from tracegym.generation.model import IM_END, IM_START, Policy, cache_argument
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
@@ -299,8 +301,6 @@ def rollout(
 ) -> RolloutResult:
     """One episode of `policy` in `env` on `seed` (see the module docstring). With `lm`, a
     `batching.Lane`, generation is batched with the lane's other episodes."""
-    import tracegym as tg
-
     started = time.perf_counter()
     encoder = ChatEncoder(policy.tokenizer)
     observation, info = env.reset(seed=seed)
@@ -426,8 +426,6 @@ def rollout_batched(
     """`[rollout(policy, env, s, **kwargs) for s in seeds]` with generation batched
     `batch_size` episodes at a time (each episode gets its own copy of `env`)."""
     import copy
-
-    from tracegym.generation.batching import map_batched
 
     def one(lane: Any, s: int) -> RolloutResult:
         return rollout(policy, copy.deepcopy(env), s, lm=lane, **kwargs)

@@ -34,8 +34,11 @@ from dataclasses import MISSING, asdict, dataclass, field, replace
 from typing import Any
 
 from tracegym.generation import tokens as counters
-from tracegym.generation.model import Policy, quiet_peft
+from tracegym.generation.model import Policy, load_policy, quiet_peft, weights_hash
 from tracegym.generation.shared_prefix import shared_prefix_loss
+from tracegym.training import adapters
+from tracegym.training.capabilities import Capability, capabilities, split_seeds
+from tracegym.training.evaluate import EvalJob, EvaluationRow, evaluate_job
 from tracegym.training.frozen_prefix import FrozenPrefix
 from tracegym.training.rollout import (
     ChatEncoder,
@@ -226,7 +229,7 @@ def capability_data(
     looks, so fitting both teaches the rule. Alternating seeds alone did not teach SmolLM2 a
     refund's status rule on three shops (docs/demo.md)."""
     import torch
-    from tracegym.synthesis.registry import demonstration
+    from tracegym.synthesis.registry import demonstration  # polars: only where data is built
 
     conversations: list[list[dict[str, str]]] = []
     instructions: list[str] = []
@@ -768,11 +771,6 @@ def train_capability(
     "evaluate" (done 0 of the held-out seeds when it starts, all of them when it ends).
     Returns the adapter's metadata in its JSON form (`AdapterMetadata.to_dict()`: with
     `metrics.eval`, `promoted`, `promotion`)."""
-    from tracegym.generation.model import load_policy, weights_hash
-    from tracegym.training import adapters
-    from tracegym.training.capabilities import Capability, capabilities, split_seeds
-    from tracegym.training.evaluate import EvalJob, EvaluationRow, evaluate_job
-
     capability = env if isinstance(env, Capability) else capabilities([env])[0]
     envs = capability.envs
     policy = load_policy(model_folder)
