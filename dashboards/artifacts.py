@@ -4,9 +4,8 @@ broken file reads as empty plus a note, so one bad artifact never takes a page d
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +13,7 @@ from tracegym.analysis.gap import Gap, GapsDocument
 from tracegym.store.home import GAPS_FILE, DocumentError, Home, read_json
 
 if TYPE_CHECKING:
+    from tracegym.jobs.nightly import NightlyReport, NightRecord
     from tracegym.synthesis.pipeline import LastSynthesis
     from tracegym.synthesis.registry import EnvironmentDetail, EnvironmentEntry
     from tracegym.training.adapters import AdapterMetadata
@@ -150,87 +150,97 @@ def adapters(home: Path) -> list[AdapterMetadata]:
 
 @dataclass(frozen=True)
 class Night:
-    """One night of the batch job as the pages show it: the stages' statuses from its line of
-    `nightly/history.jsonl` (the latest line of its date), and from its report.json the
-    held-out evaluation rows, the routing accuracy and the gaps synthesis gave no environment.
+    """One night of the batch job as the pages show it: its line of `nightly/history.jsonl`
+    (the latest line of its date) and its report.json, as jobs.nightly reads them."""
 
-    The nightly's own document types (jobs.nightly) sit on the jobs' floor, beside the
-    dashboard's and not below it, so the report is read here down to the typed rows it holds:
-    `training.evaluate.EvaluationRow`, `training.router.RoutingAccuracy`, and the
-    `synthesis.pipeline.GapWithoutEnvironment` records (parsed where they are shown)."""
+    record: NightRecord
+    report: NightlyReport  # the parts of report.json that read; empty when there is none
 
-    date: str
-    stages: dict[str, str] = field(default_factory=dict)
-    evaluation: tuple[EvaluationRow, ...] = ()
-    routing: RoutingAccuracy | None = None
-    without_environment: tuple[Mapping[str, Any], ...] = ()
+    @property
+    def date(self) -> str:
+        return self.record.date
+
+    @property
+    def stages(self) -> dict[str, str]:
+        """Each stage's status, from the history line."""
+        return self.record.stages
+
+    @property
+    def evaluation(self) -> tuple[EvaluationRow, ...]:
+        return tuple(self.report.evaluation)
+
+    @property
+    def routing(self) -> RoutingAccuracy | None:
+        return self.report.routing
+
+    @property
+    def without_environment(self) -> tuple[Mapping[str, Any], ...]:
+        """The synthesis stage's `synthesis.pipeline.GapWithoutEnvironment` records, parsed
+        where they are shown (a record this version cannot read is shown as it is)."""
+        from tracegym.jobs.nightly import SynthesizeResult
+
+        synthesize = self.report.stages.get("synthesize")
+        if not isinstance(synthesize, SynthesizeResult):
+            return ()
+        records = synthesize.without_environment or []
+        return tuple(item for item in records if isinstance(item, Mapping))
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _night(record: Mapping[str, Any], report: Mapping[str, Any]) -> Night:
-    """A history line and its report (empty when unreadable); parts that do not read as their
-    type are left out, so one damaged row never hides the night."""
+def _report(date: str, data: Mapping[str, Any]) -> NightlyReport:
+    """report.json as a NightlyReport; when it does not read whole, the parts that do (each
+    evaluation row, the routing accuracy, each stage's result), so one damaged row never hides
+    the night."""
+    from tracegym.jobs.nightly import NightlyReport, stage_result
     from tracegym.training.evaluate import EvaluationRow
     from tracegym.training.router import RoutingAccuracy
 
+    try:
+        return NightlyReport.from_dict(data)
+    except Exception:  # a damaged part: read the parts the pages show one by one
+        pass
     rows = []
-    for row in report.get("evaluation") or []:
+    for row in data.get("evaluation") or []:
         try:
             rows.append(EvaluationRow.from_dict(row))
-        except (ValueError, TypeError):  # EvaluationError, or a number that is not one
+        except (ValueError, TypeError):
             continue
-    measured = report.get("routing") or _mapping(report.get("evaluate")).get("routing")
     try:
-        accuracy = RoutingAccuracy.from_dict(measured) if isinstance(measured, Mapping) else None
+        accuracy = RoutingAccuracy.from_dict(data["routing"]) if data.get("routing") else None
     except ValueError:  # RoutingError
         accuracy = None
-    synthesize = _mapping(_mapping(report.get("stages")).get("synthesize"))
-    without = synthesize.get("without_environment")
-    return Night(
-        date=str(record["date"]),
-        stages={str(k): str(v) for k, v in _mapping(record.get("stages")).items()},
-        evaluation=tuple(rows),
-        routing=accuracy,
-        without_environment=tuple(
-            item
-            for item in (without if isinstance(without, list) else [])
-            if isinstance(item, Mapping)
-        ),
-    )
+    stages = data.get("stages")
+    results = {}
+    for name, result in stages.items() if isinstance(stages, Mapping) else ():
+        try:
+            results[str(name)] = stage_result(str(name), result)
+        except Exception:  # a damaged stage's result must not hide the rest
+            continue
+    return NightlyReport(date=date, stages=results, evaluation=rows, routing=accuracy)
 
 
 def nightly_history(home: Path) -> list[Night]:
-    """`<home>/nightly/history.jsonl`, newest first, each night with its report.json when
-    readable; lines that are not a night (cut short, edited by hand) are skipped."""
+    """The nights of `<home>/nightly/history.jsonl` (`jobs.nightly.read_history`), newest
+    first, each with its report.json when readable; lines that are not a night (cut short,
+    edited by hand) are skipped."""
+    from tracegym.jobs.nightly import NightlyReport, read_history
+
     paths = Home.at(home)
-    if not paths.nightly_history.exists():
-        return []
-    by_date: dict[str, Mapping[str, Any]] = {}
-    for line in paths.nightly_history.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, Mapping) and isinstance(record.get("date"), str):
-            by_date[record["date"]] = record  # the latest record of a date wins
+    records = read_history(paths, skip_damaged=True)
+    by_date = {record.date: record for record in records}  # the latest record of a date wins
     out = []
     for date in sorted(by_date, reverse=True):
         record = by_date[date]
-        named = record.get("report")
-        candidate = Path(named) if isinstance(named, str) else None
+        candidate = Path(record.report) if isinstance(record.report, str) else None
         if candidate is not None and not candidate.is_absolute():
             candidate = paths.root / candidate
-        report: Mapping[str, Any] = {}
+        report = NightlyReport(date=date)
         for where in (paths.night_report(date), candidate):
             if where is not None and where.is_file():
                 data, _ = _read_json(where)
                 if isinstance(data, Mapping):
-                    report = data
+                    report = _report(date, data)
                     break
-        out.append(_night(record, report))
+        out.append(Night(record, report))
     return out
 
 

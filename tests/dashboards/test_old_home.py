@@ -142,8 +142,8 @@ def test_an_adapter_whose_metadata_is_damaged_is_left_out(old_home: Path):
 
 
 def test_old_home_nights_read_as_the_nightly_reads_them(old_home: Path):
-    """The dashboard reads a night's report down to its typed rows (the nightly's own types sit
-    beside the dashboard, not below it): the same rows and routing as jobs.nightly's types."""
+    """The dashboard reads a night as jobs.nightly's types: its history line a NightRecord, its
+    report a NightlyReport, with the same rows and routing."""
     from tracegym.dashboards import artifacts
     from tracegym.jobs.nightly import NightlyReport, read_history
     from tracegym.store.home import Home
@@ -154,6 +154,7 @@ def test_old_home_nights_read_as_the_nightly_reads_them(old_home: Path):
     for night in nights:
         record = next(r for r in reversed(records) if r.date == night.date)
         report = NightlyReport.from_dict(_raw(Home.at(old_home).night_report(night.date)))
+        assert night.record == record and night.report == report
         assert night.stages == record.stages
         assert list(night.evaluation) == report.evaluation and night.evaluation
         assert night.routing == report.routing and night.routing is not None
@@ -174,3 +175,28 @@ def test_a_damaged_evaluation_row_leaves_the_rest_of_the_night(old_home: Path):
     assert status == 200
     assert f"{damaged['adapter_id']}: " not in body
     assert all(f"{row['adapter_id']}: " in body for row in kept)
+
+
+def test_a_damaged_part_of_the_report_leaves_the_parts_that_read(old_home: Path):
+    """report.json that does not read whole as a NightlyReport (an adapter entry and one
+    stage's result damaged) still gives the night its rows, routing and other stages."""
+    from tracegym.dashboards import artifacts
+    from tracegym.jobs.nightly import NightlyReport, SynthesizeResult
+    from tracegym.store.home import Home, write_json
+
+    (night,) = artifacts.nightly_history(old_home)
+    path = Home.at(old_home).night_report(night.date)
+    report = _raw(path)
+    report["adapters"][0] = "not an adapter"
+    report["stages"]["train"]["failed"] = ["not a failure"]
+    write_json(path, report)
+    with pytest.raises(ValueError):
+        NightlyReport.from_dict(report)
+
+    (damaged,) = artifacts.nightly_history(old_home)
+    assert damaged.record == night.record
+    assert damaged.evaluation == night.evaluation and damaged.evaluation
+    assert damaged.routing == night.routing and damaged.routing is not None
+    assert "train" not in damaged.report.stages
+    assert isinstance(damaged.report.stages["synthesize"], SynthesizeResult)
+    assert damaged.without_environment == night.without_environment
