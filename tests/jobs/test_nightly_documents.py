@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tracegym.jobs.nightly import (
+from tracegym.jobs import night_documents, nightly
+from tracegym.jobs.night_documents import (
     STAGES,
     AnalyzeResult,
     CompactResult,
@@ -239,3 +242,24 @@ def test_a_resumed_night_reads_a_marker_written_before_versions(tmp_path: Path):
     assert isinstance(runner.results["compact"], CompactResult)
     assert runner.results["compact"].reason == "old"
     assert ReportResult().to_dict() == {"version": 1, "status": "done", "report": None}
+
+
+def test_the_runner_re_exports_the_documents() -> None:
+    """Callers of jobs.nightly's names (a user's script, the dashboard) get the same types."""
+    names = ["STAGES", "NightlyReport", "NightRecord", "NightlyState", "StageResult"]
+    names += ["StageFailure", "NightlyDocumentError", "read_history", "stage_result"]
+    for name in names:
+        assert getattr(nightly, name) is getattr(night_documents, name)
+        assert name in nightly.__all__
+
+
+def test_the_documents_load_without_heavy_stacks() -> None:
+    """The dashboard reads the nights through these types: importing them must not load torch,
+    duckdb or polars."""
+    code = (
+        "import sys, tracegym.jobs.night_documents\n"
+        "print(sorted(m for m in ('torch', 'duckdb', 'polars', 'transformers', 'peft')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
