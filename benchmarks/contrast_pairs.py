@@ -33,9 +33,9 @@ ARMS = (("before", False, 20, 1e-3), ("now", True, 40, 3e-3))
 
 def rule_environment(home: Path) -> str:
     """The home's first environment with a rule to contrast (the refund's)."""
-    for entry in registry.read_index(home)["environments"]:
-        if registry.load(home, entry["env_id"]).contrast_knobs() is not None:
-            return str(entry["env_id"])
+    for entry in registry.read_index(home).environments:
+        if registry.load(home, entry.env_id).contrast_knobs() is not None:
+            return entry.env_id
     raise SystemExit(f"no environment under {home} has a rule that refuses its action")
 
 

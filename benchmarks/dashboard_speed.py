@@ -337,7 +337,7 @@ def main() -> None:
     print(f"store: {spans:,} spans, {runs:,} runs")
     gaps = read_json(Home.at(home).gaps)["gaps"]
     trace_id = gaps[0]["examples"][0]["trace_id"]
-    env_id = artifacts.environments(home)[0][0]["env_id"]
+    env_id = artifacts.environments(home)[0][0].env_id
 
     app = create_app(home)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))

@@ -2,7 +2,7 @@
 
     from tracegym.synthesis import synthesize, registry
     report = synthesize(home)                      # <home>/gaps.json -> <home>/envs/
-    env = registry.load(home, report.environments[0]["env_id"])
+    env = registry.load(home, report.environments[0].env_id)
     observation, info = env.reset(seed=0)
 
 Pure Python: nothing here needs the analysis or training extras (reading tool calls from the

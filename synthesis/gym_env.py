@@ -151,8 +151,8 @@ def register_envs(home: str | Path, namespace: str = "tracegym") -> list[str]:
 
     ids = []
     for item in registry.list_envs(home):
-        gym_id = f"{namespace}/{item['env_id']}"
-        kwargs = {"home": str(home), "env_id": item["env_id"]}
+        gym_id = f"{namespace}/{item.env_id}"
+        kwargs = {"home": str(home), "env_id": item.env_id}
         known = gym.registry.get(gym_id)
         if known is None or known.kwargs != kwargs:
             gym.register(id=gym_id, entry_point=f"{__name__}:make", kwargs=kwargs)

@@ -37,7 +37,6 @@ from tracegym.synthesis.conventions import Conventions, conventions_from_store
 from tracegym.synthesis.families import build_spec, family_for_gap
 from tracegym.synthesis.registry import (
     CalibrationSummary,
-    JsonKeys,
     from_spec,
     register,
     unregister,
@@ -202,7 +201,7 @@ def _strings(data: Mapping[str, Any], name: str, where: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class SynthesizedEnvironment(JsonKeys):
+class SynthesizedEnvironment:
     """A gap that got an environment: which, where it was registered, its knobs, what each
     validity check said and how it was calibrated (`envs/synthesis.json`'s `environments`)."""
 
@@ -261,7 +260,7 @@ class SynthesizedEnvironment(JsonKeys):
 
 
 @dataclass(frozen=True)
-class RejectedEnvironment(JsonKeys):
+class RejectedEnvironment:
     """A gap whose environment was built but not registered: the failed checks, or the error
     (`envs/synthesis.json`'s `rejected`)."""
 
@@ -296,7 +295,7 @@ class RejectedEnvironment(JsonKeys):
 
 
 @dataclass(frozen=True)
-class UnsynthesizedGap(JsonKeys):
+class UnsynthesizedGap:
     """A gap no environment was built for, and why (`envs/synthesis.json`'s
     `not_synthesizable`)."""
 

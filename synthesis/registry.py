@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,22 +59,6 @@ class RegistryDocumentError(RegistryError, DocumentError):
 def envs_dir(home: str | Path) -> Path:
     """`<home>/envs/` (`Home.environments`)."""
     return Home.at(home).environments
-
-
-class JsonKeys:
-    """Rows that readers not yet using attributes still index by their JSON keys:
-    `row["env_id"]` is `row.env_id`, `row.get("calibration")` is `row.calibration`."""
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in {f.name for f in fields(self)}:  # type: ignore[arg-type]
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        try:
-            return self[key]
-        except KeyError:
-            return default
 
 
 def _text(data: Mapping[str, Any], name: str) -> str | None:
@@ -112,7 +96,7 @@ def _mapping(data: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any
 
 
 @dataclass(frozen=True)
-class TaskCounts(JsonKeys):
+class TaskCounts:
     """How many train and held-out tasks were exported for an environment."""
 
     train: int = 0
@@ -130,7 +114,7 @@ class TaskCounts(JsonKeys):
 
 
 @dataclass(frozen=True)
-class ValiditySummary(JsonKeys):
+class ValiditySummary:
     """Whether an environment passed its validity checks when registered, and when."""
 
     ok: bool
@@ -148,7 +132,7 @@ class ValiditySummary(JsonKeys):
 
 
 @dataclass(frozen=True)
-class CalibrationSummary(JsonKeys):
+class CalibrationSummary:
     """How an environment's knobs were calibrated: the policy, its pass@1 and pass@k, and
     whether they fell in the band (the full record is the environment's calibration.json)."""
 
@@ -176,7 +160,7 @@ class CalibrationSummary(JsonKeys):
 
 
 @dataclass(frozen=True)
-class EnvironmentEntry(JsonKeys):
+class EnvironmentEntry:
     """One registered environment, as the registry's index lists it."""
 
     env_id: str
@@ -247,7 +231,7 @@ class EnvironmentEntry(JsonKeys):
 
 
 @dataclass
-class EnvironmentIndex(JsonKeys):
+class EnvironmentIndex:
     """`<home>/envs/index.json`: one entry per registered environment, sorted by id."""
 
     VERSION = INDEX_VERSION
@@ -560,7 +544,6 @@ __all__ = [
     "EnvironmentDetail",
     "EnvironmentEntry",
     "EnvironmentIndex",
-    "JsonKeys",
     "RegistryDocumentError",
     "RegistryError",
     "TaskCounts",

@@ -182,7 +182,5 @@ def test_synthesize_builds_the_cause_not_the_symptom(seat):
     home, _, result = seat
     assert [g.id for g in load_gaps(home / "gaps.json")] == [g.id for g in result.gaps]
     report = synthesize(home, n_train=5, n_heldout=5, validity_seeds=20)
-    assert [(e["family"], e["action"]) for e in report.environments] == [
-        ("tool_order", "change_seat")
-    ]
-    assert report.environments[0]["gap_id"] == result.gaps[0].id
+    assert [(e.family, e.action) for e in report.environments] == [("tool_order", "change_seat")]
+    assert report.environments[0].gap_id == result.gaps[0].id

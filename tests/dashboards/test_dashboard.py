@@ -198,7 +198,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
         calibration_seeds=8,
         k=2,
     )
-    env_id = report.environments[0]["env_id"] if report.environments else None
+    env_id = report.environments[0].env_id if report.environments else None
     _add_training_artifacts(home, env_id)
     from tracegym.store.store import Store
 

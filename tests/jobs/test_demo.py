@@ -177,8 +177,8 @@ def test_every_stage_ran_and_left_valid_artifacts(demo_home):
     envs = registry.list_envs(home)
     assert envs and report["environments"]
     for item in envs:
-        env = registry.load(home, item["env_id"])
-        assert env.env_id == item["env_id"]
+        env = registry.load(home, item.env_id)
+        assert env.env_id == item.env_id
         # they follow the agent's conventions: its prompt, its tools, find the customer first
         task = env.make_task(env.spec.train_seeds[0])
         assert task.system_prompt.startswith(RULES)
@@ -190,7 +190,7 @@ def test_every_stage_ran_and_left_valid_artifacts(demo_home):
     # one), each with an evaluation row, stopped early only when its decision was clear
     metas = adapters.list_adapters(home)
     learnt = [env_id for m in metas for env_id in env_ids_of(m)]
-    assert sorted(learnt) == sorted(e["env_id"] for e in envs)
+    assert sorted(learnt) == sorted(e.env_id for e in envs)
     for meta in metas:
         row = meta["metrics"]["eval"]
         run = row["sequential"]["run"]

@@ -533,7 +533,7 @@ def test_a_write_whose_effect_the_traces_never_show_is_logged_not_invented(tmp_p
     analyze(tmp_path, embedder=ExactSignatures())
     report = synthesize(tmp_path, n_train=10, n_heldout=10, validity_seeds=20)
     built = [e for e in report.environments if e.action == "refund_order"]
-    assert built and all(e["validity"]["fidelity"].startswith("20/20") for e in built)
+    assert built and all(e.validity["fidelity"].startswith("20/20") for e in built)
     env = registry.load(tmp_path, built[0].env_id)
     task = env.make_task(0)
     world = env.fork_state(task.state)

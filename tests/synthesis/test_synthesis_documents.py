@@ -161,15 +161,6 @@ def test_a_damaged_validity_report_names_its_file(tmp_path: Path):
     assert registry.read_validity(home, "budget-f94c5c1c97") is None
 
 
-def test_rows_still_answer_to_their_json_keys():
-    """Readers that index rows by their JSON keys read the same values as attributes."""
-    item = an_entry()
-    assert item["env_id"] == item.env_id and item["tasks"]["train"] == 500
-    assert item.get("calibration")["in_band"] is True and item.get("nope", 1) == 1
-    with pytest.raises(KeyError):
-        item["nope"]
-
-
 # The synthesis report -------------------------------------------------------------------------
 def a_report() -> SynthesisReport:
     report = SynthesisReport(
