@@ -24,20 +24,6 @@ from tracegym.cli_options import (
 )
 
 
-def _embedder(name: str, home: Path) -> Any:
-    from tracegym.training.router import HashEmbedder
-
-    if name == "hash":
-        return HashEmbedder()
-    try:
-        from tracegym.analysis.embeddings import Embedder
-    except ImportError:
-        return HashEmbedder()
-    from tracegym.store.home import Home
-
-    return Embedder(Home.at(home).cache)
-
-
 def render_demo(console: Console, rows: list[dict[str, Any]], seed: int) -> None:
     """The scripted demo's tickets by kind, and the injected flaws analysis should recover."""
     kinds: dict[str, list[int]] = {}
@@ -235,6 +221,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         from tracegym.generation.model import ModelError
         from tracegym.jobs.nightly import STAGES
         from tracegym.training.commands import train_progress
+        from tracegym.training.router import embedder_named
 
         bar = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
@@ -258,7 +245,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         try:
             with bar, steps_bar:
                 result = run(
-                    target, config, progress=progress, embedder=_embedder(embedder, target),
+                    target, config, progress=progress, embedder=embedder_named(embedder, target),
                     on_step=on_step,
                 )  # fmt: skip
         except NightlyBusy as exc:

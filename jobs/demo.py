@@ -52,7 +52,13 @@ from tracegym.store.home import DocumentError, Home, read_json, write_json
 from tracegym.training import adapters, sft
 from tracegym.training.evaluate import gain, rate
 from tracegym.training.rollout import to_chat
-from tracegym.training.router import COMBINED, HashEmbedder, Router, apply_weights, rounded
+from tracegym.training.router import (
+    COMBINED,
+    Router,
+    apply_weights,
+    embedder_named,
+    rounded,
+)
 from tracegym.training.sft import TrainStep, default_config
 
 # The base fine-tune's task mix: status and cancel requests are common, refunds and address
@@ -499,7 +505,7 @@ def _run(
         max_new_tokens=config.max_new_tokens, replay=str(replay) if config.replay else None,
         route=config.nightly_router, batch_size=config.arms_batch, eval_looks=config.eval_looks,
     )  # fmt: skip
-    embedder = _embedder(config.embedder, home)
+    embedder = embedder_named(config.embedder, home, fall_back_to_hash=False)
 
     def night_progress(name: str, message: str) -> None:
         if progress is not None:
@@ -527,14 +533,6 @@ def _run(
     tmp.write_text(render_markdown(report))
     os.replace(tmp, out / "report.md")
     return report
-
-
-def _embedder(name: str, home: Path) -> Any:
-    if name == "hash":
-        return HashEmbedder()
-    from tracegym.analysis.embeddings import Embedder  # numpy and a sentence model: only here
-
-    return Embedder(Home.at(home).cache)
 
 
 def build_report(

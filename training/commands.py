@@ -25,18 +25,6 @@ if TYPE_CHECKING:
     from tracegym.training.adapters import AdapterMetadata
 
 
-def _embedder(name: str, home: Path) -> Any:
-    from tracegym.training.router import HashEmbedder
-
-    if name == "hash":
-        return HashEmbedder()
-    try:
-        from tracegym.analysis.embeddings import Embedder
-    except ImportError:
-        return HashEmbedder()
-    return Embedder(home / "cache")
-
-
 _PHASES = {
     "sample": ("rejection sampling", "rollouts"),
     "sft": ("SFT", "steps"),
@@ -205,6 +193,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         from tracegym.training.router import (
             Router,
             RoutingAccuracy,
+            embedder_named,
             heldout_tasks,
             rounded,
             routing_accuracy,
@@ -226,7 +215,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         except ModelError as exc:
             fail(str(exc))
         peft_model = adapters.load_adapters(policy.model, target, known)
-        router = Router.from_registry(target, _embedder(embedder, target), promoted_only=False)
+        router = Router.from_registry(target, embedder_named(embedder, target), promoted_only=False)
 
         def route(env: Any, seed: int) -> dict[str, float]:
             return rounded(router.weights(env.make_task(seed).instruction))

@@ -86,6 +86,22 @@ class HashEmbedder:
         return rows / np.where(norms == 0, 1, norms)
 
 
+def embedder_named(
+    name: str, home: str | os.PathLike[str], *, fall_back_to_hash: bool = True
+) -> Any:
+    """Router embeddings by name: `hash` (no model) or `minilm`, the analysis extra's sentence
+    model with its cache under the home; without that extra, `hash` when `fall_back_to_hash`."""
+    if name == "hash":
+        return HashEmbedder()
+    try:
+        from tracegym.analysis.embeddings import Embedder  # numpy and a sentence model: only here
+    except ImportError:
+        if fall_back_to_hash:
+            return HashEmbedder()
+        raise
+    return Embedder(Home.at(home).cache)
+
+
 class Router:
     def __init__(
         self,

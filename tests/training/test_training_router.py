@@ -115,3 +115,16 @@ def test_rounded_weights_group_nearly_equal_mixtures():
     assert rounded({"x": 0.97, "y": 0.03}) == {"x": 1.0}  # a negligible share is dropped
     assert rounded({}) == {}
     assert abs(sum(rounded({"x": 0.33, "y": 0.33, "z": 0.34}).values()) - 1) < 1e-5
+
+
+def test_embedder_named_falls_back_to_hash_only_when_asked(tmp_path, monkeypatch):
+    import sys
+
+    import pytest
+    from tracegym.training.router import HashEmbedder, embedder_named
+
+    assert isinstance(embedder_named("hash", tmp_path), HashEmbedder)
+    monkeypatch.setitem(sys.modules, "tracegym.analysis.embeddings", None)  # no analysis extra
+    assert isinstance(embedder_named("minilm", tmp_path), HashEmbedder)
+    with pytest.raises(ImportError):
+        embedder_named("minilm", tmp_path, fall_back_to_hash=False)
