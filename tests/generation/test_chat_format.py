@@ -1,0 +1,183 @@
+"""ChatFormat: each family's template renders OpenAI-shaped conversations, a tiny model of the
+family generates from the prompt, and replies parse back (never raising on what a model wrote)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tracegym.generation.chat_format import (
+    CHATML,
+    FAMILIES,
+    LLAMA3,
+    MISTRAL,
+    ChatFormat,
+    Reply,
+    ToolCall,
+    family_of,
+    mistral_call_id,
+    parse_any,
+    supports_tools,
+    template_text,
+)
+from tracegym.generation.model import CHATML_TEMPLATE, tiny_tokenizer
+from tracegym.generation.tiny_families import tiny_family_model, tiny_family_policy
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Find an order.",
+            "parameters": {"type": "object", "properties": {"id": {"type": "string"}}},
+        },
+    }
+]
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Where is A-12?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_abc",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": '{"id": "A-12"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_abc", "content": "shipped"},
+]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def policy(request):
+    return tiny_family_policy(request.param, seed=0)
+
+
+def test_family_detected_from_template(policy) -> None:
+    fmt = ChatFormat(policy.tokenizer)
+    assert fmt.family == policy.name.split("-")[1]
+    assert family_of(CHATML_TEMPLATE) == CHATML
+    assert family_of("no markers here") == "unknown"
+
+
+def test_round_trip_render_generate_parse(policy) -> None:
+    fmt = ChatFormat(policy.tokenizer)
+    prompt = fmt.render(CONVERSATION, tools=TOOLS)
+    assert "lookup" in prompt and "Where is A-12?" in prompt and "shipped" in prompt
+    assert '"id": "A-12"' in prompt  # arguments rendered as a JSON object, not a quoted string
+    ids = fmt.render_ids(CONVERSATION, tools=TOOLS)
+    assert policy.tokenizer.decode(ids) == prompt
+    out = policy.model.generate(
+        torch.tensor([ids]),
+        max_new_tokens=6,
+        do_sample=False,
+        pad_token_id=policy.tokenizer.pad_token_id,
+    )
+    text = policy.tokenizer.decode(out[0][len(ids) :], skip_special_tokens=False)
+    reply = fmt.parse_reply(text)
+    assert isinstance(reply, Reply)
+    assert reply.tool_calls == []  # random weights write no valid call
+
+
+def test_rendered_tool_call_parses_back(policy) -> None:
+    """The assistant turn the template writes for a call is read back as that call."""
+    fmt = ChatFormat(policy.tokenizer)
+    before = fmt.render(CONVERSATION[:2], tools=TOOLS, add_generation_prompt=True)
+    after = fmt.render(CONVERSATION[:3], tools=TOOLS, add_generation_prompt=False)
+    assert after.startswith(before)
+    reply = fmt.parse_reply(after[len(before) :])
+    assert [(c.name, c.arguments) for c in reply.tool_calls] == [("lookup", {"id": "A-12"})]
+
+
+def test_supports_tools() -> None:
+    for family in FAMILIES:
+        assert supports_tools(tiny_family_policy(family).tokenizer)
+    plain = tiny_tokenizer()  # the demo's ChatML template ignores tools
+    assert not supports_tools(plain)
+    assert supports_tools(plain, chat_template=template_text(CHATML))
+
+
+def test_mistral_ids_are_nine_alphanumerics_and_consistent() -> None:
+    fmt = ChatFormat(tiny_family_policy(MISTRAL).tokenizer)
+    prompt = fmt.render(CONVERSATION, tools=TOOLS)
+    short = mistral_call_id("call_abc")
+    assert len(short) == 9 and short.isalnum()
+    assert prompt.count(short) == 2  # the call and its result carry the same id
+    assert mistral_call_id("abcdefghi") == "abcdefghi"
+
+
+def test_tiny_family_model_folder(tmp_path) -> None:
+    folder = tiny_family_model(LLAMA3, 1, target=tmp_path / "llama3")
+    fmt = ChatFormat.from_folder(folder)
+    assert fmt.family == LLAMA3
+    assert supports_tools(fmt.tokenizer)
+
+
+# Known-good replies per family -----------------------------------------------------------------
+CALL = ToolCall("lookup", {"id": "A-12"})
+CALL2 = ToolCall("press", {"color": "red"})
+HERMES = {
+    "one": '<tool_call>\n{"name": "lookup", "arguments": {"id": "A-12"}}\n</tool_call><|im_end|>',
+    "two": '<tool_call>{"name": "lookup", "arguments": {"id": "A-12"}}</tool_call>\n'
+    '<tool_call>{"name": "press", "arguments": {"color": "red"}}</tool_call>',
+    "text": "The order is shipped.<|im_end|>",
+    "bad": '<tool_call>{"name": "lookup", "arguments": {"id": </tool_call>',
+}
+LLAMA = {
+    "one": '{"name": "lookup", "parameters": {"id": "A-12"}}<|eot_id|>',
+    "two": '<|python_tag|>{"name": "lookup", "parameters": {"id": "A-12"}}; '
+    '{"name": "press", "parameters": {"color": "red"}}<|eom_id|>',
+    "text": "The order is shipped.<|eot_id|>",
+    "bad": '{"name": "lookup", "parameters": {"id": "A-1',
+}
+MISTRAL_REPLIES = {
+    "one": '[TOOL_CALLS][{"name": "lookup", "arguments": {"id": "A-12"}, "id": "abcdefghi"}]</s>',
+    "two": '[TOOL_CALLS][{"name": "lookup", "arguments": {"id": "A-12"}}, '
+    '{"name": "press", "arguments": {"color": "red"}}]</s>',
+    "text": "The order is shipped.</s>",
+    "bad": '[TOOL_CALLS][{"name": "lookup", "arguments": {"id": ]</s>',
+}
+
+
+@pytest.mark.parametrize(
+    ("family", "replies"), [(CHATML, HERMES), (LLAMA3, LLAMA), (MISTRAL, MISTRAL_REPLIES)]
+)
+def test_parse_reply_known_good(family: str, replies: dict[str, str]) -> None:
+    fmt = ChatFormat(tiny_family_policy(family).tokenizer)
+
+    def calls(reply: Reply) -> list[tuple[str, dict]]:
+        return [(c.name, c.arguments) for c in reply.tool_calls]
+
+    one = fmt.parse_reply(replies["one"])
+    assert calls(one) == [(CALL.name, CALL.arguments)] and one.content is None
+    assert calls(fmt.parse_reply(replies["two"])) == [
+        (CALL.name, CALL.arguments),
+        (CALL2.name, CALL2.arguments),
+    ]
+    text = fmt.parse_reply(replies["text"])
+    assert text == Reply("The order is shipped.", [])
+    bad = fmt.parse_reply(replies["bad"])
+    assert bad.tool_calls == [] and bad.content  # malformed JSON stays content
+    assert parse_any(replies["one"].split("<|")[0].removesuffix("</s>")).tool_calls
+
+
+def test_mistral_call_id_survives_parsing() -> None:
+    fmt = ChatFormat(tiny_family_policy(MISTRAL).tokenizer)
+    reply = fmt.parse_reply(MISTRAL_REPLIES["one"])
+    assert reply.tool_calls[0].id == "abcdefghi"
+    message = reply.to_openai()
+    assert message["tool_calls"][0]["function"]["name"] == "lookup"
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"id": "A-12"}
+
+
+@pytest.mark.parametrize(
+    "text", ["", "   ", "<tool_call>", "[TOOL_CALLS]", "{", '{"name": 3}', "\x00"]
+)
+def test_parse_reply_never_raises(text: str) -> None:
+    for family in FAMILIES:
+        reply = ChatFormat(tiny_family_policy(family).tokenizer).parse_reply(text)
+        assert reply.tool_calls == []
