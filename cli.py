@@ -58,6 +58,7 @@ LAZY_COMMANDS: dict[str, tuple[str, ...]] = {
     "tracegym.analysis.commands": ("analyze", "attribute"),
     "tracegym.synthesis.commands": ("synthesize", "envs"),
     "tracegym.training.commands": ("train", "evaluate", "adapters"),
+    "tracegym.serving.commands": ("serve",),
     "tracegym.dashboards.commands": ("dashboard",),
 }
 _MODULE_OF = {name: module for module, names in LAZY_COMMANDS.items() for name in names}
