@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tracegym.generation.attention import use_gqa_sdpa
+from tracegym.generation.chat_format import ChatFormat, supports_tools
 from tracegym.store.home import DocumentError, Home, read_json, write_json
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -283,6 +284,47 @@ def load_policy(folder: str | Path, device: str | None = None) -> Policy:
     return Policy(model, tokenizer, info.name if info else folder.name, str(folder))
 
 
+def require_tool_template(
+    folder: str | Path, chat_template: str | Path | None = None
+) -> ChatFormat:
+    """The chat format a model folder is trained and served in, checked before any weights load:
+    only the config and tokenizer are read. A template that cannot express tools is a ModelError
+    unless `chat_template` names a file whose template can (as vLLM's `--chat-template`)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = Path(folder)
+    if not (folder / "config.json").exists():
+        raise ModelError(f"{folder} is not a Hugging Face model folder (no config.json)")
+    try:
+        AutoConfig.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except Exception as exc:  # any unreadable folder is the user's to fix: one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"cannot read the config or tokenizer of {folder}: {first}") from None
+    if chat_template is not None:
+        path = Path(chat_template).expanduser()
+        try:
+            template = path.read_text()
+        except OSError as exc:
+            raise ModelError(f"cannot read chat template {path}: {exc.strerror or exc}") from None
+        if not supports_tools(tokenizer, chat_template=template):
+            raise ModelError(
+                f"chat template {path} cannot express tools (a probe tool never reaches the prompt)"
+            )
+        return ChatFormat(tokenizer, template)
+    if not supports_tools(tokenizer):
+        what = (
+            "has no chat template"
+            if not getattr(tokenizer, "chat_template", None)
+            else ("has a chat template that cannot express tools")
+        )
+        raise ModelError(
+            f"{folder} {what}; pass --chat-template FILE with one that can "
+            "(e.g. tracegym/generation/templates/chatml_tools.jinja for ChatML models)"
+        )
+    return ChatFormat(tokenizer)
+
+
 def weights_hash(folder: str | Path) -> str:
     """sha256 over a model folder's config and weight files (the base model's identity)."""
     folder = Path(folder)
@@ -324,6 +366,7 @@ __all__ = [
     "load_policy",
     "models_dir",
     "quiet_peft",
+    "require_tool_template",
     "tiny_model",
     "tiny_tokenizer",
     "weights_hash",

@@ -181,3 +181,36 @@ def test_parse_reply_never_raises(text: str) -> None:
     for family in FAMILIES:
         reply = ChatFormat(tiny_family_policy(family).tokenizer).parse_reply(text)
         assert reply.tool_calls == []
+
+
+# The template check before weights load --------------------------------------------------------
+def test_require_tool_template_checks_before_weights(tmp_path) -> None:
+    from tracegym.generation.model import ModelError, require_tool_template, save_policy, tiny_model
+
+    plain = tmp_path / "plain"
+    save_policy(tiny_model(0), plain)  # the demo's ChatML template: no tools
+    for weights in plain.glob("*.safetensors"):
+        weights.write_bytes(b"not weights")  # never read: the error must be the template one
+    with pytest.raises(ModelError, match="cannot express tools") as caught:
+        require_tool_template(plain)
+    assert "\n" not in str(caught.value)
+    good = tmp_path / "chatml_tools.jinja"
+    good.write_text(template_text(CHATML))
+    fmt = require_tool_template(plain, chat_template=good)
+    assert fmt.family == CHATML and "lookup" in fmt.render(CONVERSATION[:2], tools=TOOLS)
+    bad = tmp_path / "plain.jinja"
+    bad.write_text(CHATML_TEMPLATE)
+    with pytest.raises(ModelError, match="cannot express tools"):
+        require_tool_template(plain, chat_template=bad)
+    with pytest.raises(ModelError, match="cannot read chat template"):
+        require_tool_template(plain, chat_template=tmp_path / "missing.jinja")
+    with pytest.raises(ModelError, match=r"no config\.json"):
+        require_tool_template(tmp_path / "nowhere")
+
+
+def test_require_tool_template_accepts_family_folders(tmp_path) -> None:
+    from tracegym.generation.model import require_tool_template
+
+    for family in FAMILIES:
+        folder = tiny_family_model(family, 0, target=tmp_path / family)
+        assert require_tool_template(folder).family == family
