@@ -38,6 +38,23 @@ END_MARKERS = {
     UNKNOWN: (),
 }
 PROBE_TOOL = "tracegym_probe_tool"
+# Response schemas (transformers' `response_template` language) for families whose tokenizers
+# ship none: the assistant's text up to the end marker, and each <tool_call> block as JSON.
+RESPONSE_SCHEMAS: dict[str, dict[str, Any]] = {
+    CHATML: {
+        "version": 1,
+        "start_anchor": "<|im_start|>assistant\n",
+        "fields": {
+            "content": {"close": "<|im_end|>", "content": "text"},
+            "tool_calls": {
+                "open": "<tool_call>",
+                "close": "</tool_call>",
+                "content": "json",
+                "repeats": True,
+            },
+        },
+    }
+}
 _ID_ALPHABET = string.ascii_letters + string.digits
 
 
@@ -324,27 +341,42 @@ class ChatFormat:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def parse_reply(self, text: str, prefix: str | None = None) -> Reply:
-        """The content and tool calls of a generated reply (the text after the prompt). Uses
-        transformers' parse_response when the tokenizer has a response template (it needs the
-        prompt as `prefix`), else this family's parser; never raises on what a model wrote."""
-        schema = getattr(self.tokenizer, "response_template", None)
-        if schema is not None and prefix is not None:
+        """The content and tool calls of a generated reply (the text after the prompt `prefix`).
+        transformers' parse_response reads it when the tokenizer carries a response template or
+        the family has a known one (Hermes/Qwen); what that cannot read, or a family without a
+        schema, goes to the family's own parser. Never raises on what a model wrote."""
+        own = getattr(self.tokenizer, "response_template", None)
+        schema = own if own is not None else RESPONSE_SCHEMAS.get(self.family)
+        if schema is not None:
+            anchor = schema.get("start_anchor", "") if isinstance(schema, Mapping) else ""
             try:
-                return _reply_from_message(self.tokenizer.parse_response(text, prefix=prefix))
-            except Exception:
-                pass
+                message = self.tokenizer.parse_response(
+                    text, schema=schema, prefix=prefix or anchor
+                )
+                reply = _reply_from_message(message)
+            except Exception:  # a reply the schema cannot read falls back below
+                reply = None
+            if reply is not None:
+                return reply
         text = _strip(text, self.family)
         parser = PARSERS.get(self.family, parse_any)
         try:
             return parser(text)
-        except Exception:
+        except Exception:  # a model's output must never raise here
             return Reply(text or None)
 
 
-def _reply_from_message(message: Mapping[str, Any]) -> Reply:
+def _reply_from_message(message: Any) -> Reply | None:
+    """A parse_response message as a Reply; None when a call in it is not a call (the family
+    parser then keeps the whole text as content)."""
+    if not isinstance(message, Mapping):
+        return None
     calls = [_call_from(call) for call in message.get("tool_calls") or []]
+    if any(call is None for call in calls):
+        return None
     content = message.get("content")
-    return Reply(content if isinstance(content, str) and content else None, [c for c in calls if c])
+    content = content.strip() if isinstance(content, str) else None
+    return Reply(content or None, [c for c in calls if c is not None])
 
 
 def supports_tools(tokenizer: Any, chat_template: str | None = None) -> bool:
@@ -382,6 +414,7 @@ __all__ = [
     "FAMILIES",
     "LLAMA3",
     "MISTRAL",
+    "RESPONSE_SCHEMAS",
     "ChatFormat",
     "Reply",
     "ToolCall",

@@ -214,3 +214,32 @@ def test_require_tool_template_accepts_family_folders(tmp_path) -> None:
     for family in FAMILIES:
         folder = tiny_family_model(family, 0, target=tmp_path / family)
         assert require_tool_template(folder).family == family
+
+
+def test_tokenizer_response_template_is_preferred() -> None:
+    """A tokenizer that carries its own response template is parsed by transformers with it."""
+    tokenizer = tiny_family_policy(MISTRAL).tokenizer
+    tokenizer.response_template = {
+        "version": 1,
+        "start_anchor": "[/INST]",
+        "fields": {
+            "content": {"close": "</s>", "content": "text"},
+            "tool_calls": {
+                "open": "<call>",
+                "close": "</call>",
+                "content": "json",
+                "repeats": True,
+            },
+        },
+    }
+    fmt = ChatFormat(tokenizer)
+    reply = fmt.parse_reply('ok <call>{"name": "lookup", "arguments": {"id": "A-12"}}</call></s>')
+    assert reply == Reply("ok", [ToolCall("lookup", {"id": "A-12"})])
+
+
+def test_hermes_schema_and_fallback_agree() -> None:
+    from tracegym.generation.chat_format import parse_hermes
+
+    fmt = ChatFormat(tiny_family_policy(CHATML).tokenizer)
+    for text in [*HERMES.values(), '<tool_call>{"foo": 1}</tool_call>', "a <tool_call>"]:
+        assert fmt.parse_reply(text) == parse_hermes(text.removesuffix("<|im_end|>"))
