@@ -436,6 +436,108 @@ def load_adapters(model: Any, home: str | os.PathLike[str], adapter_ids: Sequenc
     return model
 
 
+EXPORT_MANIFEST = "tracegym_adapters.json"
+
+
+@dataclass(frozen=True)
+class ExportManifest:
+    """The manifest `export_adapters` writes beside the folders: the base model's name and, per
+    adapter, its folder (relative to the manifest) and capability."""
+
+    VERSION: ClassVar[int] = 1
+
+    base_model: str
+    adapters: dict[str, str]
+    capabilities: dict[str, str] = field(default_factory=dict)
+    version: int = VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "base_model": self.base_model,
+            "adapters": [
+                {"id": a, "path": path, "capability": self.capabilities.get(a, "")}
+                for a, path in self.adapters.items()
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExportManifest:
+        data = _object(data, EXPORT_MANIFEST)
+        rows = data.get("adapters")
+        if not isinstance(rows, list) or not all(isinstance(r, Mapping) for r in rows):
+            raise AdapterDocumentError(f"{EXPORT_MANIFEST} needs an 'adapters' list of objects")
+        return cls(
+            base_model=_text(data, "base_model", EXPORT_MANIFEST),
+            adapters={str(r.get("id")): str(r.get("path")) for r in rows},
+            capabilities={str(r.get("id")): str(r.get("capability") or "") for r in rows},
+        )
+
+    def vllm_command(self, root: str | os.PathLike[str]) -> str:
+        modules = " ".join(f"{a}={Path(root) / p}" for a, p in self.adapters.items())
+        return f"vllm serve {self.base_model} --enable-lora --lora-modules {modules}"
+
+    def sglang_command(self, root: str | os.PathLike[str]) -> str:
+        paths = " ".join(f"{a}={Path(root) / p}" for a, p in self.adapters.items())
+        return f"python -m sglang.launch_server --model-path {self.base_model} --lora-paths {paths}"
+
+
+def export_adapters(
+    home: str | os.PathLike[str],
+    target: str | os.PathLike[str],
+    *,
+    base_model: str | None = None,
+) -> ExportManifest:
+    """Copy each promoted adapter's weights to `target/<id>/` as a plain peft folder whose
+    `adapter_config.json` names the base model by `base_model` (default: the name the adapters
+    were trained on), not by a local folder, so vLLM and SGLang load them beside the base model
+    they serve; writes the manifest. Each folder is replaced whole (staged, then renamed)."""
+    promoted = [m for m in all_metadata(home) if m.promoted]
+    if not promoted:
+        raise AdapterError("no promoted adapters to export")
+    names = {m.base_model.name for m in promoted}
+    if base_model is None:
+        if len(names) > 1:
+            raise AdapterError(
+                f"the promoted adapters were trained on different base models "
+                f"({', '.join(sorted(names))}): pass the one to name with --base-model"
+            )
+        base_model = names.pop()
+    root = Path(target)
+    if root.exists() and not root.is_dir():
+        raise AdapterError(f"{root} exists and is not a folder")
+    for meta in promoted:
+        source = adapters_dir(home) / meta.adapter_id / WEIGHTS_DIR
+        if not (source / "adapter_config.json").exists():
+            raise AdapterError(f"adapter {meta.adapter_id!r} has no weights at {source}")
+    root.mkdir(parents=True, exist_ok=True)
+    exported: dict[str, str] = {}
+    for meta in promoted:
+        source = adapters_dir(home) / meta.adapter_id / WEIGHTS_DIR
+        staging = Path(tempfile.mkdtemp(prefix=f".{meta.adapter_id}.", dir=root))
+        try:
+            folder = staging / "peft"
+            shutil.copytree(source, folder)
+            config = read_json(folder / "adapter_config.json")
+            write_json(
+                folder / "adapter_config.json", {**config, "base_model_name_or_path": base_model}
+            )
+            final = root / meta.adapter_id
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(folder, final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        exported[meta.adapter_id] = meta.adapter_id
+    manifest = ExportManifest(
+        base_model=base_model,
+        adapters=exported,
+        capabilities={m.adapter_id: m.capability.name for m in promoted},
+    )
+    write_json(root / EXPORT_MANIFEST, manifest.to_dict())
+    return manifest
+
+
 __all__ = [
     "AdapterDocumentError",
     "AdapterError",
@@ -443,10 +545,12 @@ __all__ = [
     "AdapterMetrics",
     "BaseModelRef",
     "CapabilityRef",
+    "ExportManifest",
     "RouterTexts",
     "adapter_id_for",
     "adapters_dir",
     "all_metadata",
+    "export_adapters",
     "list_adapters",
     "load_adapters",
     "metadata",

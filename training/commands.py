@@ -242,7 +242,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         console.print(render_markdown(rows), markup=False, highlight=False)
         console.print(f"routing accuracy: {routing.accuracy} over {routing.n} tasks")
 
-    group = typer.Typer(help="The trained LoRA adapters: list, show.", no_args_is_help=True)
+    group = typer.Typer(help="The trained LoRA adapters: list, show, export.", no_args_is_help=True)
     app.add_typer(group, name="adapters")
 
     @group.command("list")
@@ -302,6 +302,37 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             print_json(shown)
             return
         _print_adapter(meta)
+
+    @group.command("export")
+    def export(
+        ctx: typer.Context,
+        target: Annotated[Path, typer.Argument(help="Folder to write the adapters to.")],
+        base_model: Annotated[
+            str | None,
+            typer.Option(
+                "--base-model",
+                help="The base model's name in each adapter_config.json (default: the name "
+                "the adapters were trained on).",
+            ),
+        ] = None,
+        home: HomeOption = None,
+    ) -> None:
+        """Write the promoted adapters as plain peft folders for vLLM or SGLang, and print
+        their command lines."""
+        from tracegym.store.home import DocumentError
+        from tracegym.training import adapters
+
+        source = _home(ctx, home)
+        try:
+            manifest = adapters.export_adapters(source, target, base_model=base_model)
+        except (adapters.AdapterError, DocumentError) as exc:
+            fail(str(exc))
+        except OSError as exc:
+            fail(f"cannot write to {target}: {exc.strerror or exc}")
+        root = target.resolve()
+        typer.echo(f"exported {len(manifest.adapters)} adapter(s) to {root}")
+        typer.echo(f"vLLM:   {manifest.vllm_command(root)}")
+        typer.echo(f"SGLang: {manifest.sglang_command(root)}")
 
 
 def _print_adapter(meta: AdapterMetadata) -> None:
