@@ -12,13 +12,19 @@ from __future__ import annotations
 from tracegym.serving.app import create_app
 from tracegym.serving.backends import Backend, Reply, UpstreamBackend
 from tracegym.serving.protocol import ChatRequest, ServeError, parse_request
-from tracegym.serving.routing import ConversationRouter, Decision, registry_router
+from tracegym.serving.routing import (
+    ConversationRouter,
+    Decision,
+    RegistryWatch,
+    registry_router,
+)
 
 __all__ = [
     "Backend",
     "ChatRequest",
     "ConversationRouter",
     "Decision",
+    "RegistryWatch",
     "Reply",
     "ServeError",
     "UpstreamBackend",

@@ -41,16 +41,19 @@ def base_model_name(home: str | Path) -> str | None:
 
 def build_app(
     home: str | Path, upstream: str, base_model: str, *, embedder: str = "minilm",
-    api_key: str | None = None,
+    api_key: str | None = None, reload_every: float | None = 2.0,
 ) -> Any:  # fmt: skip
+    """The endpoint over `home`'s promoted adapters, forwarding to `upstream`; the registry is
+    looked at again at most every `reload_every` seconds (None: never)."""
     from tracegym.serving.app import create_app
     from tracegym.serving.backends import UpstreamBackend
-    from tracegym.serving.routing import ConversationRouter, registry_router
+    from tracegym.serving.routing import ConversationRouter, RegistryWatch, registry_router
 
+    watch = RegistryWatch(home, embedder, every=reload_every) if reload_every is not None else None
     router, adapter_ids = registry_router(home, embedder)
     return create_app(
         UpstreamBackend(upstream, api_key=api_key),
-        ConversationRouter(router, adapter_ids, base_model),
+        ConversationRouter(router, adapter_ids, base_model, reload=watch),
     )
 
 
@@ -83,6 +86,13 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             str | None,
             typer.Option(envvar="TRACEGYM_UPSTREAM_API_KEY", help="Bearer token for the upstream."),
         ] = None,
+        reload_every: Annotated[
+            float,
+            typer.Option(
+                min=0.0,
+                help="Look for newly promoted adapters at most every SECONDS (0: each request).",
+            ),
+        ] = 2.0,
         embedder: EmbedderOption = "minilm",
         home: HomeOption = None,
     ) -> None:
@@ -107,7 +117,10 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             name = base_model or base_model_name(target)
             if name is None:
                 fail("no promoted adapters and no --base-model: nothing to serve")
-            application = build_app(target, upstream, name, embedder=embedder, api_key=api_key)
+            application = build_app(
+                target, upstream, name, embedder=embedder, api_key=api_key,
+                reload_every=reload_every,
+            )  # fmt: skip
         except (ValueError, DocumentError) as exc:
             fail(str(exc))
         shown = f"[{host}]" if ":" in host else host
