@@ -4,6 +4,7 @@
     app = create_app(UpstreamBackend("http://127.0.0.1:8000/v1"),
                      ConversationRouter(router, adapter_ids, base_model="Qwen/Qwen2.5-0.5B"))
 
+`serving.local.LocalBackend` runs the model in process instead.
 docs/serving.md says what is supported.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from tracegym.serving.app import create_app
 from tracegym.serving.backends import Backend, Reply, UpstreamBackend
+from tracegym.serving.local import LocalBackend
 from tracegym.serving.protocol import ChatRequest, ServeError, parse_request
 from tracegym.serving.routing import (
     ConversationRouter,
@@ -24,6 +26,7 @@ __all__ = [
     "ChatRequest",
     "ConversationRouter",
     "Decision",
+    "LocalBackend",
     "RegistryWatch",
     "Reply",
     "ServeError",

@@ -4,8 +4,9 @@
 name (or the base model's). A Reply is either a JSON response or, for `stream: true`, the
 server-sent-event bytes in OpenAI's chunk shape. Errors are ServeErrors (OpenAI error shape).
 
-Only `UpstreamBackend` exists so far: it forwards to a multi-LoRA server that already speaks the
-OpenAI API (vLLM `--enable-lora`, SGLang `--lora-paths`), which knows each adapter by its name.
+`UpstreamBackend` forwards to a multi-LoRA server that already speaks the OpenAI API (vLLM
+`--enable-lora`, SGLang `--lora-paths`), which knows each adapter by its name; `local.py`'s
+`LocalBackend` runs the model in process.
 """
 
 from __future__ import annotations

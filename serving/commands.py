@@ -57,6 +57,47 @@ def build_app(
     )
 
 
+def build_local_app(
+    home: str | Path, folder: str | Path, base_model: str, *, embedder: str = "minilm",
+    reload_every: float | None = 2.0, chat_template: str | Path | None = None,
+) -> Any:  # fmt: skip
+    """The endpoint over `home`'s promoted adapters, served in process on the model in
+    `folder`; adapters promoted later are loaded before the next generation."""
+    from tracegym.serving.app import create_app
+    from tracegym.serving.local import LocalBackend
+    from tracegym.serving.routing import ConversationRouter, RegistryWatch, registry_router
+
+    router, adapter_ids = registry_router(home, embedder)
+    backend = LocalBackend.from_folder(folder, home, adapter_ids, chat_template=chat_template)
+    reload = None
+    if reload_every is not None:
+        watch = RegistryWatch(home, embedder, every=reload_every)
+
+        def reload() -> Any:
+            changed = watch()
+            if changed is not None:
+                backend.want(changed[1])
+            return changed
+
+    return create_app(backend, ConversationRouter(router, adapter_ids, base_model, reload=reload))
+
+
+def local_folder(home: str | Path, model: str | None) -> Path:
+    """The base model folder: `model` (a name `ensure_model` knows, or a folder), else the one
+    the promoted adapters were trained on."""
+    from tracegym.generation.model import ensure_model
+    from tracegym.training import adapters
+
+    if model is not None:
+        return Path(model) if Path(model).is_dir() else ensure_model(home, model)
+    folders = {m.base_model.folder for m in adapters.all_metadata(home) if m.promoted}
+    if len(folders) != 1 or not next(iter(folders)):
+        raise ValueError(
+            "no single base model folder among the promoted adapters: pass --model NAME"
+        )
+    return Path(folders.pop())
+
+
 def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
     """Add `tracegym serve` to `app`. `home_of(ctx, home)` resolves --home; `fail(msg)` prints a
     one-line error and exits with code 2."""
@@ -67,8 +108,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         upstream: Annotated[
             str | None,
             typer.Option(
-                help="Base URL of a multi-LoRA server (vLLM --enable-lora, SGLang), "
-                "e.g. http://127.0.0.1:8000/v1.",
+                help="Forward to this multi-LoRA server (vLLM --enable-lora, SGLang), e.g. "
+                "http://127.0.0.1:8000/v1; without it the model runs in this process.",
             ),
         ] = None,
         base_model: Annotated[
@@ -93,15 +134,25 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 help="Look for newly promoted adapters at most every SECONDS (0: each request).",
             ),
         ] = 2.0,
+        model: Annotated[
+            str | None,
+            typer.Option(
+                "--model",
+                help="Local backend: the base model (a name or folder; default: the one the "
+                "adapters were trained on).",
+            ),
+        ] = None,
+        chat_template: Annotated[
+            Path | None,
+            typer.Option(help="Local backend: a chat template file that can express tools."),
+        ] = None,
         embedder: EmbedderOption = "minilm",
         home: HomeOption = None,
     ) -> None:
         """Serve the promoted adapters as an OpenAI-compatible endpoint (point the agent's
         base_url at it); each conversation is routed to one adapter."""
         target = existing_home(home_of(ctx, home), fail)
-        if upstream is None:
-            fail("only the upstream backend exists so far: pass --upstream URL (docs/serving.md)")
-        if not upstream.startswith(("http://", "https://")):
+        if upstream is not None and not upstream.startswith(("http://", "https://")):
             fail(f"--upstream must be an http(s) URL, got {upstream!r}")
         if not is_loopback(host):
             fail(f"serve binds loopback only (it has no authentication), got --host {host}")
@@ -111,20 +162,44 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             import uvicorn
         except ImportError as exc:
             fail(f"serve needs: pip install 'tracegym[serve]' (missing {exc.name})")
+        if upstream is None:
+            try:
+                import peft  # noqa: F401
+                import torch  # noqa: F401
+                import transformers  # noqa: F401
+            except ImportError as exc:
+                fail(
+                    "the local backend needs: pip install 'tracegym[training]' "
+                    f"(missing {exc.name}); or pass --upstream URL"
+                )
         from tracegym.store.home import DocumentError
 
         try:
-            name = base_model or base_model_name(target)
-            if name is None:
-                fail("no promoted adapters and no --base-model: nothing to serve")
-            application = build_app(
-                target, upstream, name, embedder=embedder, api_key=api_key,
-                reload_every=reload_every,
-            )  # fmt: skip
+            if upstream is not None:
+                name = base_model or base_model_name(target)
+                if name is None:
+                    fail("no promoted adapters and no --base-model: nothing to serve")
+                application = build_app(
+                    target, upstream, name, embedder=embedder, api_key=api_key,
+                    reload_every=reload_every,
+                )  # fmt: skip
+            else:
+                from tracegym.generation.model import ModelError
+
+                try:
+                    folder = local_folder(target, model)
+                    name = base_model or base_model_name(target) or folder.name
+                    application = build_local_app(
+                        target, folder, name, embedder=embedder, reload_every=reload_every,
+                        chat_template=chat_template,
+                    )  # fmt: skip
+                except ModelError as exc:
+                    fail(str(exc))
         except (ValueError, DocumentError) as exc:
             fail(str(exc))
         shown = f"[{host}]" if ":" in host else host
-        typer.echo(f"tracegym serve for {target} at http://{shown}:{port}/v1 -> {upstream}")
+        behind = upstream or f"{name} in process"
+        typer.echo(f"tracegym serve for {target} at http://{shown}:{port}/v1 -> {behind}")
         try:
             uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False)
         except OSError as exc:

@@ -29,13 +29,37 @@ DEFAULT_MAX_TOKENS = 256
 class LocalBackend:
     """Serves `model` (a PeftModel holding the adapters, or a plain model) in `fmt`'s format."""
 
-    def __init__(self, model: Any, fmt: Any, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+    def __init__(
+        self,
+        model: Any,
+        fmt: Any,
+        *,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        home: str | Path | None = None,
+    ) -> None:
+        """`home`: where adapters named by `want` are loaded from."""
         self.model = model
         self.fmt = fmt
         self.tokenizer = fmt.tokenizer
         self.max_tokens = max_tokens
+        self.home = home
         self.adapters = set(getattr(model, "peft_config", {}) or {})
+        self._wanted: set[str] = set()
         self._lock = asyncio.Lock()
+
+    def want(self, adapter_ids: list[str]) -> None:
+        """Load these adapters too (newly promoted ones), before the next generation: loading
+        waits for the one running, as requests do."""
+        self._wanted = set(adapter_ids) - self.adapters
+
+    def _load_wanted(self) -> None:
+        if not self._wanted or self.home is None:
+            return
+        from tracegym.training.adapters import load_adapters
+
+        self.model = load_adapters(self.model, self.home, sorted(self._wanted))
+        self.adapters = set(self.model.peft_config)
+        self._wanted = set()
 
     @classmethod
     def from_folder(
@@ -52,7 +76,7 @@ class LocalBackend:
         fmt = require_tool_template(folder, chat_template)
         policy = load_policy(folder)
         model = load_adapters(policy.model, home, adapter_ids) if adapter_ids else policy.model
-        return cls(model, fmt_with(fmt, policy.tokenizer))
+        return cls(model, fmt_with(fmt, policy.tokenizer), home=home)
 
     async def complete(self, body: dict[str, Any]) -> Reply:
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -103,6 +127,7 @@ class LocalBackend:
 
         import torch
 
+        self._load_wanted()
         device = next(self.model.parameters()).device
         ids = torch.tensor([prompt], device=device)
         if model in self.adapters:

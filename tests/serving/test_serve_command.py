@@ -11,7 +11,7 @@ from tests.serving.fakes import adapter_home
 @pytest.mark.parametrize(
     "args, says",
     [
-        ([], "--upstream"),
+        ([], "--model NAME"),
         (["--upstream", "127.0.0.1:8000"], "http(s) URL"),
         (["--upstream", "http://127.0.0.1:1/v1", "--host", "0.0.0.0"], "loopback only"),
     ],

@@ -110,3 +110,39 @@ def test_the_adapter_and_the_base_model_answer_differently_within_max_tokens():
             timeout=30,
         )
         assert hot.status_code == 400 and hot.json()["error"]["param"] == "temperature"
+
+
+def test_serve_builds_on_the_home_and_loads_a_later_promotion(tmp_path):
+    """build_local_app (what `tracegym serve` without --upstream runs): the adapters' base
+    folder, the promoted adapter loaded; one promoted after the start is loaded before the next
+    generation and answers by name."""
+    from tracegym.generation.tiny_families import tiny_family_model
+    from tracegym.serving.commands import build_local_app, local_folder
+    from tracegym.training import adapters
+
+    home = tmp_path / "home"
+    folder = tiny_family_model(CHATML, 0, target=tmp_path / "base")
+    policy = tiny_family_policy(CHATML, 0)
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = peft.get_peft_model(policy.model, config, adapter_name="press")
+    model.add_adapter("refund", config)
+    for name, texts in (("press", ["press the button"]), ("refund", ["refund the order"])):
+        adapters.save_adapter(
+            home, model, name, capability={"env_id": name},
+            base_model={"name": BASE, "folder": str(folder)}, data_hash="",
+            hyperparameters={}, train_metrics={}, router_texts=texts,
+        )  # fmt: skip
+    adapters.update_metadata(home, "press", promoted=True)
+    assert local_folder(home, None) == folder
+    app = build_local_app(home, folder, BASE, embedder="hash", reload_every=0)
+    with running(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        asked = [{"role": "user", "content": "press the button please"}]
+        first = client.chat.completions.create(model="auto", messages=asked, max_tokens=3)
+        assert first.model == "press"
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="refund", messages=asked, max_tokens=3)
+        adapters.update_metadata(home, "refund", promoted=True)
+        late = client.chat.completions.create(model="refund", messages=asked, max_tokens=3)
+        assert late.model == "refund"
+        assert [m.id for m in client.models.list()] == [BASE, "press", "refund"]
