@@ -9,9 +9,14 @@ rewrite `model`. Both servers run on loopback in this process's threads (uvicorn
 one `httpx.Client` with keep-alive; rounds interleave the three paths so that a noisy neighbour
 hits them alike.
 
-    .venv/bin/python benchmarks/serve_speed.py [--requests 300] [--json]
+`--local N` also measures the local backend on a tiny random ChatML model (`tiny_family_policy`,
+a rank-4 LoRA adapter): N requests of `max_tokens` 16 one after another through `serve` (the
+openai client, non-streaming: requests/s; streaming: time to the first chunk), against
+the same generation called directly (`LocalBackend.generate_text` on the same rendered prompt),
+interleaved in the same run. The local backend streams only once the reply is whole, so its
+time to first token is the whole request's.
 
-Not measured yet: the local backend's requests/s and time to first token (it does not exist).
+    .venv/bin/python benchmarks/serve_speed.py [--requests 300] [--local 50] [--json]
 """
 
 from __future__ import annotations
@@ -72,6 +77,53 @@ def make_home(root: Path) -> Path:
     return root
 
 
+def local_times(n: int) -> dict[str, list[float]]:
+    """Per request (ms): the generation alone, a request through serve, and the time to the
+    first streamed content chunk through serve."""
+    import openai
+    import peft
+    from tracegym.generation.chat_format import CHATML, ChatFormat
+    from tracegym.generation.tiny_families import tiny_family_policy
+    from tracegym.serving import ConversationRouter, create_app
+    from tracegym.serving.local import LocalBackend
+    from tracegym.serving.server import running
+
+    policy = tiny_family_policy(CHATML, 0)
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    model = peft.get_peft_model(policy.model, config, adapter_name="press")
+    model.eval()
+    backend = LocalBackend(model, ChatFormat(policy.tokenizer))
+    messages = [{"role": "user", "content": "please press the red button"}]
+    prompt = backend.fmt.render_ids(messages)
+    out: dict[str, list[float]] = {
+        "local: generate": [],
+        "local: serve": [],
+        "local: serve, first chunk": [],
+    }
+    app = create_app(backend, ConversationRouter(None, ["press"], "base"))
+    with running(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        for i in range(n + 3):
+            start = time.perf_counter()
+            backend.generate_text(prompt, "press", 16, 0.0)
+            generate = time.perf_counter() - start
+            start = time.perf_counter()
+            client.chat.completions.create(model="press", messages=messages, max_tokens=16)
+            served = time.perf_counter() - start
+            start = time.perf_counter()
+            first = None
+            for chunk in client.chat.completions.create(
+                model="press", messages=messages, max_tokens=16, stream=True
+            ):
+                if first is None and chunk.choices:  # the role chunk: nothing comes sooner
+                    first = time.perf_counter() - start
+            if i >= 3:  # warm-up
+                out["local: generate"].append(generate * 1000)
+                out["local: serve"].append(served * 1000)
+                out["local: serve, first chunk"].append((first or 0.0) * 1000)
+    return out
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -80,6 +132,7 @@ def percentile(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--local", type=int, default=0, metavar="N")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -116,6 +169,8 @@ def main() -> None:
                         reply.raise_for_status()
                         if i >= 20:  # the first rounds warm the connections up
                             times[name].append(elapsed * 1000)
+    if args.local:
+        times.update(local_times(args.local))
     base = statistics.median(times["direct"])
     rows = {
         name: {
@@ -132,10 +187,19 @@ def main() -> None:
     print(f"{args.requests} requests per path, fake upstream on loopback")
     print(f"{'path':<20} {'p50 ms':>8} {'p95 ms':>8} {'x direct':>9} {'added p50 ms':>13}")
     for name, row in rows.items():
+        if name.startswith("local"):
+            continue
         print(
             f"{name:<20} {row['p50_ms']:>8.3f} {row['p95_ms']:>8.3f} {row['p50_ratio']:>9.2f} "
             f"{row['added_p50_ms']:>13.3f}"
         )
+    if args.local:
+        gen = statistics.median(times["local: generate"])
+        print(f"\nlocal backend, tiny model, {args.local} requests of 16 new tokens each")
+        print(f"{'path':<28} {'p50 ms':>8} {'req/s':>7} {'x generate':>11}")
+        for name in ("local: generate", "local: serve", "local: serve, first chunk"):
+            p50 = statistics.median(times[name])
+            print(f"{name:<28} {p50:>8.2f} {1000 / p50:>7.1f} {p50 / gen:>11.2f}")
     worst = max(rows["serve, new"]["added_p50_ms"], rows["serve, remembered"]["added_p50_ms"])
     print(f"goal: added p50 under {GOAL_MS} ms: {'met' if worst < GOAL_MS else 'NOT met'}")
 
