@@ -266,18 +266,78 @@ def ensure_model(home: str | Path, name: str | None = None) -> Path:
     return path
 
 
-def load_policy(folder: str | Path, device: str | None = None) -> Policy:
-    """Load a model folder as a Policy (GPU when there is one, else CPU; float32)."""
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZE = ("4bit", "8bit")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a base model's weights load. The defaults reproduce the demo's loading exactly
+    (float32, whole model on one device), which its recorded results depend on."""
+
+    dtype: str | None = None  # auto|float32|bfloat16|float16; None: float32 (today's default)
+    device_map: str | None = None  # passed to from_pretrained (e.g. "auto"); None: .to(device)
+    quantize: str | None = None  # 4bit|8bit through bitsandbytes, CUDA only
+
+    def __post_init__(self) -> None:
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ModelError(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if self.quantize is not None and self.quantize not in QUANTIZE:
+            raise ModelError(
+                f"--quantize must be one of {', '.join(QUANTIZE)}, not {self.quantize!r}"
+            )
+
+    def from_pretrained_kwargs(self) -> dict[str, Any]:
+        """The extra keyword arguments for `from_pretrained` (none for the defaults)."""
+        kwargs: dict[str, Any] = {}
+        if self.dtype is not None:
+            import torch
+
+            kwargs["dtype"] = "auto" if self.dtype == "auto" else getattr(torch, self.dtype)
+        if self.device_map is not None:
+            kwargs["device_map"] = self.device_map
+        if self.quantize is not None:
+            kwargs["quantization_config"] = _quantization_config(self.quantize)
+        return kwargs
+
+
+def _quantization_config(quantize: str) -> Any:
+    """bitsandbytes quantization: checked up front so a CPU machine gets one line, not a trace."""
+    import torch
+
+    message = "--quantize needs a CUDA GPU and bitsandbytes"
+    if not torch.cuda.is_available() or importlib.util.find_spec("bitsandbytes") is None:
+        raise ModelError(message)
+    from transformers import BitsAndBytesConfig
+
+    if quantize == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16)
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def load_policy(
+    folder: str | Path,
+    device: str | None = None,
+    *,
+    dtype: str | None = None,
+    device_map: str | None = None,
+    quantize: str | None = None,
+) -> Policy:
+    """Load a model folder as a Policy (GPU when there is one, else CPU; float32 unless `dtype`).
+    `device_map` and `quantize` place the weights through `from_pretrained` (see LoadOptions)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    options = LoadOptions(dtype=dtype, device_map=device_map, quantize=quantize)
+    kwargs = options.from_pretrained_kwargs()  # before any file is read: bad options fail fast
     folder = Path(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = CHATML_TEMPLATE
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    model.to(device or default_device())
+    model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    if device_map is None and quantize is None:  # accelerate/bitsandbytes placed the rest
+        model.to(device or default_device())
     model.eval()
     use_gqa_sdpa(model)  # shared key/value heads read in place (`attention`)
     info = ModelInfo.read(folder)
