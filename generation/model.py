@@ -25,6 +25,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -315,6 +316,20 @@ def _quantization_config(quantize: str) -> Any:
     return BitsAndBytesConfig(load_in_8bit=True)
 
 
+_LOADING: ContextVar[LoadOptions | None] = ContextVar("tracegym_load_options", default=None)
+
+
+@contextlib.contextmanager
+def loading(options: LoadOptions) -> Iterator[None]:
+    """`options` for every load_policy call inside that names none: the train and nightly
+    commands reach load_policy through training code that takes no load options."""
+    token = _LOADING.set(options)
+    try:
+        yield
+    finally:
+        _LOADING.reset(token)
+
+
 def load_policy(
     folder: str | Path,
     device: str | None = None,
@@ -328,6 +343,8 @@ def load_policy(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     options = LoadOptions(dtype=dtype, device_map=device_map, quantize=quantize)
+    if options == LoadOptions():
+        options = _LOADING.get() or options
     kwargs = options.from_pretrained_kwargs()  # before any file is read: bad options fail fast
     folder = Path(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -336,7 +353,9 @@ def load_policy(
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = CHATML_TEMPLATE
     model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
-    if device_map is None and quantize is None:  # accelerate/bitsandbytes placed the rest
+    if (
+        options.device_map is None and options.quantize is None
+    ):  # accelerate/bitsandbytes placed the rest
         model.to(device or default_device())
     model.eval()
     use_gqa_sdpa(model)  # shared key/value heads read in place (`attention`)

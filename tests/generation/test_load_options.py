@@ -56,3 +56,15 @@ def test_quantize_on_cpu_is_one_line(tmp_path) -> None:
     with pytest.raises(ModelError) as info:
         load_policy(tmp_path / "missing", quantize="4bit")
     assert str(info.value) == "--quantize needs a CUDA GPU and bitsandbytes"
+
+
+def test_loading_context_applies_inside_only(folder) -> None:
+    from tracegym.generation.model import loading
+
+    with loading(LoadOptions(dtype="bfloat16")):
+        inside = load_policy(folder, "cpu")
+        explicit = load_policy(folder, "cpu", dtype="float32")  # named options win
+    after = load_policy(folder, "cpu")
+    assert next(inside.model.parameters()).dtype == torch.bfloat16
+    assert next(explicit.model.parameters()).dtype == torch.float32
+    assert next(after.model.parameters()).dtype == torch.float32
