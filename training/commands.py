@@ -22,7 +22,53 @@ from tracegym.cli_options import (
 )
 
 if TYPE_CHECKING:
+    from tracegym.generation.model import LoadOptions
     from tracegym.training.adapters import AdapterMetadata
+
+
+ChatTemplateOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--chat-template",
+        help="A Jinja chat template that can express tools (checked before any weights load).",
+    ),
+]
+DtypeOption = Annotated[
+    str | None, typer.Option(help="auto, float32, bfloat16 or float16 (default: float32).")
+]
+DeviceMapOption = Annotated[
+    str | None, typer.Option("--device-map", help="Passed to from_pretrained (e.g. auto).")
+]
+QuantizeOption = Annotated[
+    str | None, typer.Option(help="4bit or 8bit (needs a CUDA GPU and bitsandbytes).")
+]
+
+
+def load_options(
+    dtype: str | None, device_map: str | None, quantize: str | None, fail: Any
+) -> LoadOptions:
+    """The flags as LoadOptions, checked (quantize on a CPU included) before anything loads."""
+    from tracegym.generation.model import LoadOptions, ModelError
+
+    try:
+        options = LoadOptions(dtype=dtype, device_map=device_map, quantize=quantize)
+        options.from_pretrained_kwargs()
+    except ModelError as exc:
+        fail(str(exc))
+    return options
+
+
+def check_template(folder: Path, chat_template: Path | None, fail: Any) -> None:
+    """With --chat-template: the model and template must express tools (config and tokenizer
+    only, so a bad pair ends before any weights load). Without it: no check, as before."""
+    from tracegym.generation.model import ModelError, require_tool_template
+
+    if chat_template is None:
+        return
+    try:
+        require_tool_template(folder, chat_template)
+    except ModelError as exc:
+        fail(str(exc))
 
 
 _PHASES = {
@@ -112,11 +158,15 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         ] = None,
         eval_seeds: Annotated[int, typer.Option(min=1)] = 20,
         no_eval: Annotated[bool, typer.Option("--no-eval")] = False,
+        chat_template: ChatTemplateOption = None,
+        dtype: DtypeOption = None,
+        device_map: DeviceMapOption = None,
+        quantize: QuantizeOption = None,
         as_json: JsonOption = False,
         home: HomeOption = None,
     ) -> None:
         """Train (and evaluate) the LoRA adapter of one environment's capability."""
-        from tracegym.generation.model import ModelError, ensure_model
+        from tracegym.generation.model import ModelError, ensure_model, loading
         from tracegym.synthesis import registry
         from tracegym.training.adapters import AdapterMetadata
         from tracegym.training.sft import NoTrainingData, default_config, train_capability
@@ -124,11 +174,13 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         target = _home(ctx, home)
         if mode not in ("sft", "grpo"):
             fail(f"--mode must be sft or grpo, not {mode!r}")
+        options = load_options(dtype, device_map, quantize, fail)
         try:
             env = registry.load(target, env_id)
             folder = ensure_model(target, model)
         except (registry.RegistryError, ModelError) as exc:
             fail(str(exc))
+        check_template(folder, chat_template, fail)
         overrides: dict[str, Any] = {"mode": mode, "samples": samples}
         for key, value in (
             ("steps", steps),
@@ -146,7 +198,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         config = default_config(model, **overrides)
         bar, on_step = train_progress(quiet=as_json)
         try:
-            with bar:
+            with bar, loading(options):
                 meta = train_capability(
                     target,
                     env,
@@ -177,6 +229,10 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         ] = None,
         eval_seeds: Annotated[int, typer.Option(min=1)] = 20,
         embedder: EmbedderOption = "minilm",
+        chat_template: ChatTemplateOption = None,
+        dtype: DtypeOption = None,
+        device_map: DeviceMapOption = None,
+        quantize: QuantizeOption = None,
         as_json: JsonOption = False,
         home: HomeOption = None,
     ) -> None:
@@ -209,9 +265,16 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         bases = {a.base_model.folder for a in registered}
         if model is None and len(bases) > 1:
             fail(f"the adapters were trained on different base models ({len(bases)}): --model")
+        options = load_options(dtype, device_map, quantize, fail)
         try:
             folder = ensure_model(target, model) if model else Path(bases.pop())
-            policy = load_policy(folder)
+            check_template(folder, chat_template, fail)
+            policy = load_policy(
+                folder,
+                dtype=options.dtype,
+                device_map=options.device_map,
+                quantize=options.quantize,
+            )
         except ModelError as exc:
             fail(str(exc))
         peft_model = adapters.load_adapters(policy.model, target, known)

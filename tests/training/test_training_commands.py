@@ -57,3 +57,44 @@ def test_training_commands(tmp_path):
     assert (tmp_path / "nightly" / "2026-01-02" / "report.md").exists()
     for stage in ("compact", "analyze", "synthesize", "train", "evaluate", "report"):
         assert f"{stage}: " in result.output  # each stage's end is reported as the bar advances
+
+
+def _corrupt_tiny_folder(tmp_path):
+    """A tiny model folder whose weights cannot load: only the config and tokenizer are sound."""
+    from tracegym.generation.model import save_policy, tiny_model
+
+    folder = tmp_path / "corrupt-model"
+    save_policy(tiny_model(seed=0), folder)
+    for weights in folder.glob("*.safetensors"):
+        weights.write_bytes(b"not weights")
+    return folder
+
+
+def test_train_chat_template_without_tools_exits_before_weights(tmp_path):
+    from tracegym.generation.model import CHATML_TEMPLATE
+
+    registry.register(tmp_path, press_env(), n_train=16, n_heldout=8, validity_seeds=20)
+    folder = _corrupt_tiny_folder(tmp_path)
+    template = tmp_path / "no_tools.jinja"
+    template.write_text(CHATML_TEMPLATE)  # the demo's ChatML template ignores tools
+    args = ["--home", str(tmp_path), "train", "toy-press", "--model", str(folder)]
+    result = CliRunner().invoke(_app(), [*args, "--chat-template", str(template)])
+    assert result.exit_code == 2, result.output
+    assert "cannot express tools" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_train_load_flags_fail_in_one_line(tmp_path):
+    import torch
+
+    registry.register(tmp_path, press_env(), n_train=16, n_heldout=8, validity_seeds=20)
+    base = ["--home", str(tmp_path), "train", "toy-press", "--model", "tiny"]
+    runner = CliRunner()
+    result = runner.invoke(_app(), [*base, "--dtype", "float8"])
+    assert result.exit_code == 2 and "--dtype must be one of" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    if not torch.cuda.is_available():
+        result = runner.invoke(_app(), [*base, "--quantize", "4bit"])
+        assert result.exit_code == 2, result.output
+        assert "--quantize needs a CUDA GPU and bitsandbytes" in result.output
+        assert len(result.output.strip().splitlines()) == 1
