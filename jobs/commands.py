@@ -22,6 +22,14 @@ from tracegym.cli_options import (
     table_console,
     writable_home,
 )
+from tracegym.training.commands import (
+    ChatTemplateOption,
+    DeviceMapOption,
+    DtypeOption,
+    QuantizeOption,
+    check_template,
+    load_options,
+)
 
 
 def render_demo(console: Console, rows: list[dict[str, Any]], seed: int) -> None:
@@ -201,6 +209,10 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         ] = None,
         no_route: Annotated[bool, typer.Option("--no-route", help="Skip router eval.")] = False,
         embedder: EmbedderOption = "minilm",
+        chat_template: ChatTemplateOption = None,
+        dtype: DtypeOption = None,
+        device_map: DeviceMapOption = None,
+        quantize: QuantizeOption = None,
         as_json: JsonOption = False,
         home: HomeOption = None,
     ) -> None:
@@ -209,12 +221,25 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         from tracegym.jobs.nightly import nightly as run
 
         target = existing_home(home_of(ctx, home), fail)
+        options = load_options(dtype, device_map, quantize, fail)
+        if chat_template is not None:  # before the night starts: a bad pair ends in one line
+            from tracegym.generation.model import ModelError, ensure_model
+
+            try:
+                folder = ensure_model(target, model)
+            except ModelError as exc:
+                fail(str(exc))
+            check_template(folder, chat_template, fail)
         config = NightlyConfig(
             model=model,
             train={"steps": steps} if steps else {},
             eval_seeds=eval_seeds,
             route=not no_route,
             date=date,
+            chat_template=str(chat_template) if chat_template else None,
+            dtype=options.dtype,
+            device_map=options.device_map,
+            quantize=options.quantize,
         )
         console = table_console()
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn

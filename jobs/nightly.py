@@ -47,7 +47,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracegym.generation.model import ModelError, ensure_model, load_policy, weights_hash
+from tracegym.generation.model import (
+    LoadOptions,
+    ModelError,
+    ensure_model,
+    load_policy,
+    loading,
+    weights_hash,
+)
 from tracegym.jobs.night_documents import (
     STAGES,
     AnalyzeResult,
@@ -121,9 +128,16 @@ class NightlyConfig:
     eval_looks: int = 2  # with the router column off: the seeds run in this many rounds and an
     # adapter stops once its decision is clear, p split over the looks (evaluate.settled)
     date: str | None = None  # YYYY-MM-DD (default: today, UTC)
+    chat_template: str | None = None  # checked by the command before the night starts
+    dtype: str | None = None  # the base model's load options (model.LoadOptions; None: as
+    device_map: str | None = None  # before, float32 on one device)
+    quantize: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def load_options(self) -> LoadOptions:
+        return LoadOptions(dtype=self.dtype, device_map=self.device_map, quantize=self.quantize)
 
 
 @dataclass
@@ -437,10 +451,11 @@ class NightRunner:
                     (trained if existing.night == self.date else kept).append(adapter_id)
                     continue
                 self.progress("train", f"training {adapter_id}")
-                sft.train_capability(
-                    self.home, capability, folder, config, evaluate=False, on_step=self.on_step,
-                    replay=replay,
-                )  # fmt: skip
+                with loading(self.config.load_options()):
+                    sft.train_capability(
+                        self.home, capability, folder, config, evaluate=False,
+                        on_step=self.on_step, replay=replay,
+                    )  # fmt: skip
                 adapters.update_metadata(self.home, adapter_id, train_key=key, night=self.date)
             except _PASS_THROUGH:
                 raise
@@ -470,7 +485,13 @@ class NightRunner:
         ]
         if not todo:
             return EvaluateResult(status="skipped", reason="no adapter trained tonight")
-        policy = load_policy(self._model_folder())
+        options = self.config.load_options()
+        policy = load_policy(
+            self._model_folder(),
+            dtype=options.dtype,
+            device_map=options.device_map,
+            quantize=options.quantize,
+        )
         all_ids = [a.adapter_id for a in adapters.all_metadata(self.home)]
         model = adapters.load_adapters(policy.model, self.home, all_ids)
         router = None

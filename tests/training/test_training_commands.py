@@ -98,3 +98,20 @@ def test_train_load_flags_fail_in_one_line(tmp_path):
         assert result.exit_code == 2, result.output
         assert "--quantize needs a CUDA GPU and bitsandbytes" in result.output
         assert len(result.output.strip().splitlines()) == 1
+
+
+def test_nightly_checks_template_and_load_flags_first(tmp_path):
+    from tracegym.generation.model import CHATML_TEMPLATE
+
+    registry.register(tmp_path, press_env(), n_train=16, n_heldout=8, validity_seeds=20)
+    template = tmp_path / "no_tools.jinja"
+    template.write_text(CHATML_TEMPLATE)
+    folder = _corrupt_tiny_folder(tmp_path)
+    base = ["--home", str(tmp_path), "nightly", "--model", str(folder)]
+    runner = CliRunner()
+    result = runner.invoke(_app(), [*base, "--chat-template", str(template)])
+    assert result.exit_code == 2 and "cannot express tools" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    result = runner.invoke(_app(), [*base, "--dtype", "float8"])
+    assert result.exit_code == 2 and "--dtype must be one of" in result.output
+    assert not list((tmp_path / "nightly").glob("2*"))  # no night started
