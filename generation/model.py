@@ -25,7 +25,6 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -316,20 +315,6 @@ def _quantization_config(quantize: str) -> Any:
     return BitsAndBytesConfig(load_in_8bit=True)
 
 
-_LOADING: ContextVar[LoadOptions | None] = ContextVar("tracegym_load_options", default=None)
-
-
-@contextlib.contextmanager
-def loading(options: LoadOptions) -> Iterator[None]:
-    """`options` for every load_policy call inside that names none: the train and nightly
-    commands reach load_policy through training code that takes no load options."""
-    token = _LOADING.set(options)
-    try:
-        yield
-    finally:
-        _LOADING.reset(token)
-
-
 def load_policy(
     folder: str | Path,
     device: str | None = None,
@@ -343,8 +328,6 @@ def load_policy(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     options = LoadOptions(dtype=dtype, device_map=device_map, quantize=quantize)
-    if options == LoadOptions():
-        options = _LOADING.get() or options
     kwargs = options.from_pretrained_kwargs()  # before any file is read: bad options fail fast
     folder = Path(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -52,7 +52,6 @@ from tracegym.generation.model import (
     ModelError,
     ensure_model,
     load_policy,
-    loading,
     weights_hash,
 )
 from tracegym.jobs.night_documents import (
@@ -451,11 +450,10 @@ class NightRunner:
                     (trained if existing.night == self.date else kept).append(adapter_id)
                     continue
                 self.progress("train", f"training {adapter_id}")
-                with loading(self.config.load_options()):
-                    sft.train_capability(
-                        self.home, capability, folder, config, evaluate=False,
-                        on_step=self.on_step, replay=replay,
-                    )  # fmt: skip
+                sft.train_capability(
+                    self.home, capability, folder, config, evaluate=False,
+                    on_step=self.on_step, replay=replay, load=self.config.load_options(),
+                )  # fmt: skip
                 adapters.update_metadata(self.home, adapter_id, train_key=key, night=self.date)
             except _PASS_THROUGH:
                 raise

@@ -166,7 +166,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         home: HomeOption = None,
     ) -> None:
         """Train (and evaluate) the LoRA adapter of one environment's capability."""
-        from tracegym.generation.model import ModelError, ensure_model, loading
+        from tracegym.generation.model import ModelError, ensure_model
         from tracegym.synthesis import registry
         from tracegym.training.adapters import AdapterMetadata
         from tracegym.training.sft import NoTrainingData, default_config, train_capability
@@ -198,7 +198,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         config = default_config(model, **overrides)
         bar, on_step = train_progress(quiet=as_json)
         try:
-            with bar, loading(options):
+            with bar:
                 meta = train_capability(
                     target,
                     env,
@@ -207,6 +207,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                     eval_seeds=eval_seeds,
                     evaluate=not no_eval,
                     on_step=on_step,
+                    load=options,
                 )
         except NoTrainingData as exc:
             fail(str(exc))

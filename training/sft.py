@@ -34,7 +34,7 @@ from dataclasses import MISSING, asdict, dataclass, field, replace
 from typing import Any
 
 from tracegym.generation import tokens as counters
-from tracegym.generation.model import Policy, load_policy, quiet_peft, weights_hash
+from tracegym.generation.model import LoadOptions, Policy, load_policy, quiet_peft, weights_hash
 from tracegym.generation.shared_prefix import shared_prefix_loss
 from tracegym.training import adapters
 from tracegym.training.capabilities import Capability, capabilities, split_seeds
@@ -757,6 +757,7 @@ def train_capability(
     evaluate: bool = True,
     on_step: StepCallback | None = None,
     replay: Sequence[Sequence[dict[str, str]]] = (),
+    load: LoadOptions | None = None,
 ) -> dict[str, Any]:
     """Data -> LoRA adapter -> registry -> held-out evaluation -> promotion, for one environment
     or a `Capability` (environments teaching the same action: one adapter on their mixed
@@ -766,14 +767,18 @@ def train_capability(
     the adapter keeps the agent's conventions (its prompt, its first steps) while it learns the
     environment's capability (rehearsal against forgetting).
 
-    Loads a fresh base from `model_folder` (see model.ensure_model), so runs are independent.
+    Loads a fresh base from `model_folder` (see model.ensure_model), so runs are independent;
+    `load` says how (dtype, device map, quantisation; the defaults load as always).
     `on_step` gets every TrainStep: "sample" (rejection sampling), "sft", "grpo", then
     "evaluate" (done 0 of the held-out seeds when it starts, all of them when it ends).
     Returns the adapter's metadata in its JSON form (`AdapterMetadata.to_dict()`: with
     `metrics.eval`, `promoted`, `promotion`)."""
     capability = env if isinstance(env, Capability) else capabilities([env])[0]
     envs = capability.envs
-    policy = load_policy(model_folder)
+    load = load or LoadOptions()
+    policy = load_policy(
+        model_folder, dtype=load.dtype, device_map=load.device_map, quantize=load.quantize
+    )
     config = config or default_config(policy.name)
     if config.mode == "grpo" and len(envs) > 1:
         raise ValueError("GRPO trains on one environment; train a capability's one by one")

@@ -58,13 +58,23 @@ def test_quantize_on_cpu_is_one_line(tmp_path) -> None:
     assert str(info.value) == "--quantize needs a CUDA GPU and bitsandbytes"
 
 
-def test_loading_context_applies_inside_only(folder) -> None:
-    from tracegym.generation.model import loading
+def test_train_capability_loads_the_base_with_the_options_it_is_given(monkeypatch) -> None:
+    from tracegym.training import sft
 
-    with loading(LoadOptions(dtype="bfloat16")):
-        inside = load_policy(folder, "cpu")
-        explicit = load_policy(folder, "cpu", dtype="float32")  # named options win
-    after = load_policy(folder, "cpu")
-    assert next(inside.model.parameters()).dtype == torch.bfloat16
-    assert next(explicit.model.parameters()).dtype == torch.float32
-    assert next(after.model.parameters()).dtype == torch.float32
+    seen: dict[str, object] = {}
+
+    class Loaded(Exception):
+        pass
+
+    def fake_load_policy(folder, device=None, **options):
+        seen.update(options)
+        raise Loaded
+
+    monkeypatch.setattr(sft, "load_policy", fake_load_policy)
+    monkeypatch.setattr(sft, "capabilities", lambda envs: [type("C", (), {"envs": envs})()])
+    with pytest.raises(Loaded):
+        sft.train_capability("home", object(), "folder", load=LoadOptions(dtype="bfloat16"))
+    assert seen == {"dtype": "bfloat16", "device_map": None, "quantize": None}
+    with pytest.raises(Loaded):
+        sft.train_capability("home", object(), "folder")
+    assert seen == {"dtype": None, "device_map": None, "quantize": None}
