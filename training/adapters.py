@@ -13,7 +13,7 @@ one named adapter each).
 meta.json is an `AdapterMetadata` (with `CapabilityRef`, `BaseModelRef`, `AdapterMetrics` and
 the evaluation's `training.evaluate.EvaluationRow`) and router.json a `RouterTexts`; read them
 with `metadata`, `all_metadata` and `read_router_texts`, change them with `update_metadata`.
-`list_adapters`, `show` and `update` give the same documents as JSON objects.
+`show` is the JSON view `tracegym adapters show --json` prints.
 """
 
 from __future__ import annotations
@@ -395,23 +395,13 @@ def read_router_texts(home: str | os.PathLike[str], adapter_id: str) -> RouterTe
         raise AdapterDocumentError(f"{path}: {exc}") from None
 
 
-# The JSON forms of the above, for callers that have not moved to the types yet.
-def list_adapters(home: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """`all_metadata` as JSON objects."""
-    return [meta.to_dict() for meta in all_metadata(home)]
-
-
+# The JSON view `tracegym adapters show --json` prints.
 def show(home: str | os.PathLike[str], adapter_id: str) -> dict[str, Any]:
     """`metadata` as a JSON object, with its folder (`path`) and number of `router_texts`."""
     data = metadata(home, adapter_id).to_dict()
     data["path"] = str(adapters_dir(home) / adapter_id)
     data["router_texts"] = len(read_router_texts(home, adapter_id).texts)
     return data
-
-
-def update(home: str | os.PathLike[str], adapter_id: str, **fields: Any) -> dict[str, Any]:
-    """`update_metadata`, the result as a JSON object."""
-    return update_metadata(home, adapter_id, **fields).to_dict()
 
 
 def router_texts(home: str | os.PathLike[str], adapter_id: str) -> list[str]:
@@ -551,13 +541,11 @@ __all__ = [
     "adapters_dir",
     "all_metadata",
     "export_adapters",
-    "list_adapters",
     "load_adapters",
     "metadata",
     "read_router_texts",
     "router_texts",
     "save_adapter",
     "show",
-    "update",
     "update_metadata",
 ]

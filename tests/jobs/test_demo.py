@@ -188,15 +188,15 @@ def test_every_stage_ran_and_left_valid_artifacts(demo_home):
         assert {s["function"]["name"]: s for s in env.tool_schemas()}["find_user"] in TOOL_SCHEMAS
     # training + evaluation: an adapter per capability (the environments of one action train
     # one), each with an evaluation row, stopped early only when its decision was clear
-    metas = adapters.list_adapters(home)
+    metas = adapters.all_metadata(home)
     learnt = [env_id for m in metas for env_id in env_ids_of(m)]
     assert sorted(learnt) == sorted(e.env_id for e in envs)
     for meta in metas:
-        row = meta["metrics"]["eval"]
-        run = row["sequential"]["run"]
-        assert row["base"]["n"] == row["adapter"]["n"] == run <= config.eval_seeds
-        assert run == config.eval_seeds or row["sequential"]["stopped"] is not None
-        assert isinstance(meta["promoted"], bool) and meta["promotion"]
+        row = meta.metrics.eval
+        run = row.sequential.run
+        assert row.base.n == row.adapter.n == run <= config.eval_seeds
+        assert run == config.eval_seeds or row.sequential.stopped is not None
+        assert isinstance(meta.promoted, bool) and meta.promotion
     # held-out: base and routed on the same tasks, with intervals
     heldout = report["heldout"]
     for side in ("base", "routed"):

@@ -141,9 +141,9 @@ def test_old_home_evaluation_rows_and_routing_read_through_the_types():
         assert EvaluationRow.from_dict(entry["eval"]).to_dict() == entry["eval"]
 
 
-def test_old_home_through_the_json_form_functions():
-    listed = adapters.list_adapters(OLD_HOME)
-    assert [a["adapter_id"] for a in listed] == OLD_ADAPTERS
+def test_old_home_through_the_json_view():
+    listed = adapters.all_metadata(OLD_HOME)
+    assert [a.adapter_id for a in listed] == OLD_ADAPTERS
     shown = adapters.show(OLD_HOME, OLD_ADAPTERS[1])
     assert shown["capability"]["env_ids"] == ["requested_action-231244f4b1"]
     assert shown["router_texts"] == 34 and shown["path"].endswith(OLD_ADAPTERS[1])
