@@ -1,0 +1,249 @@
+"""The shop's support agent written the way users write agents: the `openai` client with `tools=`.
+
+Nothing in it is tracegym's prompt format: the system prompt is the shop's `RULES`, the tools go
+as `tools=TOOL_SCHEMAS`, calls come back as `tool_calls` and their results go back as `tool`
+messages with their `tool_call_id`, and the server's chat template does the rest. Point
+`base_url` at `tracegym serve` (or any OpenAI-compatible server) and the same loop runs on
+whichever adapter the server routes the conversation to.
+
+    agent = OpenAIShopAgent("http://127.0.0.1:8100/v1", notes=CustomerNotes(path))
+    result = agent.run(make_task(7))
+    results = agent.run_many(tasks, concurrency=8)   # the server batches concurrent requests
+
+Tracing is tracegym's, as a user adds it: `tg.instrument("openai")` records each model call
+(messages, tool definitions, usage), the tools are `@tg.tool` spans (`examples/shop.py`), the
+episode is an `@tg.agent` run with a run id of its own, and the verifier's verdict is recorded
+against that id after the episode returns (`tg.record_outcome`). A model call that fails (an
+error status, a timeout, no server) ends its episode as failed with the error in its reasons;
+it never ends a batch.
+
+    python -m tracegym.examples.openai_agent --base-url http://127.0.0.1:8100/v1 --tasks 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import tracegym as tg
+from tracegym.examples.lm_agent import CustomerNotes, TaskResult
+from tracegym.examples.shop import DEMO_SEEDS, RULES, TOOL_SCHEMAS, ShopTask, ShopTools, verify
+
+AGENT_NAME = "shop-openai-agent"
+ADAPTER_HEADER = "x-tracegym-adapter"
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+
+
+@dataclass
+class Episode:
+    """One task's conversation: its tools, the OpenAI messages, and what the server said."""
+
+    request: str
+    tools: ShopTools
+    answer: str = ""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    adapter: str | None = None
+    generated_tokens: int = 0
+    error: str | None = None  # the model call that failed, if one did
+
+
+class OpenAIShopAgent:
+    """The shop agent over an OpenAI-compatible endpoint (see the module docstring)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str = "auto",
+        max_turns: int = 6,
+        max_tokens: int = 96,
+        split: str = "",
+        notes: CustomerNotes | None = None,
+        timeout: float = 120.0,
+        max_retries: int = 2,
+        client: Any = None,
+        instrument: bool = True,
+    ) -> None:
+        """`model`: "auto" lets `tracegym serve` route each conversation; an adapter's or the
+        base model's name picks it. `client`: an `openai.OpenAI` of your own (then `base_url`,
+        `timeout` and `max_retries` are its business). `instrument`: `tg.instrument("openai")`."""
+        import openai
+
+        if instrument:
+            tg.instrument("openai", strict=False)
+        self.client = client or openai.OpenAI(
+            base_url=base_url, api_key="unused", timeout=timeout, max_retries=max_retries
+        )
+        self.model = model
+        self.max_turns = max_turns
+        self.max_tokens = max_tokens
+        self.split = split
+        self.notes = notes
+
+    # One model call ---------------------------------------------------------------------------
+    def complete(self, messages: list[dict[str, Any]]) -> tuple[Any, str | None]:
+        """One chat completion, and the adapter that wrote it (the `x-tracegym-adapter` header
+        of `tracegym serve`, "" there meaning the base model; else the response's `model`)."""
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=self.model,
+            messages=messages,
+            tools=TOOL_SCHEMAS,
+            temperature=0,
+            max_tokens=self.max_tokens,
+        )
+        response = raw.parse()
+        header = raw.headers.get(ADAPTER_HEADER)
+        adapter = (header or None) if header is not None else (response.model or None)
+        return response, adapter
+
+    # One episode ------------------------------------------------------------------------------
+    def solve(self, episode: Episode, run_id: str) -> None:
+        """The episode as an `invoke_agent` run with id `run_id`: recall the customer, converse
+        with the model and the tools, note what happened."""
+        request = episode.request
+        with tg.agent(AGENT_NAME, run_id=run_id, input=request) as span:
+            found = _EMAIL.search(request) if self.notes is not None else None
+            email = found.group() if found else None
+            note = self.notes.read(email) if self.notes is not None and email else None
+            said = request + (f"\n(Your notes on this customer: {note})" if note else "")
+            episode.messages += [
+                {"role": "system", "content": RULES},
+                {"role": "user", "content": said},
+            ]
+            self.converse(episode)
+            if self.notes is not None and email:
+                done = ", ".join(name for name, _, _ in episode.tools.calls) or "no tool"
+                answer = episode.answer[:160]
+                self.notes.write(email, f"asked: {request} | did: {done} | answered: {answer}")
+            span.set_result(episode.error or episode.answer)
+
+    def converse(self, episode: Episode) -> None:
+        """Ask, run the tools the reply calls, send their results back, until the model answers
+        in plain text, runs out of turns, or a call fails."""
+        import openai
+
+        messages = episode.messages
+        for _ in range(self.max_turns):
+            try:
+                response, adapter = self.complete(messages)
+            except openai.OpenAIError as exc:
+                episode.error = f"the model call failed: {type(exc).__name__}: {exc}"
+                return
+            episode.adapter = adapter or episode.adapter
+            usage = response.usage
+            episode.generated_tokens += usage.completion_tokens if usage else 0
+            if not response.choices:
+                episode.error = "the model call failed: a reply with no choices"
+                return
+            message = response.choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            if not message.tool_calls:
+                episode.answer = message.content or ""
+                return
+            for call in message.tool_calls:
+                result = episode.tools.call(call.function.name, _arguments(call.function.arguments))
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+
+    def run(self, task: ShopTask) -> TaskResult:
+        """Solve one task and record the verifier's outcome against the episode's run id."""
+        started = time.perf_counter()
+        episode = Episode(task.request, ShopTools(task))
+        run_id = uuid.uuid4().hex
+        self.solve(episode, run_id=run_id)
+        verdict = verify(task, episode.tools, episode.answer)
+        reasons = [episode.error] if episode.error else []
+        passed = verdict.passed and not reasons
+        labels = {
+            "task_id": task.task_id,
+            "split": self.split,
+            "adapter": episode.adapter or "none",
+        }
+        tg.record_outcome(
+            run_id, success=passed, reward=verdict.reward, source="verifier", labels=labels
+        )
+        return TaskResult(
+            task_id=task.task_id,
+            seed=task.seed,
+            kind=task.kind,
+            passed=passed,
+            reward=verdict.reward,
+            reasons=reasons + verdict.reasons,
+            answer=episode.answer,
+            calls=[
+                f"{name}({', '.join(map(str, args.values()))})"
+                for name, args, _ in episode.tools.calls
+            ],
+            run_id=run_id,
+            adapter=episode.adapter,
+            generated_tokens=episode.generated_tokens,
+            seconds=round(time.perf_counter() - started, 3),
+            messages=episode.messages,
+        )
+
+    def run_many(
+        self,
+        tasks: Sequence[ShopTask],
+        *,
+        concurrency: int = 8,
+        on_done: Callable[[TaskResult], None] | None = None,
+    ) -> list[TaskResult]:
+        """`[run(t) for t in tasks]` on `concurrency` threads, each one conversation at a time
+        (the server batches the requests in flight); results in the tasks' order."""
+
+        def one(task: ShopTask) -> TaskResult:
+            result = self.run(task)
+            if on_done is not None:
+                on_done(result)
+            return result
+
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            return list(pool.map(one, tasks))
+
+
+def _arguments(text: str) -> Any:
+    """The call's arguments as the model wrote them: a JSON object when they parse (the shop
+    refuses anything else, and the model reads why)."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the agent on demonstration tasks against a server and print the pass rate."""
+    from tracegym.examples.shop import make_task
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8100/v1")
+    parser.add_argument("--model", default="auto")
+    parser.add_argument("--tasks", type=int, default=20)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    args = parser.parse_args(argv)
+    tg.init()
+    agent = OpenAIShopAgent(args.base_url, model=args.model, max_tokens=args.max_tokens)
+    tasks = [make_task(DEMO_SEEDS[0] + i) for i in range(args.tasks)]
+    started = time.perf_counter()
+    results = agent.run_many(tasks, concurrency=args.concurrency)
+    seconds = time.perf_counter() - started
+    passed = sum(r.passed for r in results)
+    tokens = sum(r.generated_tokens for r in results)
+    print(
+        f"{passed}/{len(results)} passed; {tokens} tokens generated in {seconds:.1f} s "
+        f"({tokens / max(seconds, 1e-9):.0f} tokens/s, concurrency {args.concurrency})"
+    )
+    tg.flush(10)
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["AGENT_NAME", "CustomerNotes", "Episode", "OpenAIShopAgent", "TaskResult"]
