@@ -200,3 +200,92 @@ def test_no_server_at_all_gives_failed_episodes(tmp_path, tracer_setup):
     for result in results:
         assert result.reasons[0].startswith("the model call failed: APIConnectionError")
     assert all(r.adapter is None and r.run_id for r in results)
+
+
+# ---------------------------------------------------------------------------------------------
+# The local backend: the server renders the conversation through the model's chat template
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Any:
+    pytest.importorskip("torch")
+    from tracegym.generation.model import tiny_model
+
+    return tiny_model(0)
+
+
+def local_app(policy: Any, backend_class: Any = None) -> Any:
+    """`tracegym serve`'s app over the tiny model in ChatML with tools, no adapters."""
+    from tracegym.generation.chat_format import ChatFormat, template_text
+    from tracegym.serving import LocalBackend
+
+    fmt = ChatFormat(policy.tokenizer, template_text("chatml"))
+    backend = (backend_class or LocalBackend)(policy.model, fmt)
+    return create_app(backend, ConversationRouter(None, [], base_model=policy.name))
+
+
+def scripted_oracle(tasks: list[ShopTask]) -> Any:
+    """A LocalBackend whose model writes, in Qwen's `<tool_call>` format, what the oracle would:
+    rendering and parsing stay the real ones. Keeps each prompt it was given."""
+    from tracegym.serving import LocalBackend
+
+    class Scripted(LocalBackend):
+        prompts: list[str] = []  # noqa: RUF012 (one test's class)
+
+        def generate_text(self, prompt, model, max_tokens, temperature):
+            text = self.tokenizer.decode(prompt)
+            self.prompts.append(text)
+            task = next(t for t in tasks if t.request in text)
+            done = text.count("<tool_response>")
+            actions = oracle_actions(task)
+            if done == len(actions):
+                return f"{oracle_answer(task)}<|im_end|>", 7
+            name, arguments = actions[done]
+            call = json.dumps({"name": name, "arguments": arguments})
+            return f"<tool_call>\n{call}\n</tool_call><|im_end|>", 9
+
+    return Scripted
+
+
+def test_the_chat_template_carries_the_whole_conversation(tiny, tmp_path, tracer_setup):
+    """Tool calls, their JSON arguments and the results (with their ids) go through the ChatML
+    template and back through its parser: the oracle's episodes pass over the local backend."""
+    tracer_setup(home=tmp_path / "home")
+    tasks = [make_task(seed) for seed in SEEDS]
+    backend_class = scripted_oracle(tasks)
+    with integrations.instrumenting("openai"), running(local_app(tiny, backend_class)) as url:
+        results = OpenAIShopAgent(f"{url}/v1", max_retries=0).run_many(tasks, concurrency=2)
+    assert [(r.passed, r.reasons) for r in results] == [(True, [])] * len(tasks)
+    assert all(r.adapter is None for r in results)  # the base model: no adapter header value
+    last = max(backend_class.prompts, key=len)  # a whole episode's last prompt
+    assert RULES in last and '"name": "find_user"' in last  # the rules, the tools offered
+    assert last.count("<tool_response>") == last.count("<tool_call>") - 1  # offered once more
+
+
+def test_a_random_tiny_model_gives_failed_episodes_in_the_store(tiny, tmp_path, tracer_setup):
+    """Whatever a random model writes (text, half a call), each episode ends, is failed, and its
+    model calls, tokens and outcome are in the store."""
+    home = tmp_path / "home"
+    tracer_setup(home=home)
+    tasks = [make_task(seed) for seed in SEEDS[:3]]
+    with integrations.instrumenting("openai"), running(local_app(tiny)) as url:
+        agent = OpenAIShopAgent(f"{url}/v1", max_turns=2, max_tokens=6, max_retries=0)
+        results = agent.run_many(tasks, concurrency=3)
+    for result in results:
+        assert not result.passed and result.reasons and result.adapter is None
+        replies = [m for m in result.messages if m["role"] == "assistant"]
+        assert 1 <= len(replies) <= 2 and 1 <= result.generated_tokens <= 12
+    rows = query(
+        home,
+        "SELECT t.run_id, count(*), sum(l.output_tokens), any_value(t.success), any_value(l.model)"
+        " FROM llm_calls l JOIN traces t USING (trace_id) GROUP BY t.run_id",
+    )
+    assert {row[0]: row[1:] for row in rows} == {
+        r.run_id: (
+            sum(m["role"] == "assistant" for m in r.messages),
+            r.generated_tokens,
+            False,
+            tiny.name,
+        )
+        for r in results
+    }
