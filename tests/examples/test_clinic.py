@@ -12,8 +12,9 @@ def _task(kind: str, booked: bool | None = None, start: int = 0) -> clinic.Clini
     """The first task of `kind` from `start` (whose appointment is booked or not, if given)."""
     for seed in range(start, start + 1000):
         task = make_task(seed, (kind,))
-        status = task.appointments[task.appointment_id]["status"]
-        if booked is None or (status == "booked") == booked:
+        if booked is None:
+            return task
+        if (task.appointments[task.appointment_id]["status"] == "booked") == booked:
             return task
     raise AssertionError("no such task")
 
