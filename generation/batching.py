@@ -188,6 +188,13 @@ class Wave:
         # `adapter_names`; None: the model as it is set
         self.adapters = _row_adapters(policy.model, adapters, size)
         self.generators = [torch.Generator().manual_seed(seed + i) for i in range(size)]
+        # each lane's sampling temperature (0: greedy), the wave's unless set per lane (an engine
+        # serving requests of different temperatures in one batch)
+        self.temperatures = [float(temperature or 0.0)] * size
+        # called with (slot, new tokens) as a step appends to a lane's reply (streaming); it
+        # must not raise
+        self.on_tokens: Callable[[int, list[int]], None] | None = None
+        self._idle: set[int] = set()  # lanes whose rows a `step_slots` call leaves parked
         limit = getattr(policy.model.config, "max_position_embeddings", 2048) or 2048
         self.max_length = min(max_length or limit, limit)
         tok = policy.tokenizer
@@ -204,7 +211,10 @@ class Wave:
         self._cache: Any = None
         self._parked: list[_Rows] = []  # rows sitting out until the next step
         # work done, for tests and benchmarks: forward passes, token rows computed, shared tokens
-        self.stats = {"forwards": 0, "tokens": 0, "shared": 0, "drafted": 0, "accepted": 0}
+        # and rows: the batch rows of all forward passes (rows / forwards: the mean batch)
+        self.stats = {
+            "forwards": 0, "tokens": 0, "rows": 0, "shared": 0, "drafted": 0, "accepted": 0,
+        }  # fmt: skip
         self.lanes = [Lane(self, i) for i in range(size)]
 
     # the lockstep protocol ---------------------------------------------------------------------
@@ -258,8 +268,55 @@ class Wave:
             rows = [i for i, s in enumerate(part.slots) if s in slots]
             if rows:
                 kept.append(part if len(rows) == len(part.slots) else part.select(rows))
+            idle = [i for i, s in enumerate(part.slots) if s in self._idle and s not in slots]
+            if idle:
+                self._parked.append(part.select(idle))
+        present = {s for part in kept for s in part.slots}
+        for slot in sorted(slots - present):  # a lane new to the cache (`step_slots`)
+            kept.append(_empty_row(slot, current))
         joined = _join(kept)
         self._install(joined.pack())
+
+    def _find_row(self, slot: int) -> tuple[Any, int] | None:
+        """The mask holding `slot`'s row (the batch's or a parked part's) and the row's index."""
+        for part in self._parked:
+            if slot in part.slots:
+                return part.mask, part.slots.index(slot)
+        if self._mask is not None and slot in self._slots:
+            return self._mask, self._slots.index(slot)
+        return None
+
+    def truncate(self, slot: int, keep: int) -> None:
+        """Forget all but the first `keep` tokens of lane `slot`'s conversation, so that its
+        next request may follow another one (a new conversation, or the same one re-rendered
+        differently). The kept tokens' keys and values stay valid (a causal model's prefix does
+        not depend on what follows); the dropped columns are masked and `pack` removes them."""
+        keep = max(0, min(keep, len(self._consumed[slot])))
+        if keep == len(self._consumed[slot]):
+            return
+        found = self._find_row(slot)
+        if found is not None:
+            mask, row = found
+            mask[row, mask[row].cumsum(dim=0) > keep] = 0
+        elif keep > 0:
+            raise ValueError(f"lane {slot} has no cached rows to keep {keep} tokens of")
+        del self._consumed[slot][keep:]
+        self._index[slot] = NgramIndex()
+
+    def step_slots(
+        self, pending: dict[int, tuple[list[int], int, int]], idle: Iterable[int] = ()
+    ) -> dict[int, tuple[list[int], bool]]:
+        """One batched step for the lanes in `pending` only (slot -> (ids, max new tokens, stop
+        id)), called by one thread at a time instead of the lanes' lockstep protocol (a serving
+        engine's scheduler). Lanes in `idle` keep their cached rows, parked, for a later step;
+        other lanes' rows are dropped. Needs a cache this module can edit (`_get_kv`)."""
+        if self._cache is not None and self._rows() is None:
+            raise ValueError("this model's KV cache cannot be regrouped by lane")
+        self._idle = set(idle)
+        try:
+            return self._step(pending)
+        finally:
+            self._idle = set()
 
     def _park(self, running: set[int]) -> None:
         """Rows of lanes that stopped decoding leave the batch until the next step."""
@@ -296,6 +353,7 @@ class Wave:
             self._cache = DynamicCache()
         self.stats["forwards"] += 1
         self.stats["tokens"] += new_mask.numel()
+        self.stats["rows"] += new_mask.shape[0]
         real = int(new_mask.sum().item())
         tokens.add(fed=real, padded=new_mask.numel() - real)
         extra = {} if names is None else {"adapter_names": names}
@@ -349,15 +407,20 @@ class Wave:
         """The next token of each lane in `rows` (slot -> row of `logits`)."""
         import torch
 
-        if self.temperature and self.temperature > 0:
-            picks = {}
-            for slot, row in rows.items():
-                probs = torch.softmax(logits[row] / self.temperature, dim=-1).cpu()
-                token = torch.multinomial(probs, 1, generator=self.generators[slot])
-                picks[slot] = int(token.item())
-            return picks
-        best = torch.argmax(logits, dim=-1).tolist()
-        return {slot: best[row] for slot, row in rows.items()}
+        picks = {}
+        sampled = {slot: row for slot, row in rows.items() if self.temperatures[slot] > 0}
+        for slot, row in sampled.items():
+            picks[slot] = self._sample(logits[row], slot)
+        if len(sampled) < len(rows):
+            best = torch.argmax(logits, dim=-1).tolist()
+            picks.update({s: best[row] for s, row in rows.items() if s not in sampled})
+        return picks
+
+    def _sample(self, logits: Any, slot: int) -> int:
+        import torch
+
+        probs = torch.softmax(logits / self.temperatures[slot], dim=-1).cpu()
+        return int(torch.multinomial(probs, 1, generator=self.generators[slot]).item())
 
     def _drafts(self, running: set[int]) -> dict[int, list[int]]:
         """Each running lane's draft for the next step (`drafts.NgramIndex`), only when decoding
@@ -367,6 +430,8 @@ class Wave:
             return {}
         found = {}
         for slot in running:
+            if self.temperatures[slot] > 0:  # drafts are checked against greedy choices only
+                continue
             seq = self._consumed[slot]
             room = self.max_length - len(seq) - 1  # positions left after the lane's next token
             draft = self._index[slot].propose(seq, min(k, room))
@@ -385,6 +450,9 @@ class Wave:
         best = torch.argmax(logits, dim=-1).tolist()  # [rows][columns]
         replies = {}
         for slot, row in rows.items():
+            if self.temperatures[slot] > 0:  # a sampling lane beside drafting ones: no draft
+                replies[slot] = [self._sample(logits[row, -1], slot)]
+                continue
             draft = drafts.get(slot, [])
             greedy = best[row][len(best[row]) - 1 - len(draft) :]
             new = [greedy[0]]
@@ -425,6 +493,7 @@ class Wave:
         generated = 0
         for slot, new in replies.items():
             _, max_new, stop_id = pending[slot]
+            before = len(out[slot])
             for i, token in enumerate(new):
                 out[slot].append(token)
                 generated += 1
@@ -437,6 +506,8 @@ class Wave:
                     break
                 self._consumed[slot].append(token)
                 kept[slot] = i + 1
+            if self.on_tokens is not None:
+                self.on_tokens(slot, out[slot][before:])
         tokens.add(generated=generated)
         return kept
 
@@ -501,6 +572,19 @@ class Wave:
                     logits = logits[:, -1]
         # the last token of each reply is not in the cache yet: the lane's next request feeds it
         return {slot: (out[slot], full[slot]) for slot in pending}
+
+
+def _empty_row(slot: int, like: _Rows) -> _Rows:
+    """A row with no cached columns for `slot`, shaped like `like`'s (its first step feeds all
+    of its tokens)."""
+    import torch
+
+    mask = torch.zeros((1, 0), dtype=like.mask.dtype, device=like.mask.device)
+    kv = [
+        (k.new_zeros((1, k.shape[1], 0, k.shape[3])), v.new_zeros((1, v.shape[1], 0, v.shape[3])))
+        for k, v in like.kv
+    ]
+    return _Rows([slot], mask, kv)
 
 
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
