@@ -28,6 +28,7 @@ from tracegym.examples.openai_agent import AGENT_NAME, OpenAIShopAgent  # noqa: 
 from tracegym.examples.shop import (  # noqa: E402
     RULES,
     TOOL_NAMES,
+    TOOL_SCHEMAS,
     ShopTask,
     make_task,
     oracle_actions,
@@ -207,61 +208,56 @@ def test_no_server_at_all_gives_failed_episodes(tmp_path, tracer_setup):
 
 
 @pytest.fixture(scope="module")
-def tiny() -> Any:
+def tokenizer() -> Any:
+    from tracegym.generation.model import tiny_tokenizer
+
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tiny(tokenizer: Any) -> Any:
     pytest.importorskip("torch")
     from tracegym.generation.model import tiny_model
 
-    return tiny_model(0)
+    return tiny_model(0, tokenizer=tokenizer)
 
 
-def local_app(policy: Any, backend_class: Any = None) -> Any:
+def local_app(policy: Any) -> Any:
     """`tracegym serve`'s app over the tiny model in ChatML with tools, no adapters."""
     from tracegym.generation.chat_format import ChatFormat, template_text
     from tracegym.serving import LocalBackend
 
     fmt = ChatFormat(policy.tokenizer, template_text("chatml"))
-    backend = (backend_class or LocalBackend)(policy.model, fmt)
-    return create_app(backend, ConversationRouter(None, [], base_model=policy.name))
+    return create_app(
+        LocalBackend(policy.model, fmt), ConversationRouter(None, [], base_model=policy.name)
+    )
 
 
-def scripted_oracle(tasks: list[ShopTask]) -> Any:
-    """A LocalBackend whose model writes, in Qwen's `<tool_call>` format, what the oracle would:
-    rendering and parsing stay the real ones. Keeps each prompt it was given."""
-    from tracegym.serving import LocalBackend
+def test_the_chat_template_carries_the_whole_conversation(serve, tokenizer, tracer_setup, tmp_path):
+    """The messages the agent sends (assistant tool calls with JSON-string arguments, tool results
+    with their ids) render through the ChatML tool template as `tracegym serve`'s local backend
+    renders them, and the oracle's calls written in that format parse back to the same calls."""
+    from tracegym.generation.chat_format import ChatFormat, template_text
 
-    class Scripted(LocalBackend):
-        prompts: list[str] = []  # noqa: RUF012 (one test's class)
-
-        def generate_text(self, prompt, model, max_tokens, temperature):
-            text = self.tokenizer.decode(prompt)
-            self.prompts.append(text)
-            task = next(t for t in tasks if t.request in text)
-            done = text.count("<tool_response>")
-            actions = oracle_actions(task)
-            if done == len(actions):
-                return f"{oracle_answer(task)}<|im_end|>", 7
-            name, arguments = actions[done]
-            call = json.dumps({"name": name, "arguments": arguments})
-            return f"<tool_call>\n{call}\n</tool_call><|im_end|>", 9
-
-    return Scripted
-
-
-def test_the_chat_template_carries_the_whole_conversation(tiny, tmp_path, tracer_setup):
-    """Tool calls, their JSON arguments and the results (with their ids) go through the ChatML
-    template and back through its parser: the oracle's episodes pass over the local backend."""
     tracer_setup(home=tmp_path / "home")
-    tasks = [make_task(seed) for seed in SEEDS]
-    backend_class = scripted_oracle(tasks)
-    with integrations.instrumenting("openai"), running(local_app(tiny, backend_class)) as url:
-        results = OpenAIShopAgent(f"{url}/v1", max_retries=0).run_many(tasks, concurrency=2)
-    assert [(r.passed, r.reasons) for r in results] == [(True, [])] * len(tasks)
-    assert all(r.adapter is None for r in results)  # the base model: no adapter header value
-    last = max(backend_class.prompts, key=len)  # a whole episode's last prompt
-    assert RULES in last and '"name": "find_user"' in last  # the rules, the tools offered
-    assert last.count("<tool_response>") == last.count("<tool_call>") - 1  # offered once more
+    fmt = ChatFormat(tokenizer, template_text("chatml"))
+    task = make_task(SEEDS[2])  # a refund: three calls
+    (result,) = OpenAIShopAgent(serve([task]), max_retries=0).run_many([task])
+    assert result.passed
+    system, turns = fmt.render(result.messages, tools=TOOL_SCHEMAS).split("<|im_end|>", 1)
+    assert RULES in system and '"name": "refund_order"' in system  # the rules, the tools
+    assert turns.count("<tool_call>") == turns.count("<tool_response>") == 3
+    for message in result.messages[2:]:
+        if message["role"] == "tool":
+            assert message["content"] in turns  # each result, as the tool returned it
+    for name, arguments in oracle_actions(task):
+        written = json.dumps({"name": name, "arguments": arguments})
+        (call,) = fmt.parse_reply(f"<tool_call>\n{written}\n</tool_call><|im_end|>").tool_calls
+        assert (call.name, call.arguments) == (name, arguments)
+        assert written in turns  # the call as the model would have written it
 
 
+@pytest.mark.slow  # builds and runs a (tiny) model
 def test_a_random_tiny_model_gives_failed_episodes_in_the_store(tiny, tmp_path, tracer_setup):
     """Whatever a random model writes (text, half a call), each episode ends, is failed, and its
     model calls, tokens and outcome are in the store."""
