@@ -15,7 +15,7 @@ httpx = pytest.importorskip("httpx")
 from tracegym.generation.chat_format import CHATML, ChatFormat  # noqa: E402
 from tracegym.generation.tiny_families import tiny_family_policy  # noqa: E402
 from tracegym.serving import ConversationRouter, create_app  # noqa: E402
-from tracegym.serving.local import LocalBackend  # noqa: E402
+from tracegym.serving.local import Generated, LocalBackend  # noqa: E402
 from tracegym.serving.server import running  # noqa: E402
 
 pytestmark = pytest.mark.slow  # builds and runs a (tiny) model
@@ -38,12 +38,18 @@ class Scripted(LocalBackend):
 
     prompts: list[str]
 
-    def generate_text(self, prompt, model, max_tokens, temperature):
+    async def generate(self, prompt, model, max_tokens, temperature, on_tokens=None):
         self.prompts = [*getattr(self, "prompts", []), self.tokenizer.decode(prompt)]
         if "tool_call_id" in self.prompts[-1] or "<tool_response>" in self.prompts[-1]:
-            return "Refunded order 7.<|im_end|>", 4
-        call = {"name": "refund", "arguments": {"order": 7}}
-        return f"<tool_call>\n{json.dumps(call)}\n</tool_call><|im_end|>", 9
+            text = "Refunded order 7.<|im_end|>"
+        else:
+            call = {"name": "refund", "arguments": {"order": 7}}
+            text = f"<tool_call>\n{json.dumps(call)}\n</tool_call><|im_end|>"
+        tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if on_tokens is not None:  # streamed token by token, as the engine does
+            for token in tokens:
+                on_tokens([token])
+        return Generated(tokens, text, False)
 
 
 def test_tool_call_round_trip_with_the_openai_client():
@@ -80,10 +86,10 @@ class Recording(LocalBackend):
 
     texts: list[tuple[str, str]]
 
-    def generate_text(self, prompt, model, max_tokens, temperature):
-        text, n = super().generate_text(prompt, model, max_tokens, temperature)
-        self.texts = [*getattr(self, "texts", []), (model, text)]
-        return text, n
+    async def generate(self, prompt, model, max_tokens, temperature, on_tokens=None):
+        done = await super().generate(prompt, model, max_tokens, temperature, on_tokens)
+        self.texts = [*getattr(self, "texts", []), (model, done.text)]
+        return done
 
 
 def test_the_adapter_and_the_base_model_answer_differently_within_max_tokens():
