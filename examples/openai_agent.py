@@ -54,6 +54,67 @@ class Episode:
     error: str | None = None  # the model call that failed, if one did
 
 
+class ModelCallError(Exception):
+    """A model call that gave no reply to read; it ends the episode, failed."""
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """One entry of a reply's `tool_calls`: arguments as the model wrote them (JSON text)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    """A chat completion as the loop reads it."""
+
+    message: dict[str, Any]  # the assistant message, as it goes back in the conversation
+    content: str
+    tool_calls: list[ToolRequest]
+    adapter: str | None  # which adapter wrote it (None: the base model, or not said)
+    completion_tokens: int
+
+
+def _read(response: Any, adapter_header: str | None) -> ModelReply:
+    """The first choice of `response`. The adapter is `tracegym serve`'s `x-tracegym-adapter`
+    header ("" there: the base model), else the response's `model`. Raises on a reply that is
+    not a chat completion (the client does not validate what servers send)."""
+    message = response.choices[0].message
+    calls = [
+        ToolRequest(_text(call.id), _text(call.function.name), _json_text(call.function.arguments))
+        for call in message.tool_calls or []
+    ]
+    if adapter_header is not None:
+        adapter = adapter_header or None
+    else:
+        adapter = response.model if isinstance(response.model, str) and response.model else None
+    usage = response.usage
+    tokens = usage.completion_tokens if usage is not None else 0
+    return ModelReply(
+        message=message.model_dump(exclude_none=True),
+        content=message.content if isinstance(message.content, str) else "",
+        tool_calls=calls,
+        adapter=adapter,
+        completion_tokens=tokens if isinstance(tokens, int) else 0,
+    )
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _json_text(arguments: Any) -> str:
+    """Arguments as JSON text (servers that send an object instead are read too)."""
+    if arguments is None:
+        return ""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
 class OpenAIShopAgent:
     """The shop agent over an OpenAI-compatible endpoint (see the module docstring)."""
 
@@ -88,20 +149,26 @@ class OpenAIShopAgent:
         self.notes = notes
 
     # One model call ---------------------------------------------------------------------------
-    def complete(self, messages: list[dict[str, Any]]) -> tuple[Any, str | None]:
-        """One chat completion, and the adapter that wrote it (the `x-tracegym-adapter` header
-        of `tracegym serve`, "" there meaning the base model; else the response's `model`)."""
-        raw = self.client.chat.completions.with_raw_response.create(
-            model=self.model,
-            messages=messages,
-            tools=TOOL_SCHEMAS,
-            temperature=0,
-            max_tokens=self.max_tokens,
-        )
-        response = raw.parse()
-        header = raw.headers.get(ADAPTER_HEADER)
-        adapter = (header or None) if header is not None else (response.model or None)
-        return response, adapter
+    def complete(self, messages: list[dict[str, Any]]) -> ModelReply:
+        """One chat completion, read; `ModelCallError` when there is none to read (an error
+        status, a timeout, no server, a reply that is not a chat completion)."""
+        import openai
+
+        try:
+            raw = self.client.chat.completions.with_raw_response.create(
+                model=self.model,
+                messages=messages,
+                tools=TOOL_SCHEMAS,
+                temperature=0,
+                max_tokens=self.max_tokens,
+            )
+            response = raw.parse()
+        except openai.OpenAIError as exc:
+            raise ModelCallError(f"{type(exc).__name__}: {exc}") from exc
+        try:
+            return _read(response, raw.headers.get(ADAPTER_HEADER))
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
+            raise ModelCallError(f"an unreadable reply: {type(exc).__name__}: {exc}") from exc
 
     # One episode ------------------------------------------------------------------------------
     def solve(self, episode: Episode, run_id: str) -> None:
@@ -127,28 +194,21 @@ class OpenAIShopAgent:
     def converse(self, episode: Episode) -> None:
         """Ask, run the tools the reply calls, send their results back, until the model answers
         in plain text, runs out of turns, or a call fails."""
-        import openai
-
         messages = episode.messages
         for _ in range(self.max_turns):
             try:
-                response, adapter = self.complete(messages)
-            except openai.OpenAIError as exc:
-                episode.error = f"the model call failed: {type(exc).__name__}: {exc}"
+                reply = self.complete(messages)
+            except ModelCallError as exc:
+                episode.error = f"the model call failed: {exc}"
                 return
-            episode.adapter = adapter or episode.adapter
-            usage = response.usage
-            episode.generated_tokens += usage.completion_tokens if usage else 0
-            if not response.choices:
-                episode.error = "the model call failed: a reply with no choices"
+            episode.adapter = reply.adapter or episode.adapter
+            episode.generated_tokens += reply.completion_tokens
+            messages.append(reply.message)
+            if not reply.tool_calls:
+                episode.answer = reply.content
                 return
-            message = response.choices[0].message
-            messages.append(message.model_dump(exclude_none=True))
-            if not message.tool_calls:
-                episode.answer = message.content or ""
-                return
-            for call in message.tool_calls:
-                result = episode.tools.call(call.function.name, _arguments(call.function.arguments))
+            for call in reply.tool_calls:
+                result = episode.tools.call(call.name, _arguments(call.arguments))
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
 
     def run(self, task: ShopTask) -> TaskResult:
@@ -246,4 +306,13 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["AGENT_NAME", "CustomerNotes", "Episode", "OpenAIShopAgent", "TaskResult"]
+__all__ = [
+    "AGENT_NAME",
+    "CustomerNotes",
+    "Episode",
+    "ModelCallError",
+    "ModelReply",
+    "OpenAIShopAgent",
+    "TaskResult",
+    "ToolRequest",
+]

@@ -47,12 +47,22 @@ BASE = "org/base-model"
 SEEDS = (0, 3, 17, 36)  # an address change, a status, a refund and a cancellation done
 
 
+# Replies that are not chat completions, by the adapter that sends them.
+GARBLED: dict[str, dict[str, Any]] = {
+    "no-choices": {"id": "x", "object": "chat.completion", "choices": []},
+    "no-function": {"choices": [{"index": 0, "message": {"role": "assistant",
+                                 "tool_calls": [{"id": "c", "function": None}]}}]},
+}  # fmt: skip
+
+
 def oracle(tasks: list[ShopTask]) -> Any:
     """The reply an oracle model gives: the next of the task's oracle calls (counted by the
     tool results so far), then its answer. The task is found by its request."""
     by_request = {task.request: task for task in tasks}
 
     def reply(body: dict[str, Any]) -> dict[str, Any]:
+        if body["model"] in GARBLED:
+            return GARBLED[body["model"]]
         messages = body["messages"]
         user = next(m["content"] for m in messages if m["role"] == "user")
         task = next(t for r, t in by_request.items() if user.startswith(r))
@@ -81,7 +91,8 @@ class Choose:
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Any]:
     """`serve(tasks, rules)`: the app over the oracle upstream, routing by `rules` (default:
-    the adapter "oracle"; "broken" is one the upstream answers 404 to); yields its /v1 URL."""
+    the adapter "oracle"; "broken" is one the upstream answers 404 to, GARBLED's answer what is
+    not a chat completion); returns its /v1 URL."""
     import contextlib
 
     stack = contextlib.ExitStack()
@@ -90,7 +101,8 @@ def serve(tmp_path: Path) -> Iterator[Any]:
     def start(tasks: list[ShopTask], rules: dict[str, str] | None = None) -> str:
         upstream.reply = oracle(tasks)
         upstream_url = stack.enter_context(running(upstream.app()))
-        router = ConversationRouter(Choose(rules or {}, "oracle"), ["oracle", "broken"], BASE)
+        adapters = ["oracle", "broken", *GARBLED]
+        router = ConversationRouter(Choose(rules or {}, "oracle"), adapters, BASE)
         app = create_app(UpstreamBackend(f"{upstream_url}/v1"), router)
         return f"{stack.enter_context(running(app))}/v1"
 
@@ -175,15 +187,22 @@ def test_a_failing_model_call_fails_its_episode_not_the_batch(serve, tmp_path, t
     home = tmp_path / "home"
     tracer_setup(home=home)
     tasks = [make_task(seed) for seed in SEEDS]
-    broken = tasks[1]  # its conversation is routed to an adapter the upstream answers 404 to
-    url = serve(tasks, {broken.request: "broken"})
+    failing = {  # conversations routed to adapters that answer 404, or what cannot be read
+        tasks[1].request: "broken",
+        tasks[2].request: "no-choices",
+        tasks[3].request: "no-function",
+    }
+    url = serve(tasks, failing)
     results = OpenAIShopAgent(url, max_retries=0).run_many(tasks, concurrency=4)
 
-    assert [r.passed for r in results] == [t is not broken for t in tasks]
-    failed = results[1]
-    assert failed.reasons[0].startswith("the model call failed: NotFoundError")
-    assert failed.answer == "" and failed.calls == [] and failed.generated_tokens == 0
-    assert failed.messages[-1]["role"] == "user"  # nothing came back
+    assert [r.passed for r in results] == [True, False, False, False]
+    reasons = [r.reasons[0] for r in results[1:]]
+    assert reasons[0].startswith("the model call failed: NotFoundError")
+    assert reasons[1].startswith("the model call failed: an unreadable reply: IndexError")
+    assert reasons[2].startswith("the model call failed: an unreadable reply: AttributeError")
+    for failed in results[1:]:
+        assert failed.answer == "" and failed.calls == [] and failed.generated_tokens == 0
+        assert failed.messages[-1]["role"] == "user"  # nothing came back
     outcomes = dict(query(home, "SELECT run_id, success FROM traces"))
     assert outcomes == {r.run_id: r.passed for r in results}
 
