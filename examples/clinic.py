@@ -148,7 +148,7 @@ def make_task(seed: int, kinds: tuple[str, ...] = KINDS, weights: Any = None) ->
     doctor = appointments[appointment_id]["doctor"] if kind == "move" else rng.choice(_DOCTORS)
     taken = {a["day"] for a in appointments.values()}
     days = rng.sample([_day(n) for n in range(1, 31) if _day(n) not in taken], rng.randint(2, 3))
-    slot_ids = rng.sample(range(10, 100), len(days))
+    slot_ids = rng.sample(range(1000, 10000), len(days))
     slots = {
         f"S{n}": {"doctor": doctor, "day": day, "time": rng.choice(_TIMES)}
         for n, day in zip(slot_ids, days, strict=True)
