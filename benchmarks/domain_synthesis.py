@@ -240,7 +240,7 @@ class DomainResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def _gap_rows(gaps: Any) -> list[GapRow]:
+def gap_rows(gaps: Any) -> list[GapRow]:
     return [
         GapRow(g.id, g.name, g.detector, round(g.coverage, 3),
                None if g.delta is None else round(g.delta, 3), g.failed_runs_lacking,
@@ -250,7 +250,7 @@ def _gap_rows(gaps: Any) -> list[GapRow]:
     ]  # fmt: skip
 
 
-def _which_gap(runs: list[TracedRun], weakness: Weakness, gaps: list[GapRow]) -> str | None:
+def which_gap(runs: list[TracedRun], weakness: Weakness, gaps: list[GapRow]) -> str | None:
     """The gap whose members hold most of the weakness's failed runs (at least half)."""
     planted = {r.trace_id for r in runs if r.weakness == weakness.name and not r.passed}
     if not planted:
@@ -261,7 +261,7 @@ def _which_gap(runs: list[TracedRun], weakness: Weakness, gaps: list[GapRow]) ->
     return f"{best.name} ({best.detector})"
 
 
-def _near_misses(runs: list[TracedRun], weakness: Weakness, scored: Any) -> list[str]:
+def near_misses(runs: list[TracedRun], weakness: Weakness, scored: Any) -> list[str]:
     """The candidates analysis scored that hold the weakness's failed runs, with why each was
     not kept (best first): where the planted runs went."""
     planted = {r.trace_id for r in runs if r.weakness == weakness.name and not r.passed}
@@ -314,11 +314,11 @@ def run_domain(name: str, options: argparse.Namespace, keep: Path | None) -> Dom
         clock = time.perf_counter()
         report = synthesize(home, validity_seeds=options.validity_seeds)
         seconds["synthesize"] = round(time.perf_counter() - clock, 2)
-        gaps = _gap_rows(analysis.gaps)
+        gaps = gap_rows(analysis.gaps)
         planted = {w.name: sum(r.weakness == w.name and not r.passed for r in runs)
                    for w in weaknesses}  # fmt: skip
-        found = {w.name: _which_gap(runs, w, gaps) for w in weaknesses}
-        near = {w.name: _near_misses(runs, w, analysis.scored)
+        found = {w.name: which_gap(runs, w, gaps) for w in weaknesses}
+        near = {w.name: near_misses(runs, w, analysis.scored)
                 for w in weaknesses if found[w.name] is None}  # fmt: skip
         return DomainResult(
             domain=name,
