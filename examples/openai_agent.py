@@ -6,7 +6,7 @@ messages with their `tool_call_id`, and the server's chat template does the rest
 `base_url` at `tracegym serve` (or any OpenAI-compatible server) and the same loop runs on
 whichever adapter the server routes the conversation to.
 
-    agent = OpenAIShopAgent("http://127.0.0.1:8100/v1", notes=CustomerNotes(path))
+    agent = OpenAIShopAgent("http://127.0.0.1:8808/v1", notes=CustomerNotes(path))
     result = agent.run(make_task(7))
     results = agent.run_many(tasks, concurrency=8)   # the server batches concurrent requests
 
@@ -17,7 +17,7 @@ against that id after the episode returns (`tg.record_outcome`). A model call th
 error status, a timeout, no server) ends its episode as failed with the error in its reasons;
 it never ends a batch.
 
-    python -m tracegym.examples.openai_agent --base-url http://127.0.0.1:8100/v1 --tasks 20
+    python -m tracegym.examples.openai_agent --base-url http://127.0.0.1:8808/v1 --tasks 20
 """
 
 from __future__ import annotations
@@ -34,7 +34,15 @@ from typing import Any
 
 import tracegym as tg
 from tracegym.examples.lm_agent import CustomerNotes, TaskResult
-from tracegym.examples.shop import DEMO_SEEDS, RULES, TOOL_SCHEMAS, ShopTask, ShopTools, verify
+from tracegym.examples.shop import (
+    DEMO_SEEDS,
+    RULES,
+    TOOL_SCHEMAS,
+    ShopTask,
+    ShopTools,
+    make_task,
+    verify,
+)
 
 AGENT_NAME = "shop-openai-agent"
 ADAPTER_HEADER = "x-tracegym-adapter"
@@ -276,12 +284,22 @@ def _arguments(text: str) -> Any:
         return text
 
 
+__all__ = [
+    "AGENT_NAME",
+    "CustomerNotes",
+    "Episode",
+    "ModelCallError",
+    "ModelReply",
+    "OpenAIShopAgent",
+    "TaskResult",
+    "ToolRequest",
+]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the agent on demonstration tasks against a server and print the pass rate."""
-    from tracegym.examples.shop import make_task
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8100/v1")
+    parser = argparse.ArgumentParser(description="The shop agent over an OpenAI-compatible server.")
+    parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8808/v1")
     parser.add_argument("--model", default="auto")
     parser.add_argument("--tasks", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=8)
@@ -304,15 +322,3 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-
-
-__all__ = [
-    "AGENT_NAME",
-    "CustomerNotes",
-    "Episode",
-    "ModelCallError",
-    "ModelReply",
-    "OpenAIShopAgent",
-    "TaskResult",
-    "ToolRequest",
-]

@@ -222,6 +222,25 @@ def test_no_server_at_all_gives_failed_episodes(tmp_path, tracer_setup):
     assert all(r.adapter is None and r.run_id for r in results)
 
 
+def test_the_command_line_runs_demo_tasks_and_records_them(serve, run_python, tmp_path):
+    """`python -m tracegym.examples.openai_agent`: its pass rate, and its runs in the home."""
+    from tracegym.examples.shop import DEMO_SEEDS
+
+    tasks = [make_task(DEMO_SEEDS[0] + i) for i in range(4)]
+    url = serve(tasks)
+    home = tmp_path / "cli-home"
+    done = run_python(
+        f"""
+        from tracegym.examples.openai_agent import main
+        main(["--base-url", "{url}", "--tasks", "4", "--concurrency", "2"])
+        """,
+        env={"TRACEGYM_HOME": str(home)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("4/4 passed;"), done.stdout
+    assert query(home, "SELECT count(*), bool_and(success) FROM traces") == [(4, True)]
+
+
 # ---------------------------------------------------------------------------------------------
 # The local backend: the server renders the conversation through the model's chat template
 
