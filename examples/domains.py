@@ -74,6 +74,8 @@ class Domain:
     demonstration: Callable[[Any], list[dict[str, Any]]]  # Task -> OpenAI messages
     oracle_actions: Callable[[Any], list[tuple[str, dict[str, str]]]]  # Task -> calls, in order
     oracle_answer: Callable[[Any], str]  # Task -> the oracle's final answer
+    # who is asking, in the request's words (the agent's notes are kept per match): a regex
+    customer_key: str = r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
 
     def __post_init__(self) -> None:
         if set(self.base_mix) != set(self.kinds):
@@ -132,6 +134,7 @@ CLINIC = Domain(
     demonstration=clinic.demonstration,
     oracle_actions=clinic.oracle_actions,
     oracle_answer=clinic.oracle_answer,
+    customer_key=r"\b\d{3}-\d{4}\b",  # the patient's phone
 )
 
 DOMAINS: Mapping[str, Domain] = MappingProxyType({d.name: d for d in (SHOP, CLINIC)})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import pytest
 from tracegym.examples import clinic, shop
@@ -111,3 +112,10 @@ def test_the_clinic_differs_from_the_shop():
     shop_arguments = {a for t in SHOP.tool_schemas
                       for a in t["function"]["parameters"]["properties"]}  # fmt: skip
     assert not arguments & shop_arguments
+
+
+def test_the_customer_key_finds_who_is_asking(domain: Domain):
+    for seed in range(20):
+        task = domain.make_task(seed)
+        found = re.findall(domain.customer_key, task.request)
+        assert found == [getattr(task, "email", None) or getattr(task, "phone", None)]
