@@ -345,36 +345,47 @@ def check(out: GapOutcome, spec: Any, options: Options, policy: Any = None) -> N
 
 # A model as a policy ----------------------------------------------------------------------------
 class ModelPolicy:
-    """A loaded model (`training.model.Policy`) as a callable `policy(observation, info)`,
-    greedy and in training.rollout's chat format, so `synthesis.calibrate` can walk an
-    environment's knobs with it as with a scripted policy."""
+    """A loaded model (`generation.model.Policy`) as a callable `policy(observation, info)`,
+    greedy and in the model's own chat template with the environment's tools (as
+    training.rollout renders it), so `synthesis.calibrate` can walk an environment's knobs with
+    it as with a scripted policy."""
 
     def __init__(self, model: Any, max_new_tokens: int = 96) -> None:
-        from tracegym.training.rollout import ChatEncoder
-
         self.model = model
         self.name = model.name
-        self.encoder = ChatEncoder(model.tokenizer)
         self.max_new_tokens = max_new_tokens
         self.session: Any = None
+        self.chat: Any = None
+        self.messages: list[dict[str, Any]] = []
+        self.ended = True
 
     def __call__(self, observation: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
-        from tracegym.training.rollout import Session, parse_action, system_message
+        from tracegym.generation.chat_tokens import ChatTokens
+        from tracegym.training.rollout import Session, action_of, reply_message
 
         content = str(observation.get("content", ""))
         if info.get("step") == 0 or self.session is None:
             self.session = Session(self.model)
-            system = system_message(info.get("system_prompt", ""), info.get("tools", []))
-            self.session.feed(self.encoder.message("system", system)[0])
-            self.session.feed(self.encoder.message("user", content)[0])
+            self.chat = ChatTokens(self.model.chat_format, info.get("tools") or None)
+            system = str(info.get("system_prompt", "") or "")
+            self.messages = [{"role": "system", "content": system}] if system else []
+            self.messages.append({"role": "user", "content": content})
+            self.session.feed(self.chat.prompt(self.messages))
         else:
-            self.session.feed(self.encoder.message("tool", content)[0])
-        self.session.feed(self.encoder.header("assistant"))
-        end = self.encoder.end_id
-        new, full = self.session.generate(self.max_new_tokens, end)
-        text = self.model.tokenizer.decode([t for t in new if t != end])
-        self.session.feed(([] if new and new[-1] == end else [end]) + self.encoder.text("\n"))
-        return {"answer": text.strip()} if full else parse_action(text)
+            result = {"role": "tool", "content": content}
+            self.session.feed(self.chat.after_reply(self.messages, [result], ended=self.ended))
+            self.messages.append(result)
+        new, full = self.session.generate(self.max_new_tokens, self.chat.stop_id)
+        self.ended = bool(new) and new[-1] == self.chat.stop_id
+        text = self.chat.reply_text(new)
+        reply = self.model.chat_format.parse_reply(text)
+        action = action_of(reply, text, self.model.chat_format.family)
+        if full or "answer" in action:
+            answer = text.strip() if full else action["answer"]
+            self.messages.append({"role": "assistant", "content": answer})
+            return {"answer": answer}
+        self.messages.append(reply_message(reply, text))
+        return action
 
 
 def load_model_policy(name: str, work: Path) -> ModelPolicy:

@@ -3,9 +3,10 @@
 Written the way a user writes an agent: the episode is a `@tg.agent` function, each model call a
 `tg.llm` span with token usage, each tool a `@tg.tool` method (`examples/shop.py`), and the
 verifier's verdict is recorded with `tg.record_outcome`, so its runs land in the store exactly as
-a production agent's would. The chat format (system prompt with the tool list, `<tool_call>{...}
-</tool_call>` calls) is the one `tracegym.training.rollout` uses, so adapters trained on
-synthesized environments speak the same language.
+a production agent's would. Its prompt is the model's own chat template rendering OpenAI-shaped
+messages with the shop's tool schemas, and replies are parsed in the model's own tool-call format
+(`generation.chat_tokens`), as `tracegym serve` or vLLM would for the same conversation; rollouts
+in synthesized environments use the same, so adapters learn the prompt the agent sends.
 
     agent = ShopAgent(load_policy(folder), notes=CustomerNotes(path))
     result = agent.run(make_task(7))            # one task, alone
@@ -30,15 +31,10 @@ from typing import Any
 import tracegym as tg
 from tracegym.examples.shop import RULES, TOOL_SCHEMAS, ShopTask, ShopTools, verify
 from tracegym.generation.batching import map_batched
+from tracegym.generation.chat_tokens import ChatTokens
 from tracegym.generation.model import Policy
 from tracegym.store.home import read_json, write_json
-from tracegym.training.rollout import (
-    ChatEncoder,
-    LaneSession,
-    Session,
-    parse_action,
-    system_message,
-)
+from tracegym.training.rollout import LaneSession, Session, action_of, reply_message
 
 AGENT_NAME = "shop-agent"
 NOTES_STORE = "customer-notes"
@@ -95,7 +91,7 @@ class TaskResult:
     adapter: str | None = None
     generated_tokens: int = 0
     seconds: float = 0.0
-    messages: list[dict[str, str]] = field(default_factory=list)  # the chat the model saw
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the OpenAI-shaped chat
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,16 +106,24 @@ class _Episode:
         self.tools = ShopTools(task)
         self.session = session
         self.generated = 0
-        self.messages: list[dict[str, str]] = []
+        self.messages: list[dict[str, Any]] = []
+        self.ended = True  # whether the last reply ended with the stop token
 
-    def add(self, role: str, content: str) -> None:
-        self.messages.append({"role": role, "content": content})
-        self.session.feed(self.agent.encoder.message(role, content)[0])
+    def start(self, messages: list[dict[str, Any]]) -> None:
+        self.messages = list(messages)
+        self.session.feed(self.agent.chat.prompt(self.messages))
 
-    def think(self) -> str:
-        """One model reply (a `chat` span with the token usage)."""
-        agent, session = self.agent, self.session
-        session.feed(agent.encoder.header("assistant"))
+    def add_tool_result(self, content: str) -> None:
+        result: dict[str, Any] = {"role": "tool", "content": content}
+        call_id = (self.messages[-1].get("tool_calls") or [{}])[0].get("id")
+        if call_id:
+            result["tool_call_id"] = call_id
+        self.session.feed(self.agent.chat.after_reply(self.messages, [result], ended=self.ended))
+        self.messages.append(result)
+
+    def think(self) -> dict[str, Any]:
+        """One model reply (a `chat` span with the token usage), as an action."""
+        agent, session, chat = self.agent, self.session, self.agent.chat
         before = len(session.ids)
         with tg.llm(
             "generate",
@@ -127,16 +131,18 @@ class _Episode:
             system_instructions=RULES,
             tool_definitions=TOOL_SCHEMAS,
         ) as call:
-            new, _full = session.generate(agent.max_new_tokens, agent.encoder.end_id)
+            new, _full = session.generate(agent.max_new_tokens, chat.stop_id)
             call.set_usage(before, len(new))
         self.generated += len(new)
-        end = agent.encoder.end_id
-        if not new or new[-1] != end:
-            session.feed([end])
-        session.feed(agent.encoder.text("\n"))
-        text = agent.policy.tokenizer.decode([t for t in new if t != end])
-        self.messages.append({"role": "assistant", "content": text})
-        return text
+        self.ended = bool(new) and new[-1] == chat.stop_id
+        text = chat.reply_text(new)
+        reply = agent.policy.chat_format.parse_reply(text)
+        action = action_of(reply, text, agent.policy.chat_format.family)
+        if "answer" in action:
+            self.messages.append({"role": "assistant", "content": action["answer"]})
+        else:
+            self.messages.append(reply_message(reply, text))
+        return action
 
     @tg.agent(AGENT_NAME, run_id=lambda **call: call.get("run_id"))
     def solve(self, request: str, run_id: str) -> str:
@@ -145,8 +151,8 @@ class _Episode:
         found = _EMAIL.search(request)
         email = found.group() if found and notes is not None else None
         note = notes.read(email) if notes is not None and email else None
-        self.add("system", self.agent.system)
-        self.add("user", request + (f"\n(Your notes on this customer: {note})" if note else ""))
+        user = request + (f"\n(Your notes on this customer: {note})" if note else "")
+        self.start([{"role": "system", "content": RULES}, {"role": "user", "content": user}])
         answer = self.converse()
         if notes is not None and email:
             done = ", ".join(name for name, _, _ in self.tools.calls) or "no tool"
@@ -156,10 +162,10 @@ class _Episode:
     def converse(self) -> str:
         """Think, call a tool, read its result, until the model answers or runs out of turns."""
         for _ in range(self.agent.max_turns):
-            action = parse_action(self.think())
+            action = self.think()
             if "answer" in action:
                 return str(action["answer"])
-            self.add("tool", self.tools.call(action.get("name"), action.get("arguments")))
+            self.add_tool_result(self.tools.call(action.get("name"), action.get("arguments")))
         return ""
 
 
@@ -177,8 +183,7 @@ class ShopAgent:
     ) -> None:
         self.policy = policy
         self.notes = notes
-        self.encoder = ChatEncoder(policy.tokenizer)
-        self.system = system_message(RULES, TOOL_SCHEMAS)
+        self.chat = ChatTokens(policy.chat_format, TOOL_SCHEMAS)
         self.max_turns = max_turns
         self.max_new_tokens = max_new_tokens
         self.split = split

@@ -287,6 +287,19 @@ def parse_mistral(text: str) -> Reply:
 PARSERS = {CHATML: parse_hermes, LLAMA3: parse_llama3, MISTRAL: parse_mistral}
 
 
+def attempts_call(text: str, family: str) -> bool:
+    """Whether a reply that parsed as no call was meant as one: it opens the family's call
+    syntax (a malformed call, which an environment counts as an invalid step)."""
+    stripped = text.lstrip()
+    if family == CHATML:
+        return "<tool_call>" in text
+    if family == MISTRAL:
+        return "[TOOL_CALLS]" in text
+    if family == LLAMA3:
+        return stripped.startswith(("{", "<|python_tag|>")) and '"name"' in text
+    return "<tool_call>" in text or "[TOOL_CALLS]" in text
+
+
 def parse_any(text: str) -> Reply:
     """A reply from a model of unknown family: the first parser that finds a tool call."""
     for parser in PARSERS.values():
@@ -418,6 +431,7 @@ __all__ = [
     "ChatFormat",
     "Reply",
     "ToolCall",
+    "attempts_call",
     "family_of",
     "mistral_call_id",
     "normalise_messages",

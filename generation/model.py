@@ -25,12 +25,18 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from tracegym.generation.attention import use_gqa_sdpa
-from tracegym.generation.chat_format import ChatFormat, supports_tools
+from tracegym.generation.chat_format import (
+    CHATML,
+    ChatFormat,
+    family_of,
+    supports_tools,
+    template_text,
+)
 from tracegym.store.home import DocumentError, Home, read_json, write_json
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,12 +49,6 @@ DEFAULT_MODEL = SMOLLM2
 MODEL_INFO_FILE = "tracegym_model.json"
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 
 class ModelError(RuntimeError):
@@ -106,10 +106,19 @@ class Policy:
     tokenizer: Any
     name: str
     folder: str = ""
+    _format: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def device(self) -> Any:
         return next(self.model.parameters()).device
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        """The chat format prompts are rendered and replies parsed in: the tokenizer's template
+        (set when the policy was loaded)."""
+        if self._format is None or self._format.tokenizer is not self.tokenizer:
+            self._format = ChatFormat(self.tokenizer)
+        return self._format
 
 
 def models_dir(home: str | os.PathLike[str]) -> Path:
@@ -128,6 +137,11 @@ _TINY_CORPUS = [
     '<tool_call>{"name": "lookup", "arguments": {"id": "A-12"}}</tool_call>',
     '{"type": "function", "function": {"name": "x", "description": "y", "parameters": {}}}',
     "Tool result: the order is shipped. Error: unknown tool. The answer is done, ok, yes, no.",
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+    "provided with function signatures within <tools></tools> XML tags:\n<tools>\n</tools>",
+    "For each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+    "<args-json-object>}\n</tool_call>\n<tool_response>\n</tool_response>",
     "press the red button, press the blue button, green, yellow, please, now, then reply",
     "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 _-.,:;!?'\"()[]{}<>/\\|=+*",
 ]
@@ -155,7 +169,7 @@ def tiny_tokenizer(extra_texts: list[str] | None = None, vocab_size: int = 384) 
         pad_token="<|endoftext|>",
         unk_token=None,
     )
-    fast.chat_template = CHATML_TEMPLATE
+    fast.chat_template = template_text(CHATML)
     return fast
 
 
@@ -238,6 +252,10 @@ def convert_gguf(gguf: Path, target: Path, name: str) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # SmolLM2's own template cannot express tools: the folder carries the repository's
+    # tool-capable ChatML one (generation/templates/chatml_tools.jinja), the file a server is
+    # given for it (`--chat-template`)
+    tokenizer.chat_template = template_text(CHATML)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -278,6 +296,7 @@ class LoadOptions:
     dtype: str | None = None  # auto|float32|bfloat16|float16; None: float32 (today's default)
     device_map: str | None = None  # passed to from_pretrained (e.g. "auto"); None: .to(device)
     quantize: str | None = None  # 4bit|8bit through bitsandbytes, CUDA only
+    chat_template: str | None = None  # a template file replacing the tokenizer's (--chat-template)
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -286,6 +305,12 @@ class LoadOptions:
             raise ModelError(
                 f"--quantize must be one of {', '.join(QUANTIZE)}, not {self.quantize!r}"
             )
+
+    def key(self) -> dict[str, str]:
+        """The options that differ from the defaults (what a cache key of trained weights must
+        hold: the defaults add nothing, so keys made before these options stay valid)."""
+        fields = ("dtype", "device_map", "quantize", "chat_template")
+        return {f: str(getattr(self, f)) for f in fields if getattr(self, f) is not None}
 
     def from_pretrained_kwargs(self) -> dict[str, Any]:
         """The extra keyword arguments for `from_pretrained` (none for the defaults)."""
@@ -322,9 +347,12 @@ def load_policy(
     dtype: str | None = None,
     device_map: str | None = None,
     quantize: str | None = None,
+    chat_template: str | Path | None = None,
 ) -> Policy:
     """Load a model folder as a Policy (GPU when there is one, else CPU; float32 unless `dtype`).
-    `device_map` and `quantize` place the weights through `from_pretrained` (see LoadOptions)."""
+    `device_map` and `quantize` place the weights through `from_pretrained` (see LoadOptions).
+    `chat_template`, a file, replaces the tokenizer's template; a ChatML model whose own
+    template cannot express tools gets the repository's tool-capable ChatML template."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     options = LoadOptions(dtype=dtype, device_map=device_map, quantize=quantize)
@@ -333,8 +361,10 @@ def load_policy(
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if not getattr(tokenizer, "chat_template", None):
-        tokenizer.chat_template = CHATML_TEMPLATE
+    if chat_template is not None:
+        tokenizer.chat_template = Path(chat_template).expanduser().read_text()
+    elif _bundled_without_tools(folder, tokenizer):
+        tokenizer.chat_template = template_text(CHATML)
     model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     if (
         options.device_map is None and options.quantize is None
@@ -344,6 +374,15 @@ def load_policy(
     use_gqa_sdpa(model)  # shared key/value heads read in place (`attention`)
     info = ModelInfo.read(folder)
     return Policy(model, tokenizer, info.name if info else folder.name, str(folder))
+
+
+def _bundled_without_tools(folder: Path, tokenizer: Any) -> bool:
+    """A ChatML model tracegym made (the bundled SmolLM2 converted before its folder carried a
+    tool template; a tiny model) whose template cannot express tools: it is given the
+    repository's tool-capable ChatML template, as `--chat-template` would give it."""
+    if ModelInfo.read(folder) is None or IM_END not in tokenizer.get_vocab():
+        return False
+    return family_of(tokenizer) in (CHATML, "unknown") and not supports_tools(tokenizer)
 
 
 def require_tool_template(
@@ -374,6 +413,8 @@ def require_tool_template(
                 f"chat template {path} cannot express tools (a probe tool never reaches the prompt)"
             )
         return ChatFormat(tokenizer, template)
+    if _bundled_without_tools(folder, tokenizer):
+        return ChatFormat(tokenizer, template_text(CHATML))
     if not supports_tools(tokenizer):
         what = (
             "has no chat template"

@@ -221,7 +221,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         from tracegym.jobs.nightly import nightly as run
 
         target = existing_home(home_of(ctx, home), fail)
-        options = load_options(dtype, device_map, quantize, fail)
+        options = load_options(dtype, device_map, quantize, fail, chat_template)
         if chat_template is not None:  # before the night starts: a bad pair ends in one line
             from tracegym.generation.model import ModelError, ensure_model
 

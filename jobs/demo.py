@@ -46,12 +46,12 @@ from tracegym.examples.shop import (
     make_task,
 )
 from tracegym.generation.batching import map_batched
+from tracegym.generation.chat_tokens import Conversation
 from tracegym.generation.model import ensure_model, load_policy, save_policy, weights_hash
 from tracegym.jobs.nightly import NightlyConfig, NightlyRun, nightly
 from tracegym.store.home import DocumentError, Home, read_json, write_json
 from tracegym.training import adapters, sft
 from tracegym.training.evaluate import gain, rate
-from tracegym.training.rollout import to_chat
 from tracegym.training.router import (
     COMBINED,
     Router,
@@ -306,7 +306,7 @@ def prepare_model(home: Path, config: DemoConfig, progress: Progress | None = No
     if (target / "tracegym_model.json").exists():
         return target
     policy = load_policy(source)
-    conversations = [to_chat(demonstration(t), TOOL_SCHEMAS, RULES) for t in demo_tasks]
+    conversations = [Conversation.of(demonstration(t), TOOL_SCHEMAS, RULES) for t in demo_tasks]
     settings = default_config(policy.name, **train)
 
     def on_step(step: TrainStep) -> None:
@@ -498,8 +498,12 @@ def _run(
     # data, so adapters learn the environments' capability without forgetting the agent's
     # conventions (its prompt, finding the customer first)
     replay = out / "stages" / "replay.jsonl"
-    passing = [r["messages"] for r in dev_results if r["passed"] and r.get("messages")]
-    replay.write_text("".join(json.dumps(m) + "\n" for m in passing[: config.replay_max]))
+    passing = [
+        Conversation(r["messages"], TOOL_SCHEMAS).to_dict()
+        for r in dev_results
+        if r["passed"] and r.get("messages")
+    ]
+    replay.write_text("".join(json.dumps(c) + "\n" for c in passing[: config.replay_max]))
     night_config = NightlyConfig(
         model=str(folder), train=train, eval_seeds=config.eval_seeds,
         max_new_tokens=config.max_new_tokens, replay=str(replay) if config.replay else None,

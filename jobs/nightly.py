@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracegym.generation.chat_tokens import Conversation
 from tracegym.generation.model import (
     LoadOptions,
     ModelError,
@@ -136,7 +137,12 @@ class NightlyConfig:
         return asdict(self)
 
     def load_options(self) -> LoadOptions:
-        return LoadOptions(dtype=self.dtype, device_map=self.device_map, quantize=self.quantize)
+        return LoadOptions(
+            dtype=self.dtype,
+            device_map=self.device_map,
+            quantize=self.quantize,
+            chat_template=self.chat_template,
+        )
 
 
 @dataclass
@@ -410,13 +416,16 @@ class NightRunner:
                "config": config.to_dict()}  # fmt: skip
         if self.config.replay:
             key["replay"] = _file_hash(Path(self.config.replay))
+        load = self.config.load_options().key()
+        if load:  # how the base model loads changes what an adapter learns on it
+            key["load"] = load
         return _hash_json(key)
 
     def _replay(self) -> list[Any]:
         if not self.config.replay:
             return []
         with Path(self.config.replay).open(encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle if line.strip()]
+            return [Conversation.from_dict(json.loads(line)) for line in handle if line.strip()]
 
     def stage_train(self) -> TrainResult:
         from tracegym.synthesis import registry  # polars: loaded when a night trains
@@ -489,6 +498,7 @@ class NightRunner:
             dtype=options.dtype,
             device_map=options.device_map,
             quantize=options.quantize,
+            chat_template=options.chat_template,
         )
         all_ids = [a.adapter_id for a in adapters.all_metadata(self.home)]
         model = adapters.load_adapters(policy.model, self.home, all_ids)

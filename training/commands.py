@@ -45,13 +45,22 @@ QuantizeOption = Annotated[
 
 
 def load_options(
-    dtype: str | None, device_map: str | None, quantize: str | None, fail: Any
+    dtype: str | None,
+    device_map: str | None,
+    quantize: str | None,
+    fail: Any,
+    chat_template: Path | None = None,
 ) -> LoadOptions:
     """The flags as LoadOptions, checked (quantize on a CPU included) before anything loads."""
     from tracegym.generation.model import LoadOptions, ModelError
 
     try:
-        options = LoadOptions(dtype=dtype, device_map=device_map, quantize=quantize)
+        options = LoadOptions(
+            dtype=dtype,
+            device_map=device_map,
+            quantize=quantize,
+            chat_template=str(chat_template) if chat_template is not None else None,
+        )
         options.from_pretrained_kwargs()
     except ModelError as exc:
         fail(str(exc))
@@ -59,12 +68,10 @@ def load_options(
 
 
 def check_template(folder: Path, chat_template: Path | None, fail: Any) -> None:
-    """With --chat-template: the model and template must express tools (config and tokenizer
-    only, so a bad pair ends before any weights load). Without it: no check, as before."""
+    """The model's template, or --chat-template's, must express tools: training and evaluation
+    render in it (config and tokenizer only, so a bad model ends before any weights load)."""
     from tracegym.generation.model import ModelError, require_tool_template
 
-    if chat_template is None:
-        return
     try:
         require_tool_template(folder, chat_template)
     except ModelError as exc:
@@ -174,7 +181,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         target = _home(ctx, home)
         if mode not in ("sft", "grpo"):
             fail(f"--mode must be sft or grpo, not {mode!r}")
-        options = load_options(dtype, device_map, quantize, fail)
+        options = load_options(dtype, device_map, quantize, fail, chat_template)
         try:
             env = registry.load(target, env_id)
             folder = ensure_model(target, model)
@@ -266,7 +273,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         bases = {a.base_model.folder for a in registered}
         if model is None and len(bases) > 1:
             fail(f"the adapters were trained on different base models ({len(bases)}): --model")
-        options = load_options(dtype, device_map, quantize, fail)
+        options = load_options(dtype, device_map, quantize, fail, chat_template)
         try:
             folder = ensure_model(target, model) if model else Path(bases.pop())
             check_template(folder, chat_template, fail)
@@ -275,6 +282,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 dtype=options.dtype,
                 device_map=options.device_map,
                 quantize=options.quantize,
+                chat_template=options.chat_template,
             )
         except ModelError as exc:
             fail(str(exc))

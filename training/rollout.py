@@ -4,14 +4,16 @@
     result = rollout(policy, env, seed=1_000_000, temperature=0.0)
     result.passed, result.reward, result.messages
 
-The chat format is ChatML (`<|im_start|>role\\n...<|im_end|>`, what SmolLM2 and the tiny test
-model use). The system message is the task's system prompt plus the tool schemas and how to call
-them: one call per assistant message, written `<tool_call>{"name": ..., "arguments": {...}}
-</tool_call>`; a message without a tool call is the final answer. Malformed calls (bad JSON, no
-name, an unknown tool) go to the environment as invalid steps the verifier sees; they never raise.
+The prompt is the model's own chat template rendering the episode's OpenAI-shaped messages with
+the environment's tool schemas (`apply_chat_template(messages, tools=...)`, through
+`generation.chat_tokens`), and replies are parsed in the model's own tool-call format
+(`ChatFormat.parse_reply`): what `tracegym serve` or vLLM would render and parse for the same
+conversation. One call per assistant turn is executed (the first, if the model wrote several); a
+reply without a call is the final answer. A malformed call (bad JSON, no name, an unknown tool)
+goes to the environment as an invalid step the verifier sees; it never raises.
 
 Generation is KV-cached across the whole episode: each turn only feeds the new tokens (the tool
-result, the next assistant prefix) and keeps the cache. Each episode is a tracegym run
+result, the next assistant header) and keeps the cache. Each episode is a tracegym run
 (`invoke_agent policy`, one `chat` span per generation with token usage, one `execute_tool` span
 per call, the verifier's outcome recorded), so rollouts are queryable like any other run when
 tracing is initialised (and cost next to nothing when it is not).
@@ -19,151 +21,57 @@ tracing is initialised (and cost next to nothing when it is not).
 
 from __future__ import annotations
 
-import contextlib
-import json
-import re
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import tracegym as tg
 from tracegym.generation import tokens
 from tracegym.generation.batching import map_batched
-from tracegym.generation.model import IM_END, IM_START, Policy, cache_argument
-
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-CALL_HELP = (
-    "To call a tool, reply with exactly one call and nothing else: "
-    '<tool_call>{"name": "TOOL", "arguments": {...}}</tool_call>. '
-    "When you are done, reply to the user in plain text (no tool call)."
-)
+from tracegym.generation.chat_format import Reply, attempts_call, parse_hermes
+from tracegym.generation.chat_tokens import ChatTokens, Conversation
+from tracegym.generation.model import Policy, cache_argument
 
 
-# Prompt and parsing ----------------------------------------------------------------------------
-def describe_tools(tools: Sequence[dict[str, Any]]) -> str:
-    """Compact tool schemas: `- name(arg: type, ...): description` per line."""
-    lines = []
-    for tool in tools:
-        fn = tool.get("function", tool)
-        props = (fn.get("parameters") or {}).get("properties") or {}
-        args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
-        desc = (fn.get("description") or "").strip()
-        lines.append(f"- {fn.get('name')}({args})" + (f": {desc}" if desc else ""))
-    return "\n".join(lines)
+# Replies as actions ----------------------------------------------------------------------------
+def action_of(reply: Reply, text: str, family: str) -> dict[str, Any]:
+    """The action a parsed reply stands for: its first tool call, an answer, or (a reply that
+    opened the family's call syntax but is not a call) a malformed call the environment rejects
+    as an invalid step."""
+    if reply.tool_calls:
+        call = reply.tool_calls[0]
+        return {"name": call.name, "arguments": dict(call.arguments)}
+    if attempts_call(text, family):
+        return {"name": None, "arguments": (text.strip() or "<empty>") + " <malformed>"}
+    return {"answer": (reply.content or "").strip()}
 
 
-def system_message(system_prompt: str, tools: Sequence[dict[str, Any]]) -> str:
-    parts = [system_prompt.strip()] if system_prompt and system_prompt.strip() else []
-    if tools:
-        parts.append("Tools:\n" + describe_tools(tools))
-    parts.append(CALL_HELP)
-    return "\n\n".join(parts)
+def reply_message(reply: Reply, text: str) -> dict[str, Any]:
+    """The reply as the OpenAI assistant message the conversation continues from (a malformed
+    call stays text, as a server would return it)."""
+    if reply.tool_calls:
+        first = Reply(reply.content, reply.tool_calls[:1])
+        return first.to_openai()
+    return {"role": "assistant", "content": text.strip()}
 
 
-def format_call(name: Any, arguments: Any) -> str:
-    if isinstance(arguments, str):
-        with contextlib.suppress(ValueError):
-            arguments = json.loads(arguments)
-    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return f"{TOOL_OPEN}{body}{TOOL_CLOSE}"
-
-
-def to_chat(
-    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], system_prompt: str = ""
-) -> list[dict[str, str]]:
-    """OpenAI-format messages (an episode's, a demonstration's) as plain role/content messages
-    in the policy's format: the system message with tool schemas, tool calls as text."""
-    out: list[dict[str, str]] = []
-    system = system_prompt
+def conversation_calls(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The names of the tools an OpenAI-shaped conversation's assistant turns call (`tool_calls`
+    entries, or Hermes `<tool_call>` text in conversations recorded as plain text)."""
+    names: list[str] = []
     for message in messages:
-        role = message.get("role")
-        if role == "system":
-            system = message.get("content") or system
+        if message.get("role") != "assistant":
             continue
-        if role == "assistant" and message.get("tool_calls"):
-            fn = message["tool_calls"][0]["function"]
-            out.append({"role": "assistant", "content": format_call(fn["name"], fn["arguments"])})
-        elif role == "tool":
-            out.append({"role": "tool", "content": str(message.get("content") or "")})
-        else:
-            out.append({"role": str(role), "content": str(message.get("content") or "")})
-    return [{"role": "system", "content": system_message(system, tools)}, *out]
-
-
-_NAME = re.compile(r'"name"\s*:\s*"([^"]*)"')
-
-
-def parse_action(text: str) -> dict[str, Any]:
-    """The action a model's reply stands for: a tool call, an answer, or a malformed call (an
-    action the environment rejects as an invalid step). Never raises."""
-    body = None
-    if TOOL_OPEN in text:
-        body = text.split(TOOL_OPEN, 1)[1].split(TOOL_CLOSE, 1)[0].strip()
-    elif text.lstrip().startswith("{") and '"name"' in text:
-        body = text.strip()
-    if body is None:
-        return {"answer": text.replace(IM_END, "").strip()}
-    try:
-        data = json.loads(body)
-    except ValueError:
-        found = _NAME.search(body)
-        raw = body if body else "<empty>"
-        # arguments that are not valid JSON: the environment records an invalid step
-        return {"name": found.group(1) if found else None, "arguments": raw + " <malformed>"}
-    if not isinstance(data, dict):
-        return {"name": None, "arguments": {}}
-    arguments = data.get("arguments", {})
-    if arguments is None:
-        arguments = {}
-    if not isinstance(arguments, (dict, str)):
-        arguments = json.dumps(arguments) + " <malformed>"
-    name = data.get("name")
-    return {"name": name if isinstance(name, str) else None, "arguments": arguments}
-
-
-# Encoding --------------------------------------------------------------------------------------
-class ChatEncoder:
-    """ChatML token ids, one message at a time (the same ids for training and for rollouts)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.end_id = tokenizer.convert_tokens_to_ids(IM_END)
-        if self.end_id is None or self.end_id == tokenizer.unk_token_id:
-            raise ValueError(
-                f"the tokenizer has no {IM_END} token: only ChatML models are supported"
-            )
-        self._cache: dict[str, list[int]] = {}
-
-    def text(self, text: str) -> list[int]:
-        ids = self._cache.get(text)
-        if ids is None:
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-            if len(text) < 64:
-                self._cache[text] = ids
-        return list(ids)
-
-    def header(self, role: str) -> list[int]:
-        return self.text(f"{IM_START}{role}\n")
-
-    def message(self, role: str, content: str) -> tuple[list[int], list[int]]:
-        """(ids, mask): mask is 1 on the tokens a model is trained to produce (assistant content
-        and its end token)."""
-        head, body, tail = self.header(role), self.text(content), self.text("\n")
-        train = 1 if role == "assistant" else 0
-        ids = [*head, *body, self.end_id, *tail]
-        mask = [0] * len(head) + [train] * (len(body) + 1) + [0] * len(tail)
-        return ids, mask
-
-    def conversation(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], list[int]]:
-        ids: list[int] = []
-        mask: list[int] = []
-        for m in messages:
-            i, k = self.message(m["role"], m["content"])
-            ids += i
-            mask += k
-        return ids, mask
+        for call in message.get("tool_calls") or ():
+            name = (call.get("function") or call).get("name")
+            if isinstance(name, str):
+                names.append(name)
+        content = message.get("content")
+        if isinstance(content, str) and "<tool_call>" in content:
+            names += [c.name for c in parse_hermes(content).tool_calls]
+    return names
 
 
 # Generation ------------------------------------------------------------------------------------
@@ -267,7 +175,8 @@ class RolloutResult:
     passed: bool
     reward: float
     reasons: list[str]
-    messages: list[dict[str, str]]  # the episode in the policy's chat format
+    messages: list[dict[str, Any]]  # the episode as OpenAI-shaped messages
+    tools: list[dict[str, Any]] | None = None  # the tool schemas the prompt rendered
     actions: list[dict[str, Any]] = field(default_factory=list)
     invalid: int = 0
     truncated: bool = False
@@ -283,6 +192,10 @@ class RolloutResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k not in ("token_ids", "sampled_mask")}
+
+    def conversation(self) -> Conversation:
+        """The episode as a training conversation (its messages and tools)."""
+        return Conversation(list(self.messages), self.tools)
 
 
 def rollout(
@@ -302,13 +215,12 @@ def rollout(
     """One episode of `policy` in `env` on `seed` (see the module docstring). With `lm`, a
     `batching.Lane`, generation is batched with the lane's other episodes."""
     started = time.perf_counter()
-    encoder = ChatEncoder(policy.tokenizer)
     observation, info = env.reset(seed=seed)
-    system = system_message(info.get("system_prompt", ""), info.get("tools", []))
-    messages = [
-        {"role": "system", "content": system},
-        {"role": "user", "content": str(observation.get("content", ""))},
-    ]
+    tools = info.get("tools", []) or None
+    chat = ChatTokens(policy.chat_format, tools)
+    system = str(info.get("system_prompt", "") or "")
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": str(observation.get("content", ""))})
     session: Any = LaneSession(lm) if lm is not None else Session(policy, use_cache=use_cache)
     mask: list[int] = []
 
@@ -316,8 +228,7 @@ def rollout(
         session.feed(ids)
         mask.extend([0] * len(ids))
 
-    for m in messages:
-        feed(encoder.message(m["role"], m["content"])[0])
+    feed(chat.prompt(messages))
     budget = min(max_steps or info.get("max_steps", 10), info.get("max_steps", 10))
     run_id = uuid.uuid4().hex
     actions: list[dict[str, Any]] = []
@@ -328,32 +239,28 @@ def rollout(
     handle = agent.__enter__() if agent is not None else None
     try:
         for turn in range(budget + 1):
-            feed(encoder.header("assistant"))
             before = len(session.ids)
+            sampling = (max_new_tokens, chat.stop_id, temperature, generator)
             if trace:
                 with tg.llm("generate", model=policy.name) as call:
-                    new, full = session.generate(
-                        max_new_tokens, encoder.end_id, temperature, generator
-                    )
+                    new, full = session.generate(*sampling)
                     call.set_usage(before, len(new))
             else:
-                new, full = session.generate(max_new_tokens, encoder.end_id, temperature, generator)
+                new, full = session.generate(*sampling)
             mask.extend([1] * len(new))
             prompt += before
             generated += len(new)
-            text = policy.tokenizer.decode(
-                [t for t in new if t != encoder.end_id], skip_special_tokens=False
-            )
-            if new and new[-1] == encoder.end_id:
-                feed(encoder.text("\n"))
-            else:
-                feed([encoder.end_id, *encoder.text("\n")])  # that end token was not sampled
-            messages.append({"role": "assistant", "content": text})
-            action = parse_action(text)
+            text = chat.reply_text(new)
+            reply = policy.chat_format.parse_reply(text)
+            action = action_of(reply, text, policy.chat_format.family)
             if turn >= budget and "answer" not in action:
                 action = {"answer": ""}  # out of steps: the environment has truncated already
             if full:
                 action = {"answer": text.strip()}
+            if "answer" in action:
+                messages.append({"role": "assistant", "content": action["answer"]})
+            else:
+                messages.append(reply_message(reply, text))
             actions.append(action)
             if trace and "answer" not in action:
                 with tg.tool(str(action.get("name")), arguments=action.get("arguments")) as t:
@@ -362,11 +269,17 @@ def rollout(
             else:
                 obs, _reward, terminated, truncated, info = env.step(action)
             if terminated or truncated:
+                if not (new and new[-1] == chat.stop_id):
+                    feed([chat.stop_id])  # the episode's tokens end where its turn ends
                 verdict = info.get("verdict", {})
                 break
-            content = str(obs.get("content", ""))
-            messages.append({"role": "tool", "content": content})
-            feed(encoder.message("tool", content)[0])
+            result = {"role": "tool", "content": str(obs.get("content", ""))}
+            call_id = (messages[-1].get("tool_calls") or [{}])[0].get("id")
+            if call_id:
+                result["tool_call_id"] = call_id
+            ended = bool(new) and new[-1] == chat.stop_id
+            feed(chat.after_reply(messages, [result], ended=ended))
+            messages.append(result)
         else:  # pragma: no cover - the environment always ends within its budget
             verdict = {"reward": 0.0, "passed": False, "reasons": ["no verdict"]}
         if handle is not None:
@@ -391,6 +304,7 @@ def rollout(
         reward=float(verdict.get("reward", 0.0)),
         reasons=list(verdict.get("reasons", [])),
         messages=messages,
+        tools=tools,
         actions=actions,
         invalid=episode.invalid if episode is not None else 0,
         truncated=bool(truncated),
@@ -437,16 +351,13 @@ def rollout_batched(
 
 
 __all__ = [
-    "ChatEncoder",
     "LaneSession",
     "RolloutResult",
     "Session",
-    "describe_tools",
-    "format_call",
-    "parse_action",
+    "action_of",
+    "conversation_calls",
+    "reply_message",
     "rollout",
     "rollout_batched",
     "success_rate",
-    "system_message",
-    "to_chat",
 ]

@@ -34,18 +34,15 @@ from dataclasses import MISSING, asdict, dataclass, field, replace
 from typing import Any
 
 from tracegym.generation import tokens as counters
+from tracegym.generation.chat_format import ChatFormat
+from tracegym.generation.chat_tokens import ChatTokens, Conversation
 from tracegym.generation.model import LoadOptions, Policy, load_policy, quiet_peft, weights_hash
 from tracegym.generation.shared_prefix import shared_prefix_loss
 from tracegym.training import adapters
 from tracegym.training.capabilities import Capability, capabilities, split_seeds
 from tracegym.training.evaluate import EvalJob, EvaluationRow, evaluate_job
 from tracegym.training.frozen_prefix import FrozenPrefix
-from tracegym.training.rollout import (
-    ChatEncoder,
-    parse_action,
-    rollout,
-    to_chat,
-)
+from tracegym.training.rollout import conversation_calls, rollout
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -191,7 +188,7 @@ StepCallback = Callable[[TrainStep], None]
 @dataclass
 class CapabilityData:
     env_id: str
-    conversations: list[list[dict[str, str]]]
+    conversations: list[Conversation]
     demonstrations: int
     sampled: int  # verifier-passing rollouts kept
     attempted: int  # rollouts tried
@@ -205,7 +202,8 @@ class CapabilityData:
 
 
 def data_hash(conversations: Sequence[Any]) -> str:
-    text = json.dumps(conversations, sort_keys=True, ensure_ascii=False)
+    plain = [c.to_dict() if isinstance(c, Conversation) else c for c in conversations]
+    text = json.dumps(plain, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -231,7 +229,7 @@ def capability_data(
     import torch
     from tracegym.synthesis.registry import demonstration  # polars: only where data is built
 
-    conversations: list[list[dict[str, str]]] = []
+    conversations: list[Conversation] = []
     instructions: list[str] = []
     groups: list[tuple[int, ...]] = []
     tools = env.tool_schemas()
@@ -247,7 +245,9 @@ def capability_data(
             if not demo["passed"]:
                 continue
             group.append(len(conversations))
-            conversations.append(to_chat(demo["messages"], tools, demo.get("system_prompt", "")))
+            conversations.append(
+                Conversation.of(demo["messages"], tools, demo.get("system_prompt", ""))
+            )
             instructions.append(demo["messages"][1]["content"] if demo["system_prompt"] else "")
         if len(group) > 1:
             groups.append(tuple(group))
@@ -262,7 +262,7 @@ def capability_data(
                 result = rollout(policy, env, s, temperature=temperature, generator=generator)
                 if result.passed:
                     kept += 1
-                    conversations.append(result.messages)
+                    conversations.append(result.conversation())
                 if on_step is not None:
                     on_step(
                         TrainStep("sample", attempted, total, None, kept / attempted, env.env_id)
@@ -272,20 +272,27 @@ def capability_data(
 
 
 def encode_examples(
-    tokenizer: Any, conversations: Sequence[Sequence[dict[str, str]]], max_length: int
+    tokenizer: Any, conversations: Sequence[Conversation], max_length: int
 ) -> list[tuple[list[int], list[int]]]:
     return _encode(tokenizer, conversations, max_length)[0]
 
 
 def _encode(
-    tokenizer: Any, conversations: Sequence[Sequence[dict[str, str]]], max_length: int
+    tokenizer: Any, conversations: Sequence[Conversation], max_length: int
 ) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
-    """The examples, and the index of the conversation each came from (a conversation with no
-    assistant token within `max_length` gives none)."""
-    encoder = ChatEncoder(tokenizer)
+    """The examples, each conversation rendered by the tokenizer's own chat template with its
+    tools (`chat_tokens`), and the index of the conversation each came from (a conversation
+    with no assistant token within `max_length` gives none)."""
+    fmt = ChatFormat(tokenizer)
+    encoders: dict[str, ChatTokens] = {}
     out, kept = [], []
     for index, conv in enumerate(conversations):
-        ids, mask = encoder.conversation(conv)
+        if not isinstance(conv, Conversation):
+            conv = Conversation.from_dict(conv)
+        key = json.dumps(conv.tools, sort_keys=True)
+        if key not in encoders:
+            encoders[key] = ChatTokens(fmt, conv.tools)
+        ids, mask = encoders[key].encode(conv.messages)
         ids, mask = ids[:max_length], mask[:max_length]
         if any(mask):
             out.append((ids, mask))
@@ -328,7 +335,7 @@ def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int, device
     }
 
 
-def _why_none(conversations: Sequence[Sequence[dict[str, str]]], config: TrainConfig) -> str:
+def _why_none(conversations: Sequence[Conversation], config: TrainConfig) -> str:
     """Why `encode_examples` kept nothing, in words a nightly report can show."""
     if not conversations:
         return "no demonstration passed the verifier (and no sampled rollout was kept)"
@@ -415,7 +422,7 @@ def sft_loss(model: Any, inputs: dict) -> Any:
 
 def train_adapter(
     policy: Policy,
-    conversations: Sequence[Sequence[dict[str, str]]],
+    conversations: Sequence[Conversation],
     config: TrainConfig,
     adapter_name: str,
     *,
@@ -717,29 +724,20 @@ __all__ = [
 
 
 # One capability end to end ---------------------------------------------------------------------
-def calls_tool(conversation: Sequence[dict[str, Any]], name: str) -> bool:
-    """Whether an assistant turn of `conversation` calls tool `name` (a `<tool_call>` in its
-    text, or an OpenAI-style `tool_calls` entry)."""
-    for message in conversation:
-        if message.get("role") != "assistant":
-            continue
-        for call in message.get("tool_calls") or ():
-            if (call.get("function") or call).get("name") == name:
-                return True
-        if parse_action(str(message.get("content") or "")).get("name") == name:
-            return True
-    return False
+def calls_tool(conversation: Conversation | Sequence[Mapping[str, Any]], name: str) -> bool:
+    """Whether an assistant turn of `conversation` (or of a list of messages) calls `name`."""
+    messages = conversation.messages if isinstance(conversation, Conversation) else conversation
+    return name in conversation_calls(messages)
 
 
-def rehearsal_for(
-    env: Any, replay: Sequence[Sequence[dict[str, str]]]
-) -> list[Sequence[dict[str, str]]]:
+def rehearsal_for(env: Any, replay: Sequence[Conversation]) -> list[Conversation]:
     """The agent's passing conversations to rehearse while learning `env`: all but those that
     call the environment's action. Rehearsal keeps what the adapter must not change; the action
     is what it is there to change, and the agent's own accepted calls of it (however it got
     there: the demo's seed 2 looked an order up by the new address before updating it) would
     teach a second way next to the environment's demonstrations (its adapter then dropped the
     address after such a detour: 2/8 on its environment)."""
+    replay = [c if isinstance(c, Conversation) else Conversation.from_dict(c) for c in replay]
     spec = getattr(env, "spec", None)
     action = (getattr(spec, "roles", None) or {}).get("action")
     if not action:
@@ -756,7 +754,7 @@ def train_capability(
     eval_seeds: int = 20,
     evaluate: bool = True,
     on_step: StepCallback | None = None,
-    replay: Sequence[Sequence[dict[str, str]]] = (),
+    replay: Sequence[Conversation] = (),
     load: LoadOptions | None = None,
 ) -> dict[str, Any]:
     """Data -> LoRA adapter -> registry -> held-out evaluation -> promotion, for one environment
@@ -777,13 +775,17 @@ def train_capability(
     envs = capability.envs
     load = load or LoadOptions()
     policy = load_policy(
-        model_folder, dtype=load.dtype, device_map=load.device_map, quantize=load.quantize
+        model_folder,
+        dtype=load.dtype,
+        device_map=load.device_map,
+        quantize=load.quantize,
+        chat_template=load.chat_template,
     )
     config = config or default_config(policy.name)
     if config.mode == "grpo" and len(envs) > 1:
         raise ValueError("GRPO trains on one environment; train a capability's one by one")
     shares = split_seeds(config.train_seeds, envs)
-    conversations: list[list[dict[str, str]]] = []
+    conversations: list[Conversation] = []
     instructions: list[str] = []
     groups: list[tuple[int, ...]] = []
     demonstrations = sampled = attempted = 0
@@ -804,7 +806,7 @@ def train_capability(
         sampled += data.sampled
         attempted += data.attempted
     if replay:
-        conversations.extend([list(c) for c in rehearsal_for(envs[0], replay)])
+        conversations.extend(rehearsal_for(envs[0], replay))
     adapter_id = capability.adapter_id
     if groups:
         config = replace(

@@ -7,8 +7,10 @@ pytest.importorskip("transformers")
 
 from tracegym.generation.batching import map_batched
 from tracegym.generation.model import tiny_model
-from tracegym.training.rollout import ChatEncoder, Session, rollout, rollout_batched
+from tracegym.training.rollout import Session, rollout, rollout_batched
 from tracegym.training.toy import press_env
+
+from tests.fixtures.chatml_ids import ChatML
 
 # Trains or runs real models: out of the quick loop (`pytest -m "not slow"`).
 pytestmark = pytest.mark.slow
@@ -20,7 +22,7 @@ def policy():
 
 
 def test_batched_greedy_replies_equal_sequential_ones(policy):
-    encoder = ChatEncoder(policy.tokenizer)
+    encoder = ChatML(policy.tokenizer)
     prompts = [
         encoder.message("user", text)[0] + encoder.header("assistant")
         for text in ["hi", "press the button twice please", "a much longer message " * 6]
@@ -53,7 +55,7 @@ def test_batched_rollouts_match_sequential_rollouts(policy):
 
 
 def test_an_episode_that_fails_does_not_hang_its_wave(policy):
-    encoder = ChatEncoder(policy.tokenizer)
+    encoder = ChatML(policy.tokenizer)
 
     def work(lane, n):
         if n == 1:
@@ -69,7 +71,7 @@ def test_an_episode_that_fails_does_not_hang_its_wave(policy):
 def _episodes(policy):
     """Prompts that share a long system message, with different turn counts (lanes close at
     different steps) and different reply budgets (lanes finish replies at different times)."""
-    encoder = ChatEncoder(policy.tokenizer)
+    encoder = ChatML(policy.tokenizer)
     system = encoder.message("system", "You are a helpful agent. Call a tool or answer. " * 4)[0]
     texts = ["hi", "press the button twice please", "a much longer message " * 6, "ok", "no"]
     return encoder, [
@@ -149,7 +151,7 @@ def test_sampled_replies_do_not_depend_on_compaction(policy):
 
 
 def test_identical_prompts_and_short_prefixes(policy):
-    encoder = ChatEncoder(policy.tokenizer)
+    encoder = ChatML(policy.tokenizer)
     long = encoder.message("user", "press the red button, then the blue one " * 3)[0]
     long += encoder.header("assistant")
     short = [encoder.message("user", t)[0] + encoder.header("assistant") for t in ("a", "b")]
@@ -173,7 +175,7 @@ def test_identical_prompts_and_short_prefixes(policy):
 # Drafts from the conversation (prompt lookup) ---------------------------------------------------
 def _repetitive_episodes(policy):
     """Conversations that repeat themselves, as an agent's tool calls do, so drafts hold."""
-    encoder = ChatEncoder(policy.tokenizer)
+    encoder = ChatML(policy.tokenizer)
     system = encoder.message("system", "Call tools as JSON. " * 3)[0]
     texts = ["find order O1001 O1001 O1001", "a b c a b c a b c", "hi"]
     return encoder, [

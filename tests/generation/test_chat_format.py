@@ -21,8 +21,10 @@ from tracegym.generation.chat_format import (
     supports_tools,
     template_text,
 )
-from tracegym.generation.model import CHATML_TEMPLATE, tiny_tokenizer
+from tracegym.generation.model import tiny_tokenizer
 from tracegym.generation.tiny_families import tiny_family_model, tiny_family_policy
+
+from tests.fixtures.chatml_ids import PLAIN_CHATML
 
 TOOLS = [
     {
@@ -60,7 +62,7 @@ def policy(request):
 def test_family_detected_from_template(policy) -> None:
     fmt = ChatFormat(policy.tokenizer)
     assert fmt.family == policy.name.split("-")[1]
-    assert family_of(CHATML_TEMPLATE) == CHATML
+    assert family_of(PLAIN_CHATML) == CHATML
     assert family_of("no markers here") == "unknown"
 
 
@@ -96,7 +98,8 @@ def test_rendered_tool_call_parses_back(policy) -> None:
 def test_supports_tools() -> None:
     for family in FAMILIES:
         assert supports_tools(tiny_family_policy(family).tokenizer)
-    plain = tiny_tokenizer()  # the demo's ChatML template ignores tools
+    plain = tiny_tokenizer()
+    plain.chat_template = PLAIN_CHATML
     assert not supports_tools(plain)
     assert supports_tools(plain, chat_template=template_text(CHATML))
 
@@ -188,7 +191,10 @@ def test_require_tool_template_checks_before_weights(tmp_path) -> None:
     from tracegym.generation.model import ModelError, require_tool_template, save_policy, tiny_model
 
     plain = tmp_path / "plain"
-    save_policy(tiny_model(0), plain)  # the demo's ChatML template: no tools
+    policy = tiny_model(0)
+    policy.tokenizer.chat_template = PLAIN_CHATML  # a ChatML template with no tools
+    save_policy(policy, plain)
+    (plain / "tracegym_model.json").unlink()  # a user's folder, not one tracegym made
     for weights in plain.glob("*.safetensors"):
         weights.write_bytes(b"not weights")  # never read: the error must be the template one
     with pytest.raises(ModelError, match="cannot express tools") as caught:
@@ -199,7 +205,7 @@ def test_require_tool_template_checks_before_weights(tmp_path) -> None:
     fmt = require_tool_template(plain, chat_template=good)
     assert fmt.family == CHATML and "lookup" in fmt.render(CONVERSATION[:2], tools=TOOLS)
     bad = tmp_path / "plain.jinja"
-    bad.write_text(CHATML_TEMPLATE)
+    bad.write_text(PLAIN_CHATML)
     with pytest.raises(ModelError, match="cannot express tools"):
         require_tool_template(plain, chat_template=bad)
     with pytest.raises(ModelError, match="cannot read chat template"):

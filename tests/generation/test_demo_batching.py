@@ -13,8 +13,10 @@ pytest.importorskip("peft")
 import torch
 from tracegym.generation.batching import map_batched
 from tracegym.generation.model import Policy, tiny_model
-from tracegym.training.rollout import ChatEncoder, Session
+from tracegym.training.rollout import Session
 from tracegym.training.sft import attach_lora, default_config
+
+from tests.fixtures.chatml_ids import ChatML
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,7 @@ def _alone(policy, ids, adapter, n, end):
 
 
 def test_a_mixed_wave_gives_each_lane_its_adapters_replies(peft_policy):
-    encoder = ChatEncoder(peft_policy.tokenizer)
+    encoder = ChatML(peft_policy.tokenizer)
     system = encoder.message("system", "You press buttons for the user. " * 3)[0]
     prompts = [
         system + encoder.message("user", text)[0] + encoder.header("assistant")

@@ -74,7 +74,12 @@ def test_train_capability_loads_the_base_with_the_options_it_is_given(monkeypatc
     monkeypatch.setattr(sft, "capabilities", lambda envs: [type("C", (), {"envs": envs})()])
     with pytest.raises(Loaded):
         sft.train_capability("home", object(), "folder", load=LoadOptions(dtype="bfloat16"))
-    assert seen == {"dtype": "bfloat16", "device_map": None, "quantize": None}
+    assert seen == {
+        "dtype": "bfloat16",
+        "device_map": None,
+        "quantize": None,
+        "chat_template": None,
+    }
     with pytest.raises(Loaded):
         sft.train_capability("home", object(), "folder")
-    assert seen == {"dtype": None, "device_map": None, "quantize": None}
+    assert seen == {"dtype": None, "device_map": None, "quantize": None, "chat_template": None}

@@ -17,7 +17,9 @@ from tracegym.examples.shop import make_task
 from tracegym.generation import ct2_engine
 from tracegym.generation.batching import map_batched
 from tracegym.generation.model import ensure_model, load_policy
-from tracegym.training.rollout import ChatEncoder, Session
+from tracegym.training.rollout import Session
+
+from tests.fixtures.chatml_ids import ChatML
 
 # Converts and runs real (tiny) models: out of the quick loop.
 pytestmark = pytest.mark.slow
@@ -41,7 +43,7 @@ def engine(folder):
 def test_float32_greedy_replies_equal_pytorch_ones_over_two_turns(policy, engine):
     """Exact on the tiny model in float32 (both are greedy argmax over the same weights; a tie
     broken differently by float rounding would show here as a differing token)."""
-    encoder = ChatEncoder(policy.tokenizer)
+    encoder = ChatML(policy.tokenizer)
     system = encoder.message("system", "You are a helpful agent. " * 4)[0]
     prompts = [
         system + encoder.message("user", text)[0] + encoder.header("assistant")
@@ -83,7 +85,7 @@ def test_shop_agent_chats_equal_pytorch_ones(policy, engine):
 
 
 def test_a_reply_is_cut_at_max_new_tokens_and_at_the_context_end(policy, engine):
-    encoder = ChatEncoder(policy.tokenizer)
+    encoder = ChatML(policy.tokenizer)
     ids = encoder.message("user", "hi")[0] + encoder.header("assistant")
     never = len(policy.tokenizer) + 5  # a stop id the model cannot produce
 
@@ -128,7 +130,7 @@ def test_engine_for_merges_the_active_adapter(policy, monkeypatch, tmp_path):
     from peft import LoraConfig, get_peft_model
 
     monkeypatch.setattr(ct2_engine.tempfile, "gettempdir", lambda: str(tmp_path))
-    encoder = ChatEncoder(policy.tokenizer)
+    encoder = ChatML(policy.tokenizer)
     prompts = [
         encoder.message("user", text)[0] + encoder.header("assistant")
         for text in ["hi", "press the button", "the order is shipped " * 3]

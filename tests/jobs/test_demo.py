@@ -37,7 +37,6 @@ from tracegym.synthesis import registry
 from tracegym.testing import capture
 from tracegym.training import adapters
 from tracegym.training.capabilities import env_ids_of
-from tracegym.training.rollout import format_call
 from typer.testing import CliRunner
 
 # Trains or runs real models: out of the quick loop (`pytest -m "not slow"`).
@@ -88,7 +87,8 @@ def test_a_demonstration_replays_the_oracle():
 # The pipeline ------------------------------------------------------------------------------------
 def _scripted_think(self):
     """Oracle replies, except a refund skips get_order and an address change never calls
-    update_address (two capability gaps to discover)."""
+    update_address (two capability gaps to discover). Each reply is fed to the session as the
+    template renders it, as if the model had sampled it."""
     task = self.task
     calls = oracle_actions(task)
     if task.kind == "refund":
@@ -96,15 +96,25 @@ def _scripted_think(self):
     if task.kind == "address":
         calls = calls[:1]
     done = len(self.tools.calls)
-    encoder = self.agent.encoder
-    reply = format_call(*calls[done]) if done < len(calls) else oracle_answer(task)
+    if done < len(calls):
+        name, arguments = calls[done]
+        call = {"name": name, "arguments": json.dumps(arguments)}
+        tool_call = {"id": f"call_{done}", "type": "function", "function": call}
+        message = {"role": "assistant", "content": None, "tool_calls": [tool_call]}
+        action = {"name": name, "arguments": arguments}
+    else:
+        message = {"role": "assistant", "content": oracle_answer(task)}
+        action = {"answer": oracle_answer(task)}
     with tg.llm("scripted", model="scripted", system_instructions=RULES,
                 tool_definitions=TOOL_SCHEMAS):  # fmt: skip
         pass  # what the real agent records on its chat spans
-    self.session.feed(encoder.header("assistant") + encoder.text(reply) + [encoder.end_id])
-    self.session.feed(encoder.text("\n"))
-    self.messages.append({"role": "assistant", "content": reply})
-    return reply
+    chat = self.agent.chat
+    head = chat.render(self.messages, True)
+    whole = chat.render([*self.messages, message], False)
+    self.session.feed([*chat.ids(whole[len(head) : whole.rfind(chat.stop_text)]), chat.stop_id])
+    self.ended = True
+    self.messages.append(message)
+    return action
 
 
 @pytest.fixture(scope="module")

@@ -71,16 +71,34 @@ def _corrupt_tiny_folder(tmp_path):
 
 
 def test_train_chat_template_without_tools_exits_before_weights(tmp_path):
-    from tracegym.generation.model import CHATML_TEMPLATE
+    from tests.fixtures.chatml_ids import PLAIN_CHATML
 
     registry.register(tmp_path, press_env(), n_train=16, n_heldout=8, validity_seeds=20)
     folder = _corrupt_tiny_folder(tmp_path)
     template = tmp_path / "no_tools.jinja"
-    template.write_text(CHATML_TEMPLATE)  # the demo's ChatML template ignores tools
+    template.write_text(PLAIN_CHATML)  # a ChatML template that ignores tools
     args = ["--home", str(tmp_path), "train", "toy-press", "--model", str(folder)]
     result = CliRunner().invoke(_app(), [*args, "--chat-template", str(template)])
     assert result.exit_code == 2, result.output
     assert "cannot express tools" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_train_model_whose_own_template_has_no_tools_exits_before_weights(tmp_path):
+    from transformers import AutoTokenizer
+
+    from tests.fixtures.chatml_ids import PLAIN_CHATML
+
+    registry.register(tmp_path, press_env(), n_train=16, n_heldout=8, validity_seeds=20)
+    folder = _corrupt_tiny_folder(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = PLAIN_CHATML  # a user's ChatML model, as SmolLM2 ships
+    tokenizer.save_pretrained(folder)
+    (folder / "tracegym_model.json").unlink()
+    args = ["--home", str(tmp_path), "train", "toy-press", "--model", str(folder)]
+    result = CliRunner().invoke(_app(), args)
+    assert result.exit_code == 2, result.output
+    assert "--chat-template" in result.output and "cannot express tools" in result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
 
 
@@ -101,11 +119,11 @@ def test_train_load_flags_fail_in_one_line(tmp_path):
 
 
 def test_nightly_checks_template_and_load_flags_first(tmp_path):
-    from tracegym.generation.model import CHATML_TEMPLATE
+    from tests.fixtures.chatml_ids import PLAIN_CHATML
 
     registry.register(tmp_path, press_env(), n_train=16, n_heldout=8, validity_seeds=20)
     template = tmp_path / "no_tools.jinja"
-    template.write_text(CHATML_TEMPLATE)
+    template.write_text(PLAIN_CHATML)
     folder = _corrupt_tiny_folder(tmp_path)
     base = ["--home", str(tmp_path), "nightly", "--model", str(folder)]
     runner = CliRunner()
