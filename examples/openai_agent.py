@@ -1,13 +1,14 @@
-"""The shop's support agent written the way users write agents: the `openai` client with `tools=`.
+"""A support agent written the way users write agents: the `openai` client with `tools=`.
 
-Nothing in it is tracegym's prompt format: the system prompt is the shop's `RULES`, the tools go
-as `tools=TOOL_SCHEMAS`, calls come back as `tool_calls` and their results go back as `tool`
+It serves any bundled domain (`examples/domains.py`: the shop, the clinic). Nothing in it is
+tracegym's prompt format: the system prompt is the domain's rules, the tools go as
+`tools=<the domain's schemas>`, calls come back as `tool_calls` and their results go back as `tool`
 messages with their `tool_call_id`, and the server's chat template does the rest. Point
 `base_url` at `tracegym serve` (or any OpenAI-compatible server) and the same loop runs on
 whichever adapter the server routes the conversation to.
 
-    agent = OpenAIShopAgent("http://127.0.0.1:8808/v1", notes=CustomerNotes(path))
-    result = agent.run(make_task(7))
+    agent = OpenAIAgent("http://127.0.0.1:8808/v1", domain=SHOP, notes=CustomerNotes(path))
+    result = agent.run(SHOP.make_task(7))
     results = agent.run_many(tasks, concurrency=8)   # the server batches concurrent requests
 
 Tracing is tracegym's, as a user adds it: `tg.instrument("openai")` records each model call
@@ -33,20 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import tracegym as tg
+from tracegym.examples.domains import SHOP, Domain, Task, Tools, domain_named
 from tracegym.examples.lm_agent import CustomerNotes, TaskResult
-from tracegym.examples.shop import (
-    DEMO_SEEDS,
-    RULES,
-    TOOL_SCHEMAS,
-    ShopTask,
-    ShopTools,
-    make_task,
-    verify,
-)
 
-AGENT_NAME = "shop-openai-agent"
 ADAPTER_HEADER = "x-tracegym-adapter"
-_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 
 
 @dataclass
@@ -54,7 +45,7 @@ class Episode:
     """One task's conversation: its tools, the OpenAI messages, and what the server said."""
 
     request: str
-    tools: ShopTools
+    tools: Tools
     answer: str = ""
     messages: list[dict[str, Any]] = field(default_factory=list)
     adapter: str | None = None
@@ -123,13 +114,14 @@ def _json_text(arguments: Any) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
-class OpenAIShopAgent:
-    """The shop agent over an OpenAI-compatible endpoint (see the module docstring)."""
+class OpenAIAgent:
+    """A domain's agent over an OpenAI-compatible endpoint (see the module docstring)."""
 
     def __init__(
         self,
         base_url: str,
         *,
+        domain: Domain = SHOP,
         model: str = "auto",
         max_turns: int = 6,
         max_tokens: int = 96,
@@ -150,6 +142,9 @@ class OpenAIShopAgent:
         self.client = client or openai.OpenAI(
             base_url=base_url, api_key="unused", timeout=timeout, max_retries=max_retries
         )
+        self.domain = domain
+        self.customer = re.compile(domain.customer_key)
+        self.tool_schemas = [dict(t) for t in domain.tool_schemas]
         self.model = model
         self.max_turns = max_turns
         self.max_tokens = max_tokens
@@ -166,7 +161,7 @@ class OpenAIShopAgent:
             raw = self.client.chat.completions.with_raw_response.create(
                 model=self.model,
                 messages=messages,
-                tools=TOOL_SCHEMAS,
+                tools=self.tool_schemas,
                 temperature=0,
                 max_tokens=self.max_tokens,
             )
@@ -183,13 +178,13 @@ class OpenAIShopAgent:
         """The episode as an `invoke_agent` run with id `run_id`: recall the customer, converse
         with the model and the tools, note what happened."""
         request = episode.request
-        with tg.agent(AGENT_NAME, run_id=run_id, input=request) as span:
-            found = _EMAIL.search(request) if self.notes is not None else None
+        with tg.agent(self.domain.agent_name, run_id=run_id, input=request) as span:
+            found = self.customer.search(request) if self.notes is not None else None
             email = found.group() if found else None
             note = self.notes.read(email) if self.notes is not None and email else None
             said = request + (f"\n(Your notes on this customer: {note})" if note else "")
             episode.messages += [
-                {"role": "system", "content": RULES},
+                {"role": "system", "content": self.domain.rules},
                 {"role": "user", "content": said},
             ]
             self.converse(episode)
@@ -219,13 +214,13 @@ class OpenAIShopAgent:
                 result = episode.tools.call(call.name, _arguments(call.arguments))
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
 
-    def run(self, task: ShopTask) -> TaskResult:
+    def run(self, task: Task) -> TaskResult:
         """Solve one task and record the verifier's outcome against the episode's run id."""
         started = time.perf_counter()
-        episode = Episode(task.request, ShopTools(task))
+        episode = Episode(task.request, self.domain.tools_for(task))
         run_id = uuid.uuid4().hex
         self.solve(episode, run_id=run_id)
-        verdict = verify(task, episode.tools, episode.answer)
+        verdict = self.domain.verify(task, episode.tools, episode.answer)
         reasons = [episode.error] if episode.error else []
         passed = verdict.passed and not reasons
         labels = {
@@ -257,7 +252,7 @@ class OpenAIShopAgent:
 
     def run_many(
         self,
-        tasks: Sequence[ShopTask],
+        tasks: Sequence[Task],
         *,
         concurrency: int = 8,
         on_done: Callable[[TaskResult], None] | None = None,
@@ -265,7 +260,7 @@ class OpenAIShopAgent:
         """`[run(t) for t in tasks]` on `concurrency` threads, each one conversation at a time
         (the server batches the requests in flight); results in the tasks' order."""
 
-        def one(task: ShopTask) -> TaskResult:
+        def one(task: Task) -> TaskResult:
             result = self.run(task)
             if on_done is not None:
                 on_done(result)
@@ -285,12 +280,11 @@ def _arguments(text: str) -> Any:
 
 
 __all__ = [
-    "AGENT_NAME",
     "CustomerNotes",
     "Episode",
     "ModelCallError",
     "ModelReply",
-    "OpenAIShopAgent",
+    "OpenAIAgent",
     "TaskResult",
     "ToolRequest",
 ]
@@ -298,16 +292,21 @@ __all__ = [
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the agent on demonstration tasks against a server and print the pass rate."""
-    parser = argparse.ArgumentParser(description="The shop agent over an OpenAI-compatible server.")
+    parser = argparse.ArgumentParser(description="An agent over an OpenAI-compatible server.")
     parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8808/v1")
+    parser.add_argument("--domain", default="shop", help="shop or clinic")
     parser.add_argument("--model", default="auto")
     parser.add_argument("--tasks", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args(argv)
+    try:
+        domain = domain_named(args.domain)
+    except ValueError as exc:
+        parser.error(str(exc))
     tg.init()
-    agent = OpenAIShopAgent(args.base_url, model=args.model, max_tokens=args.max_tokens)
-    tasks = [make_task(DEMO_SEEDS[0] + i) for i in range(args.tasks)]
+    agent = OpenAIAgent(args.base_url, domain=domain, model=args.model, max_tokens=args.max_tokens)
+    tasks = domain.tasks(domain.demo_seeds, args.tasks)
     started = time.perf_counter()
     results = agent.run_many(tasks, concurrency=args.concurrency)
     seconds = time.perf_counter() - started

@@ -23,8 +23,9 @@ pytest.importorskip("uvicorn", reason="needs tracegym[serve]")
 pytest.importorskip("duckdb", reason="the store needs tracegym[analysis]")
 
 import tracegym as tg  # noqa: E402
+from tracegym.examples.domains import SHOP  # noqa: E402
 from tracegym.examples.lm_agent import CustomerNotes  # noqa: E402
-from tracegym.examples.openai_agent import AGENT_NAME, OpenAIShopAgent  # noqa: E402
+from tracegym.examples.openai_agent import OpenAIAgent  # noqa: E402
 from tracegym.examples.shop import (  # noqa: E402
     RULES,
     TOOL_NAMES,
@@ -123,7 +124,7 @@ def test_the_oracle_passes_and_the_store_holds_the_runs(serve, tmp_path, tracer_
     assert {t.kind for t in tasks} == {"status", "cancel", "refund", "address"}
     url = serve(tasks)
     notes = CustomerNotes()
-    agent = OpenAIShopAgent(url, split="dev", notes=notes, max_retries=0)
+    agent = OpenAIAgent(url, split="dev", notes=notes, max_retries=0)
     results = agent.run_many(tasks, concurrency=3)
 
     assert [r.task_id for r in results] == [t.task_id for t in tasks]  # the tasks' order
@@ -151,7 +152,7 @@ def test_the_oracle_passes_and_the_store_holds_the_runs(serve, tmp_path, tracer_
     assert {row[0] for row in runs} == set(by_run)  # one trace per episode
     for run_id, agent_name, llm_calls, tool_calls, memory_ops, success, reward, labels in runs:
         result = by_run[run_id]
-        assert agent_name == AGENT_NAME
+        assert agent_name == SHOP.agent_name
         assert (llm_calls, tool_calls, memory_ops) == (len(result.calls) + 1, len(result.calls), 2)
         assert (success, reward) == (True, 1.0)
         assert json.loads(labels) == {"task_id": result.task_id, "split": "dev",
@@ -193,7 +194,7 @@ def test_a_failing_model_call_fails_its_episode_not_the_batch(serve, tmp_path, t
         tasks[3].request: "no-function",
     }
     url = serve(tasks, failing)
-    results = OpenAIShopAgent(url, max_retries=0).run_many(tasks, concurrency=4)
+    results = OpenAIAgent(url, max_retries=0).run_many(tasks, concurrency=4)
 
     assert [r.passed for r in results] == [True, False, False, False]
     reasons = [r.reasons[0] for r in results[1:]]
@@ -214,7 +215,7 @@ def test_no_server_at_all_gives_failed_episodes(tmp_path, tracer_setup):
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     tracer_setup(home=tmp_path / "home")
-    agent = OpenAIShopAgent(f"http://127.0.0.1:{port}/v1", max_retries=0, instrument=False)
+    agent = OpenAIAgent(f"http://127.0.0.1:{port}/v1", max_retries=0, instrument=False)
     results = agent.run_many([make_task(seed) for seed in SEEDS[:2]], concurrency=2)
     assert [r.passed for r in results] == [False, False]
     for result in results:
@@ -280,7 +281,7 @@ def test_the_chat_template_carries_the_whole_conversation(serve, tokenizer, trac
     tracer_setup(home=tmp_path / "home")
     fmt = ChatFormat(tokenizer, template_text("chatml"))
     task = make_task(SEEDS[2])  # a refund: three calls
-    (result,) = OpenAIShopAgent(serve([task]), max_retries=0).run_many([task])
+    (result,) = OpenAIAgent(serve([task]), max_retries=0).run_many([task])
     assert result.passed
     system, turns = fmt.render(result.messages, tools=TOOL_SCHEMAS).split("<|im_end|>", 1)
     assert RULES in system and '"name": "refund_order"' in system  # the rules, the tools
@@ -303,7 +304,7 @@ def test_a_random_tiny_model_gives_failed_episodes_in_the_store(tiny, tmp_path, 
     tracer_setup(home=home)
     tasks = [make_task(seed) for seed in SEEDS[:3]]
     with integrations.instrumenting("openai"), running(local_app(tiny)) as url:
-        agent = OpenAIShopAgent(f"{url}/v1", max_turns=2, max_tokens=6, max_retries=0)
+        agent = OpenAIAgent(f"{url}/v1", max_turns=2, max_tokens=6, max_retries=0)
         results = agent.run_many(tasks, concurrency=3)
     for result in results:
         assert not result.passed and result.reasons and result.adapter is None
