@@ -18,9 +18,12 @@ its new tokens:
 A slot's cache is reused only under the same adapter. Greedy replies equal the model's unbatched
 greedy replies up to float rounding (`Wave`'s padding and positions).
 
-Gathering: a step starts once as many requests wait as the previous step answered (its
-conversations coming back with their next turn; on the first step, as many as there are slots),
-or `gather_s` after the first one arrived. Requests that arrive during a step wait for the next one.
+Gathering: a step starts once every conversation the previous step answered is back with its
+next turn (or every slot is asked for), or when waiting longer is not worth it: `patience` times
+the previous step's duration after it ended (at least `gather_s`, at most `max_wait_s`); a burst
+after a quiet spell waits `gather_s` for its companions. Requests that arrive during a step wait
+for the next one, and the wait for stragglers lets two groups that fell out of step merge again
+(two half batches cost nearly twice one whole batch on a CPU).
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ class _Job:
     request: Request
     future: Future[Completion] = field(default_factory=Future)
     arrived: float = field(default_factory=time.monotonic)
+    continues: tuple[int, int | None] = (-1, None)  # (engine step, the slot it continues)
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -119,18 +123,24 @@ class Engine:
         *,
         slots: int = 16,
         gather_s: float = 0.02,
+        patience: float = 0.25,
+        max_wait_s: float = 1.0,
         max_length: int | None = None,
     ) -> None:
         self.policy = policy
         self.size = slots
         self.gather_s = gather_s
+        self.patience = patience
+        self.max_wait_s = max_wait_s
         self.max_length = max_length
         self.stats = EngineStats()
         self._cond = threading.Condition()
         self._pending: list[_Job] = []
         self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []
         self._closed = False
-        self._expected = 0  # requests the previous step answered: likely to come back
+        self._answered: set[int] = set()  # slots the previous step answered: likely back soon
+        self._last_end = 0.0
+        self._last_step_s = 0.0
         self._clock = 0
         self._wave = self._new_wave()
         self._thread = threading.Thread(target=self._run, name="tracegym-engine", daemon=True)
@@ -211,10 +221,16 @@ class Engine:
         first, with a slot each (those that found none stay pending)."""
         with self._cond:
             first = min(job.arrived for job in self._pending)
-            want = min(self.size, self._expected or self.size)
+            wait = max(self.gather_s, min(self.patience * self._last_step_s, self.max_wait_s))
+            expected = self._answered
+            if first - self._last_end > wait:  # a burst after a quiet spell
+                expected, wait = set(), self.gather_s
+            start = max(first, self._last_end)
             while not self._closed and not self._calls:
-                left = first + self.gather_s - time.monotonic()
-                if len(self._pending) >= want or left <= 0:
+                left = start + wait - time.monotonic()
+                if len(self._pending) >= self.size or left <= 0:
+                    break
+                if expected and expected <= {self._continues(job) for job in self._pending}:
                     break
                 self._cond.wait(left)
             if self._closed or self._calls:
@@ -222,9 +238,9 @@ class Engine:
             jobs, self._pending = self._pending[: self.size], self._pending[self.size :]
         return jobs
 
-    def _choose(self, request: Request, taken: set[int]) -> tuple[int, int, bool]:
-        """The slot for `request`, the prompt tokens it keeps from that slot's cache, and whether
-        it continues the slot's conversation."""
+    def _continuation(self, request: Request, taken: set[int]) -> tuple[int, int]:
+        """The slot whose conversation `request` continues (its prompt extends the prompt that
+        slot answered last, under the same adapter) and the tokens they share; (-1, -1) if none."""
         consumed = self._wave._consumed
         best, best_common = -1, -1
         for slot, info in enumerate(self._slots):
@@ -233,6 +249,22 @@ class Engine:
             common = _common(consumed[slot], request.ids)
             if common >= info.prompt_len and common > best_common:
                 best, best_common = slot, common
+        return best, best_common
+
+    def _continues(self, job: _Job) -> int | None:
+        """The slot `job` continues, worked out once per step (called with the lock held)."""
+        step, slot = job.continues
+        if step != self.stats.steps:
+            found, _ = self._continuation(job.request, set())
+            slot = found if found >= 0 else None
+            job.continues = (self.stats.steps, slot)
+        return slot
+
+    def _choose(self, request: Request, taken: set[int]) -> tuple[int, int, bool]:
+        """The slot for `request`, the prompt tokens it keeps from that slot's cache, and whether
+        it continues the slot's conversation."""
+        consumed = self._wave._consumed
+        best, best_common = self._continuation(request, taken)
         if best >= 0:
             return best, best_common, True
         free = [s for s in range(self.size) if s not in taken]
@@ -281,6 +313,7 @@ class Engine:
         }
         before = dict(wave.stats)
         wave.on_tokens = on_tokens
+        started = time.monotonic()
         try:
             results = wave.step_slots(pending, idle)
         except BaseException as exc:
@@ -293,7 +326,10 @@ class Engine:
             wave.on_tokens = None
             self.stats.forwards += wave.stats["forwards"] - before["forwards"]
             self.stats.rows += wave.stats["rows"] - before["rows"]
-        self._expected = len(batch)
+        with self._cond:
+            self._answered = set(batch)
+            self._last_end = time.monotonic()
+            self._last_step_s = self._last_end - started
         for slot, job in batch.items():
             tokens, full = results[slot]
             job.future.set_result(Completion(tokens, full, reused[slot]))
