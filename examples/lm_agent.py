@@ -62,6 +62,10 @@ class CustomerNotes:
     def read(self, email: str) -> str | None:
         return self._opened.get(email)
 
+    def notes_as_opened(self) -> dict[str, str]:
+        """The notes reads see (as they were when opened), untraced."""
+        return dict(self._opened)
+
     @tg.memory_write(store=NOTES_STORE)
     def write(self, email: str, note: str) -> None:
         with self._lock:

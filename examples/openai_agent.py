@@ -179,20 +179,36 @@ class OpenAIAgent:
         with the model and the tools, note what happened."""
         request = episode.request
         with tg.agent(self.domain.agent_name, run_id=run_id, input=request) as span:
-            found = self.customer.search(request) if self.notes is not None else None
-            email = found.group() if found else None
+            email = self.customer_of(request)
             note = self.notes.read(email) if self.notes is not None and email else None
-            said = request + (f"\n(Your notes on this customer: {note})" if note else "")
-            episode.messages += [
-                {"role": "system", "content": self.domain.rules},
-                {"role": "user", "content": said},
-            ]
+            episode.messages += self.opening(request, note)
             self.converse(episode)
             if self.notes is not None and email:
                 done = ", ".join(name for name, _, _ in episode.tools.calls) or "no tool"
                 answer = episode.answer[:160]
                 self.notes.write(email, f"asked: {request} | did: {done} | answered: {answer}")
             span.set_result(episode.error or episode.answer)
+
+    def customer_of(self, request: str) -> str | None:
+        """Who is asking (the key the agent's notes are kept under), when it keeps notes."""
+        found = self.customer.search(request) if self.notes is not None else None
+        return found.group() if found else None
+
+    def opening(self, request: str, note: str | None) -> list[dict[str, Any]]:
+        """The conversation's first messages: the rules, and the request with the agent's note
+        on this customer."""
+        said = request + (f"\n(Your notes on this customer: {note})" if note else "")
+        return [
+            {"role": "system", "content": self.domain.rules},
+            {"role": "user", "content": said},
+        ]
+
+    def first_messages(self, request: str) -> list[dict[str, Any]]:
+        """What the first model call of `request`'s conversation sends, read without recording
+        a memory read (a server's routing decision can be asked ahead of the conversation)."""
+        email = self.customer_of(request)
+        note = self.notes.notes_as_opened().get(email) if self.notes and email else None
+        return self.opening(request, note)
 
     def converse(self, episode: Episode) -> None:
         """Ask, run the tools the reply calls, send their results back, until the model answers

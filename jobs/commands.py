@@ -105,6 +105,12 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             typer.Option("--tasks", min=1, help="Tasks per split (tickets with --scripted)."),
         ] = None,
         seed: Annotated[int, typer.Option("--seed", help="Seed of the task sets.")] = 0,
+        agent: Annotated[
+            str,
+            typer.Option(
+                "--agent", help="The bundled agent: shop (default) or clinic (another domain)."
+            ),
+        ] = "shop",
         embedder: Annotated[
             str | None,
             typer.Option(
@@ -124,21 +130,27 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             typer.Option(
                 "--mix",
                 help="The base fine-tune's request mix, e.g. status=0.1,cancel=0.4,refund=0.1,"
-                "address=0.4 (normalised; kinds not named get 0). Default: 0.4,0.4,0.1,0.1.",
+                "address=0.4 (normalised; kinds not named get 0). Default: the agent's own "
+                "(the shop's 0.4,0.4,0.1,0.1).",
             ),
         ] = None,
         home: HomeOption = None,
     ) -> None:
-        """The main job: the LM support agent's runs -> gaps -> environments -> adapters ->
-        held-out success before and after (see docs/demo.md). `--scripted` runs the scripted
-        agent only; `--model tiny` runs every stage in seconds on a random model that learns
-        nothing."""
+        """The main job: a support agent's runs (the openai client against `tracegym serve`) ->
+        gaps -> environments -> adapters -> held-out success before and after (see
+        docs/demo.md). `--scripted` runs the scripted agent only; `--model tiny` runs every
+        stage in seconds on a random model that learns nothing."""
         if scripted and mix is not None:
             fail("--mix sets the LM agent's base fine-tune: --scripted has none")
+        from tracegym.examples.domains import domain_named
         from tracegym.jobs.demo import parse_mix
 
         try:
-            base_mix = parse_mix(mix) if mix is not None else None
+            domain = domain_named(agent)
+        except ValueError as exc:
+            fail(f"--agent: {exc}")
+        try:
+            base_mix = parse_mix(mix, domain.kinds) if mix is not None else None
         except ValueError as exc:
             fail(f"--mix: {exc}")
         target = writable_home(home_of(ctx, home), fail)
@@ -148,7 +160,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         from tracegym.jobs.demo import DemoConfig
         from tracegym.jobs.demo import run as run_demo
 
-        sizes: dict[str, Any] = {"seed": seed}
+        sizes: dict[str, Any] = {"seed": seed, "agent": agent}
         if embedder is not None:
             sizes["embedder"] = embedder
         if base_mix is not None:

@@ -1,19 +1,23 @@
-"""`tracegym demo`: the main job end to end on the bundled LM support agent.
+"""`tracegym demo`: the main job end to end on a bundled agent (`--agent shop` or `clinic`).
+
+The agent is written as users write one (`examples/openai_agent.py`: the `openai` client with
+`tools=`, traced by `tg.instrument("openai")` and its own `@tg.tool` functions), and its model
+calls go to `tracegym serve` (the local backend, in this process, on a loopback port).
 
     prepare   the policy: SmolLM2 (or any model) plus a short base fine-tune on demonstrations
-              whose task mix is uneven (`BASE_MIX`: some requests common, others rare), cached
-              under <home>/models/ after the first time
+              whose task mix is uneven (the domain's `base_mix`: some requests common, others
+              rare), cached under <home>/models/ after the first time
     dev       the base agent on the development tasks, traced into <home> like any user's agent
     nightly   tracegym's nightly job: compaction, analysis (gaps), synthesis (environments),
               training (one adapter per gap), evaluation (promotion)
-    heldout   the base agent and the routed agent (promoted adapters, chosen per task by the
-              router) on the held-out tasks, also traced; a task routed to no adapter is the
-              base agent's, run once
+    heldout   the base agent and the routed agent on the held-out tasks, also traced: `serve`
+              holds the promoted adapters and routes each conversation to one of them (or
+              none); a conversation routed to none is the base agent's, run once
     report    <home>/demo/report.md and report.json: gaps (coverage, delta, an example failed
               run and its attributed step), environments, adapters, held-out success before and
               after with 95% Wilson intervals, and where to look next
 
-Nothing in analysis, synthesis or training is told which requests are weak: `BASE_MIX` shapes
+Nothing in analysis, synthesis or training is told which requests are weak: the mix shapes
 the base model only, and the nightly job reads nothing but the traces. Each stage's result is
 written under <home>/demo/stages/, so a rerun reuses the model, and the dev runs when the
 settings are the same.
@@ -28,61 +32,45 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import tracegym as tg
 from tracegym.analysis.gap import GapsDocument
-from tracegym.examples.lm_agent import CustomerNotes, ShopAgent
-from tracegym.examples.shop import (
-    DEMO_SEEDS,
-    DEV_SEEDS,
-    HELDOUT_SEEDS,
-    KINDS,
-    RULES,
-    TOOL_SCHEMAS,
-    demonstration,
-    make_task,
-)
-from tracegym.generation.batching import map_batched
+from tracegym.examples.domains import SHOP, Domain, domain_named
+from tracegym.examples.lm_agent import CustomerNotes
+from tracegym.examples.openai_agent import OpenAIAgent
 from tracegym.generation.chat_tokens import Conversation
 from tracegym.generation.model import ensure_model, load_policy, save_policy, weights_hash
 from tracegym.jobs.nightly import NightlyConfig, NightlyRun, nightly
 from tracegym.store.home import DocumentError, Home, read_json, write_json
 from tracegym.training import adapters, sft
 from tracegym.training.evaluate import gain, rate
-from tracegym.training.router import (
-    COMBINED,
-    Router,
-    apply_weights,
-    embedder_named,
-    rounded,
-)
+from tracegym.training.router import Router, embedder_named
 from tracegym.training.sft import TrainStep, default_config
 
-# The base fine-tune's task mix: status and cancel requests are common, refunds and address
-# changes rare (the agent's uneven competence; nothing downstream is told). `--mix` sets another.
-BASE_MIX = {"status": 0.4, "cancel": 0.4, "refund": 0.1, "address": 0.1}
 
-
-def normalise_mix(mix: dict[str, float]) -> dict[str, float]:
-    """A task mix over every request kind (in `KINDS` order, absent kinds 0), summing to 1
-    (rounded to 6 digits, so that `BASE_MIX` keys the same cached model as before). Raises
-    ValueError on an unknown kind, a weight that is negative or not finite, or an all-zero mix."""
-    unknown = [k for k in mix if k not in KINDS]
+def normalise_mix(
+    mix: Mapping[str, float], kinds: tuple[str, ...] = SHOP.kinds
+) -> dict[str, float]:
+    """A task mix over every request kind (in `kinds` order, absent kinds 0), summing to 1
+    (rounded to 6 digits, so that the same mix keys the same cached model). Raises ValueError
+    on an unknown kind, a weight that is negative or not finite, or an all-zero mix."""
+    unknown = [k for k in mix if k not in kinds]
     if unknown:
-        raise ValueError(f"unknown request kind {unknown[0]!r} (known: {', '.join(KINDS)})")
+        raise ValueError(f"unknown request kind {unknown[0]!r} (known: {', '.join(kinds)})")
     for kind, weight in mix.items():
         if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
             raise ValueError(f"the weight of {kind!r} must be a finite number >= 0, not {weight!r}")
     total = sum(mix.values())
     if total <= 0:
         raise ValueError("the mix needs at least one weight above 0")
-    return {k: round(mix.get(k, 0.0) / total, 6) for k in KINDS}
+    return {k: round(mix.get(k, 0.0) / total, 6) for k in kinds}
 
 
-def parse_mix(text: str) -> dict[str, float]:
+def parse_mix(text: str, kinds: tuple[str, ...] = SHOP.kinds) -> dict[str, float]:
     """`status=0.1,cancel=0.4,refund=0.1,address=0.4` as a normalised mix (kinds not named get
     0; weights need not sum to 1). Raises ValueError with a message fit for the command line."""
     mix: dict[str, float] = {}
@@ -96,12 +84,16 @@ def parse_mix(text: str) -> dict[str, float]:
             mix[kind] = float(value)
         except ValueError:
             raise ValueError(f"the weight of {kind!r} is not a number: {value!r}") from None
-    return normalise_mix(mix)
+    return normalise_mix(mix, kinds)
 
 
 _MIX_EXAMPLE = "status=0.1,cancel=0.4,refund=0.1,address=0.4"
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
+# tokens of a training conversation: the chat template lists every tool's JSON schema in the
+# system turn (534 SmolLM2 tokens for the shop's prompt, 660 for the clinic's; about twice as
+# many with the tiny model's small vocabulary), and a clinic episode makes up to four calls
+MAX_LENGTH = 2048
 
 
 @dataclass
@@ -109,6 +101,7 @@ class DemoConfig:
     """Sizes and models of one demo (`quick()` for a first look)."""
 
     model: str = "smollm2"
+    agent: str = "shop"  # the bundled domain whose agent runs (examples/domains.py)
     seed: int = 0
     dev_tasks: int = 48
     heldout_tasks: int = 48
@@ -138,13 +131,21 @@ class DemoConfig:
     nightly_router: bool = False
     base_train: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides
     adapter_train: dict[str, Any] = field(default_factory=dict)
-    mix: dict[str, float] = field(default_factory=lambda: dict(BASE_MIX))  # the base fine-tune's
+    # the base fine-tune's task mix; None: the domain's `base_mix` (in the shop, status and
+    # cancel requests are common, refunds and address changes rare: the agent's uneven
+    # competence, which nothing downstream is told). `--mix` sets another
+    mix: dict[str, float] | None = None
     # torch threads during the run; None: one for a tiny model (its matmuls are too small to
     # share: on two busy cores two threads made its training 3-4x slower), else torch's default
     threads: int | None = None
 
     def __post_init__(self) -> None:
-        self.mix = normalise_mix(self.mix)
+        domain = self.domain  # an unknown agent fails here, with the known ones named
+        self.mix = normalise_mix(self.mix or domain.base_mix, domain.kinds)
+
+    @property
+    def domain(self) -> Domain:
+        return domain_named(self.agent)
 
     @classmethod
     def quick(cls, **overrides: Any) -> DemoConfig:
@@ -194,7 +195,7 @@ class DemoConfig:
         return asdict(self)
 
 
-DEV_SETTINGS = ("dev_tasks", "seed", "batch_size", "max_new_tokens")
+DEV_SETTINGS = ("agent", "dev_tasks", "seed", "batch_size", "max_new_tokens")
 
 
 def is_tiny(model: str) -> bool:
@@ -271,22 +272,25 @@ def upper_layers(folder: Path) -> list[int] | None:
     return list(range(n - n * 2 // 5, n)) if n > 4 else None
 
 
-def _tasks(seeds: tuple[int, int], n: int, seed: int, weights: Any = None) -> list[Any]:
-    start = seeds[0] + seed * 10_000
-    return [make_task(s, KINDS, weights) for s in range(start, start + n)]
+def _tasks(
+    domain: Domain, seeds: tuple[int, int], n: int, seed: int, weights: Any = None
+) -> list[Any]:
+    return domain.tasks(seeds, n, offset=seed * 10_000, weights=weights)
 
 
 # Stages ------------------------------------------------------------------------------------------
 def base_demos(config: DemoConfig) -> list[Any]:
     """The base fine-tune's demonstration tasks, their kinds drawn with `config.mix`."""
-    return _tasks(DEMO_SEEDS, config.base_demos, config.seed, [config.mix[k] for k in KINDS])
+    domain = config.domain
+    weights = [(config.mix or {})[k] for k in domain.kinds]
+    return _tasks(domain, domain.demo_seeds, config.base_demos, config.seed, weights)
 
 
 def base_settings(source: Path, config: DemoConfig) -> tuple[list[Any], dict[str, Any], str]:
     """The base fine-tune's tasks, its TrainConfig overrides, and the cache key of its model
     (the source weights, the mix, the settings and the demonstrations' seeds)."""
     demo_tasks = base_demos(config)
-    train = {"steps": config.base_steps, "batch_size": 4, "max_length": 1024, "lr": 1e-3,
+    train = {"steps": config.base_steps, "batch_size": 4, "max_length": MAX_LENGTH, "lr": 1e-3,
              "layers": upper_layers(source)}  # fmt: skip
     if config.tiny_model:
         train["lr"] = 1e-2
@@ -298,27 +302,68 @@ def base_settings(source: Path, config: DemoConfig) -> tuple[list[Any], dict[str
 
 def prepare_model(home: Path, config: DemoConfig, progress: Progress | None = None) -> Path:
     """The base agent's model: `config.model` fine-tuned briefly on demonstrations drawn with
-    `config.mix` (`BASE_MIX` by default), merged and saved once under
+    `config.mix` (the domain's base mix by default), merged and saved once under
     <home>/models/shop-base-<key>/."""
     source = ensure_model(home, config.model)
     demo_tasks, train, key = base_settings(source, config)
-    target = Home.at(home).models / f"shop-base-{key}"
+    domain = config.domain
+    target = Home.at(home).models / f"{domain.name}-base-{key}"
     if (target / "tracegym_model.json").exists():
         return target
     policy = load_policy(source)
-    conversations = [Conversation.of(demonstration(t), TOOL_SCHEMAS, RULES) for t in demo_tasks]
+    conversations = [
+        Conversation.of(domain.demonstration(t), domain.tool_schemas, domain.rules)
+        for t in demo_tasks
+    ]
     settings = default_config(policy.name, **train)
 
     def on_step(step: TrainStep) -> None:
         if progress is not None:
             progress("base fine-tune", step.done, step.total)
 
-    model, _ = sft.train_adapter(policy, conversations, settings, "shop-base", on_step=on_step)
+    name = f"{domain.name}-base"
+    model, _ = sft.train_adapter(policy, conversations, settings, name, on_step=on_step)
     merged = model.merge_and_unload()
     policy.model = merged
-    policy.name = f"{policy.name}-shop"
+    policy.name = f"{policy.name}-{domain.name}"
     save_policy(policy, target)
     return target
+
+
+# The agent, through `tracegym serve` -------------------------------------------------------------
+def local_backend(policy: Any, home: Path, config: DemoConfig, slots: int) -> Any:
+    """The backend `tracegym serve` answers the agent from: the policy in process, batched
+    (the demo's tests put a scripted one here)."""
+    from tracegym.serving.local import LocalBackend
+
+    return LocalBackend(
+        policy.model, policy.chat_format, home=home, slots=slots,
+        max_tokens=config.max_new_tokens, name=policy.name,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def serving(backend: Any, router: Any) -> Iterator[str]:
+    """`tracegym serve`'s app over `backend` on a free loopback port, routing with `router`
+    (a `serving.ConversationRouter`); yields its /v1 URL."""
+    from tracegym.serving.app import create_app
+    from tracegym.serving.server import running
+
+    with running(create_app(backend, router)) as url:
+        yield f"{url}/v1"
+
+
+def conversation_router(router: Any, promoted: list[str], base_model: str) -> Any:
+    from tracegym.serving.routing import ConversationRouter
+
+    return ConversationRouter(router, promoted, base_model)
+
+
+def _agent(url: str, config: DemoConfig, split: str, model: str, notes: Any) -> OpenAIAgent:
+    return OpenAIAgent(
+        url, domain=config.domain, model=model, split=split, notes=notes,
+        max_tokens=config.max_new_tokens, max_retries=0, timeout=600.0,
+    )  # fmt: skip
 
 
 def run_agent(
@@ -328,14 +373,13 @@ def run_agent(
     config: DemoConfig,
     split: str,
     *,
-    adapter: str | None = None,
     progress: Progress | None = None,
     label: str = "",
     notes: Any = None,
 ) -> list[dict[str, Any]]:
-    """The agent on `tasks`, batched, every run traced into `home`'s spool; `notes` are its
-    memory (`lm_agent.CustomerNotes`)."""
-    agent = ShopAgent(policy, max_new_tokens=config.max_new_tokens, split=split, notes=notes)
+    """The agent on `tasks`, `config.batch_size` conversations at a time, its model calls
+    answered by `tracegym serve` over `policy` (the base model); every run traced into `home`'s
+    spool; `notes` are its memory (`lm_agent.CustomerNotes`)."""
     done = [0]
 
     def tick(_: Any) -> None:
@@ -343,7 +387,10 @@ def run_agent(
         if progress is not None:
             progress(label or split, done[0], len(tasks))
 
-    results = agent.run_many(tasks, batch_size=config.batch_size, adapter=adapter, on_done=tick)
+    backend = local_backend(policy, home, config, slots=config.batch_size)
+    with serving(backend, conversation_router(None, [], policy.name)) as url:
+        agent = _agent(url, config, split, policy.name, notes)
+        results = agent.run_many(tasks, concurrency=config.batch_size, on_done=tick)
     return [r.to_dict() for r in results]
 
 
@@ -352,55 +399,52 @@ def run_heldout(
     notes_file: Path, competent: list[str], progress: Progress | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
     """The base agent and the routed agent on the same held-out tasks: (base results, routed
-    results, routing). The routed agent uses the promoted adapters, chosen per task by the
-    router (one, a weighted combination, or none when nothing matches, or when the request is
-    closer to `competent`, the requests the base agent passed in dev, than to any adapter's).
-    Where it chooses none, the routed agent is the base agent, so the base run is its run too
-    (not a second run that could differ only by float rounding in another batch). Both agents'
-    episodes share batched waves, each lane decoding with its own adapter or none
-    (`batching.map_batched(adapter_of=...)`); both start from the dev notes in `notes_file`."""
+    results, routing), both through one `tracegym serve` holding the promoted adapters. The
+    routed agent asks for model "auto": the server routes each conversation once, from its
+    first user message, to one adapter (what a multi-LoRA server can serve) or to none when
+    nothing matches or the request is closer to `competent`, the requests the base agent
+    passed in dev. The base agent names the base model. A conversation routed to none is the
+    base agent's, so its base run is its routed run too (not a second run that could differ
+    only by float rounding in another batch). Both agents' conversations decode in the same
+    batches, each with its own adapter; both start from the dev notes in `notes_file`."""
+    from tracegym.serving.protocol import ChatRequest
+
     policy = load_policy(folder)
     promoted = [a.adapter_id for a in adapters.all_metadata(home) if a.promoted]
-    routes: dict[str, dict[str, float]] = {t.task_id: {} for t in tasks}
-    use: dict[str, str | None] = {t.task_id: None for t in tasks}
+    router = None
     if promoted:
         policy.model = adapters.load_adapters(policy.model, home, promoted)
         router = Router.from_registry(home, embedder, promoted_only=True, competent=competent)
-        # one adapter per mixture (weights rounded to 0.1), made before the waves start
-        mixtures: dict[tuple[tuple[str, float], ...], str | None] = {}
+    backend = local_backend(policy, home, config, slots=config.arms_batch)
+    routing = conversation_router(router, promoted, policy.name)
+    with serving(backend, routing) as url:
+        base_agent = _agent(url, config, "heldout-base", policy.name, CustomerNotes(notes_file))
+        routed_agent = _agent(url, config, "heldout-routed", "auto", CustomerNotes(notes_file))
+        # the server's decision for each conversation, asked as its first request asks it
+        # (the routed run's requests then find it remembered)
+        use: dict[str, str | None] = {}
         for task in tasks:
-            weights = rounded(router.weights(task.request))
-            routes[task.task_id] = weights
-            key = tuple(weights.items())
-            if key not in mixtures:
-                mixtures[key] = apply_weights(policy.model, weights, f"{COMBINED}{len(mixtures)}")
-            use[task.task_id] = mixtures[key]
+            first = routed_agent.first_messages(task.request)
+            request = ChatRequest({"model": "auto", "messages": first}, first)
+            use[task.task_id] = routing.decide(request).adapter
+        adapted = [t for t in tasks if use[t.task_id] is not None]
+        items = [(base_agent, t) for t in tasks] + [(routed_agent, t) for t in adapted]
+        done = [0]
 
-    def agent(split: str) -> Any:
-        return ShopAgent(policy, max_new_tokens=config.max_new_tokens, split=split,
-                         notes=CustomerNotes(notes_file))  # fmt: skip
+        def one(item: tuple[OpenAIAgent, Any]) -> Any:
+            result = item[0].run(item[1])
+            done[0] += 1
+            if progress is not None:
+                progress("held-out, base and routed", done[0], len(items))
+            return result
 
-    base_agent, routed_agent = agent("heldout-base"), agent("heldout-routed")
-    # a task the router sends to no adapter is the base agent's: its base run is its routed run
-    adapted = [t for t in tasks if use[t.task_id] is not None]
-    items = [(base_agent, t, None) for t in tasks]
-    items += [(routed_agent, t, use[t.task_id]) for t in adapted]
-    done = [0]
-
-    def tick(_: Any) -> None:
-        done[0] += 1
-        if progress is not None:
-            progress("held-out, base and routed", done[0], len(items))
-
-    results = map_batched(
-        policy, lambda lane, item: item[0].run(item[1], lane=lane, adapter=item[2]), items,
-        batch_size=config.arms_batch, on_done=tick,
-        adapter_of=(lambda item: item[2]) if promoted else None,
-    )  # fmt: skip
+        with ThreadPoolExecutor(max_workers=config.arms_batch) as pool:
+            results = list(pool.map(one, items))
     rows = [r.to_dict() for r in results]
     base = rows[: len(tasks)]
     routed_runs = {t.task_id: row for t, row in zip(adapted, rows[len(tasks) :], strict=True)}
     routed = [routed_runs.get(t.task_id, row) for t, row in zip(tasks, base, strict=True)]
+    routes = {t.task_id: ({use[t.task_id]: 1.0} if use[t.task_id] else {}) for t in tasks}
     on_base = len(tasks) - len(adapted)
     return base, routed, {"promoted": promoted, "routes": routes, "on_base": on_base}
 
@@ -419,8 +463,8 @@ def rate_row(results: list[dict[str, Any]]) -> dict[str, Any]:
     return rate(sum(1 for r in results if r["passed"]), len(results))
 
 
-def by_kind(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {k: rate_row([r for r in results if r["kind"] == k]) for k in KINDS}
+def by_kind(results: list[dict[str, Any]], kinds: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    return {k: rate_row([r for r in results if r["kind"] == k]) for k in kinds}
 
 
 def run(
@@ -444,6 +488,7 @@ def _run(
     stage: Callable[[str], None] | None,
 ) -> dict[str, Any]:
     out = Home.at(home).demo
+    domain = config.domain
     minutes: dict[str, float] = {}
 
     def timed(name: str, fn: Callable[[], Any]) -> Any:
@@ -476,8 +521,8 @@ def _run(
         notes_file.unlink(missing_ok=True)
         notes = CustomerNotes(notes_file)
         policy = load_policy(folder)
-        results = run_agent(home, policy, _tasks(DEV_SEEDS, config.dev_tasks, config.seed),
-                            config, "dev", progress=progress, notes=notes)  # fmt: skip
+        tasks = _tasks(domain, domain.dev_seeds, config.dev_tasks, config.seed)
+        results = run_agent(home, policy, tasks, config, "dev", progress=progress, notes=notes)
         notes.save()
         tg.flush()
         write_json(dev_file, DevRuns(key=dev_key, results=results).to_dict())
@@ -491,7 +536,7 @@ def _run(
     precision = "fp32" if config.tiny_model else "auto"
     contrast = {"contrast_steps": config.contrast_steps, "contrast_lr": lr * 3}
     train = {"steps": config.adapter_steps, "train_seeds": config.adapter_train_seeds,
-             "batch_size": 4, "max_length": 1024, "layers": upper_layers(folder), "lr": lr,
+             "batch_size": 4, "max_length": MAX_LENGTH, "layers": upper_layers(folder), "lr": lr,
              "precision": precision, **(contrast if config.contrast_steps else {}),
              **config.adapter_train}  # fmt: skip
     # rehearsal: the agent's own verifier-passing dev conversations go into every adapter's
@@ -499,7 +544,7 @@ def _run(
     # conventions (its prompt, finding the customer first)
     replay = out / "stages" / "replay.jsonl"
     passing = [
-        Conversation(r["messages"], TOOL_SCHEMAS).to_dict()
+        Conversation(r["messages"], [dict(t) for t in domain.tool_schemas]).to_dict()
         for r in dev_results
         if r["passed"] and r.get("messages")
     ]
@@ -521,7 +566,7 @@ def _run(
 
     night = timed("nightly", lambda: nightly(home, night_config, progress=night_progress,
                                               embedder=embedder, on_step=train_step))  # fmt: skip
-    heldout = _tasks(HELDOUT_SEEDS, config.heldout_tasks, config.seed)
+    heldout = _tasks(domain, domain.heldout_seeds, config.heldout_tasks, config.seed)
 
     competent = passed_requests(dev_results)
 
@@ -557,7 +602,7 @@ def build_report(
         "note": TINY_NOTE if config.tiny_model else None,
         "model": str(folder),
         "minutes": minutes,
-        "dev": {"success": rate_row(dev), "by_kind": by_kind(dev)},
+        "dev": {"success": rate_row(dev), "by_kind": by_kind(dev, config.domain.kinds)},
         "gaps": [
             {
                 "id": g.id,
@@ -593,7 +638,10 @@ def build_report(
             **gain(before, after),
             "intervals_disjoint": disjoint,
             "paired": paired,
-            "by_kind": {"base": by_kind(base), "routed": by_kind(routed)},
+            "by_kind": {
+                "base": by_kind(base, config.domain.kinds),
+                "routed": by_kind(routed, config.domain.kinds),
+            },
             "routing": routing,
         },
         "examples": {"base_failed": [r for r in base if not r["passed"]][:3]},
@@ -651,7 +699,7 @@ TINY_NOTE = (
 
 
 def _mix_line(mix: dict[str, float] | None) -> str:
-    mix = mix or BASE_MIX
+    mix = mix or {}
     shares = ", ".join(f"{k} {v:.0%}" for k, v in mix.items())
     return (
         f"Base fine-tune's request mix: {shares} (shapes the base agent only; nothing "
@@ -693,7 +741,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "| request | base | routed |",
         "|---|---|---|",
     ]
-    for kind in KINDS:
+    for kind in h["by_kind"]["base"]:
         base, routed = h["by_kind"]["base"][kind], h["by_kind"]["routed"][kind]
         lines.append(f"| {kind} | {_pct(base)} | {_pct(routed)} |")
     lines += ["", _mix_line(report.get("config", {}).get("mix"))]
@@ -741,4 +789,4 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BASE_MIX", "DemoConfig", "build_report", "prepare_model", "render_markdown", "run"]
+__all__ = ["DemoConfig", "build_report", "prepare_model", "render_markdown", "run"]

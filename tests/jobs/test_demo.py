@@ -17,9 +17,8 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 pytest.importorskip("duckdb")
 
-import tracegym as tg
 from tracegym.cli import app
-from tracegym.examples import lm_agent
+from tracegym.examples.domains import SHOP
 from tracegym.examples.shop import (
     KINDS,
     RULES,
@@ -32,12 +31,14 @@ from tracegym.examples.shop import (
     verify,
 )
 from tracegym.jobs import demo as demo_module
-from tracegym.jobs.demo import BASE_MIX, DemoConfig, parse_mix, run
+from tracegym.jobs.demo import DemoConfig, normalise_mix, parse_mix, run
 from tracegym.synthesis import registry
 from tracegym.testing import capture
 from tracegym.training import adapters
 from tracegym.training.capabilities import env_ids_of
 from typer.testing import CliRunner
+
+from tests.serving.fakes import completion
 
 # Trains or runs real models: out of the quick loop (`pytest -m "not slow"`).
 slow = pytest.mark.slow
@@ -85,36 +86,35 @@ def test_a_demonstration_replays_the_oracle():
 
 
 # The pipeline ------------------------------------------------------------------------------------
-def _scripted_think(self):
-    """Oracle replies, except a refund skips get_order and an address change never calls
-    update_address (two capability gaps to discover). Each reply is fed to the session as the
-    template renders it, as if the model had sampled it."""
-    task = self.task
-    calls = oracle_actions(task)
-    if task.kind == "refund":
-        calls = [calls[0], ("refund_order", {"order_id": task.order_id})]
-    if task.kind == "address":
-        calls = calls[:1]
-    done = len(self.tools.calls)
-    if done < len(calls):
+class ScriptedBackend:
+    """`tracegym serve`'s backend for the dev runs: oracle replies, except a refund skips
+    get_order and an address change never calls update_address (two capability gaps to
+    discover). The task is found by the request its conversation opens with."""
+
+    def __init__(self, tasks) -> None:
+        self.by_request = {task.request: task for task in tasks}
+
+    async def complete(self, body):
+        from tracegym.serving.backends import Reply
+
+        messages = body["messages"]
+        user = next(m["content"] for m in messages if m["role"] == "user")
+        task = next(t for r, t in self.by_request.items() if user.startswith(r))
+        calls = oracle_actions(task)
+        if task.kind == "refund":
+            calls = [calls[0], ("refund_order", {"order_id": task.order_id})]
+        if task.kind == "address":
+            calls = calls[:1]
+        done = sum(m["role"] == "tool" for m in messages)
+        if done == len(calls):
+            return Reply(data=completion(body["model"], oracle_answer(task)))
         name, arguments = calls[done]
-        call = {"name": name, "arguments": json.dumps(arguments)}
-        tool_call = {"id": f"call_{done}", "type": "function", "function": call}
-        message = {"role": "assistant", "content": None, "tool_calls": [tool_call]}
-        action = {"name": name, "arguments": arguments}
-    else:
-        message = {"role": "assistant", "content": oracle_answer(task)}
-        action = {"answer": oracle_answer(task)}
-    with tg.llm("scripted", model="scripted", system_instructions=RULES,
-                tool_definitions=TOOL_SCHEMAS):  # fmt: skip
-        pass  # what the real agent records on its chat spans
-    chat = self.agent.chat
-    head = chat.render(self.messages, True)
-    whole = chat.render([*self.messages, message], False)
-    self.session.feed([*chat.ids(whole[len(head) : whole.rfind(chat.stop_text)]), chat.stop_id])
-    self.ended = True
-    self.messages.append(message)
-    return action
+        call = {"id": f"call_{done}", "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
+        return Reply(data=completion(body["model"], None, [call]))
+
+    async def aclose(self) -> None:
+        return None
 
 
 @pytest.fixture(scope="module")
@@ -135,14 +135,15 @@ def demo_home(tmp_path_factory):
     patch = pytest.MonkeyPatch()
     init = tracegym.init
     patch.setattr(tracegym, "init", lambda **kw: init(provider=provider, **kw))
-    original = lm_agent._Episode.think
-    patch.setattr(lm_agent._Episode, "think", _scripted_think)
+    original = demo_module.local_backend
+    scripted = ScriptedBackend(dev_tasks(config))
+    patch.setattr(demo_module, "local_backend", lambda *a, **k: scripted)
 
     # the dev runs are scripted; the model itself runs from the nightly on
     def stage(name):
         stages.append(name)
         if name == "nightly":
-            patch.setattr(lm_agent._Episode, "think", original)
+            patch.setattr(demo_module, "local_backend", original)
 
     try:
         report = run(home, config, stage=stage)
@@ -171,8 +172,10 @@ def test_every_stage_ran_and_left_valid_artifacts(demo_home):
     # rehearsal data: the agent's own passing dev conversations, as the model saw them
     replay = [json.loads(line) for line in (home / "demo" / "stages" / "replay.jsonl").open()]
     assert len(replay) == dev["success"]["passed"]
-    assert all(c[0]["role"] == "system" and c[1]["role"] == "user" for c in replay)
-    assert all(c[-1]["role"] == "assistant" for c in replay)
+    chats = [c["messages"] for c in replay]
+    assert all(c[0]["role"] == "system" and c[1]["role"] == "user" for c in chats)
+    assert all(c[-1]["role"] == "assistant" for c in chats)
+    assert all(c["tools"] == [dict(t) for t in SHOP.tool_schemas] for c in replay)
     # analysis found the refund-before-lookup gap without being told
     names = [g["name"] for g in report["gaps"]]
     assert any("refund_order" in n for n in names), names
@@ -221,10 +224,9 @@ def test_every_stage_ran_and_left_valid_artifacts(demo_home):
 
 
 def dev_tasks(config):
-    from tracegym.examples.shop import DEV_SEEDS
     from tracegym.jobs.demo import _tasks
 
-    return _tasks(DEV_SEEDS, config.dev_tasks, config.seed)
+    return _tasks(SHOP, SHOP.dev_seeds, config.dev_tasks, config.seed)
 
 
 def test_notes_are_read_back_when_a_customer_returns(tmp_path):
@@ -253,7 +255,8 @@ def test_the_report_is_written_and_the_runs_are_queryable(demo_home):
     with Store(home) as store:
         rows = store.sql(
             "SELECT json_extract_string(outcome_labels, '$.split') AS split, count(*) FROM traces "
-            "WHERE agent = 'shop-agent' GROUP BY 1 ORDER BY 1"
+            "WHERE agent = ? GROUP BY 1 ORDER BY 1",
+            [SHOP.agent_name],
         ).fetchall()
         tools = {r[0] for r in store.sql("SELECT DISTINCT tool FROM tool_calls").fetchall()}
     # the routed agent ran only the tasks the router sent to an adapter; the rest are the base's
@@ -287,7 +290,7 @@ def test_a_mix_is_parsed_normalised_and_completed():
     assert parse_mix(" cancel = 3 , refund=1") == {
         "status": 0.0, "cancel": 0.75, "refund": 0.25, "address": 0.0,
     }  # fmt: skip
-    assert DemoConfig().mix == BASE_MIX
+    assert DemoConfig().mix == normalise_mix(SHOP.base_mix)
     assert DemoConfig(mix={"address": 2}).mix["address"] == 1.0
 
 
@@ -334,25 +337,21 @@ def test_the_mix_is_part_of_the_model_cache_key(tmp_path):
 def test_the_mix_reaches_the_base_fine_tunes_task_draw(tmp_path, monkeypatch):
     """prepare_model draws its demonstrations with the mix (and nothing else is told)."""
     drawn: list[str] = []
-    real = demo_module.demonstration
-
-    def recording(task):
-        drawn.append(task.kind)
-        return real(task)
 
     class Stop(Exception):
         pass
 
     def no_training(policy, conversations, *args, **kwargs):
         assert len(conversations) == len(drawn)
+        requests = [c.messages[1]["content"] for c in conversations]
+        assert requests == [t.request for t in demo_module.base_demos(config)]
         raise Stop
 
-    monkeypatch.setattr(demo_module, "demonstration", recording)
     monkeypatch.setattr("tracegym.training.sft.train_adapter", no_training)
     counts = {}
     for text in ("cancel=1", "status=0.1,cancel=0.4,refund=0.1,address=0.4"):
-        drawn.clear()
         config = DemoConfig(model="tiny", base_demos=200, mix=parse_mix(text))
+        drawn[:] = [t.kind for t in demo_module.base_demos(config)]
         with pytest.raises(Stop):
             demo_module.prepare_model(tmp_path, config)
         counts[text] = {k: drawn.count(k) for k in KINDS}
