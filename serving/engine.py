@@ -29,6 +29,7 @@ for the next one, and the wait for stragglers lets two groups that fell out of s
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -106,6 +107,16 @@ class _Job:
     continues: tuple[int, int | None] = (-1, None)  # (engine step, the slot it continues)
 
 
+def default_threads() -> int:
+    """Intra-op threads for the engine: all cores but one. On a 2-core CPU, two threads per
+    forward pass while the server's handlers and the agents' threads also want a core made
+    serve's steps several times slower than in process (OpenMP threads waiting on a descheduled
+    sibling); one thread kept them even."""
+    import torch
+
+    return max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) - 1))
+
+
 def _common(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -126,8 +137,13 @@ class Engine:
         patience: float = 0.25,
         max_wait_s: float = 1.0,
         max_length: int | None = None,
+        threads: int | None = None,
     ) -> None:
+        """`threads`: the scheduler thread's intra-op threads for the forward passes (torch's
+        setting is per thread); default: one core fewer than the machine has (at least one),
+        which leaves the server's own Python threads a core (see `default_threads`)."""
         self.policy = policy
+        self.threads = threads or default_threads()
         self.size = slots
         self.gather_s = gather_s
         self.patience = patience
@@ -195,6 +211,9 @@ class Engine:
         return wave
 
     def _run(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.threads)  # this thread's only
         while True:
             with self._cond:
                 while not self._pending and not self._calls and not self._closed:

@@ -45,7 +45,8 @@ class LocalBackend:
     """Serves `model` (a PeftModel holding the adapters, or a plain model) in `fmt`'s format.
 
     `slots`: conversations whose KV cache the engine keeps (and the most requests decoded in one
-    batch); `gather_s`: how long a step waits for more requests (`Engine`)."""
+    batch); `gather_s`: how long a step waits for more requests; `threads`: the forward passes'
+    intra-op threads (`Engine`)."""
 
     def __init__(
         self,
@@ -56,6 +57,7 @@ class LocalBackend:
         home: str | Path | None = None,
         slots: int = 16,
         gather_s: float = 0.02,
+        threads: int | None = None,
         name: str = "local",
     ) -> None:
         """`home`: where adapters named by `want` are loaded from."""
@@ -67,7 +69,8 @@ class LocalBackend:
         self.home = home
         self.adapters = set(getattr(model, "peft_config", {}) or {})
         self.stop_id = stop_token(fmt)
-        self.engine = Engine(Policy(model, self.tokenizer, name), slots=slots, gather_s=gather_s)
+        policy = Policy(model, self.tokenizer, name)
+        self.engine = Engine(policy, slots=slots, gather_s=gather_s, threads=threads)
         self._loading: asyncio.Future[Any] | Any = None
         self._failed: dict[str, str] = {}
 
