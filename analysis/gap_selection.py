@@ -168,6 +168,8 @@ def like_with_like(
         _spending_and_rescue(scored, failed, succeeded, kind, t)
     if learnt is not None and kind_itself:
         the_kind_itself(scored, runs, learnt, t, spread)
+    if succeeded:
+        not_more_in_successes(scored, failed, succeeded, kind)
 
 
 def _spending_and_rescue(
@@ -207,6 +209,64 @@ def _spending_and_rescue(
                 s.why = (f"kept within its kind of request ({named}: {len(peers_failed)} failed, "
                          f"{len(peers)} successful runs): delta {delta:.2f}, stable in "
                          f"{stable}/{t.resamples} (pooled: {s.why})")  # fmt: skip
+
+
+NEAR_ZERO = 0.05  # a delta at or under this: successful runs show the behaviour as often
+
+
+def within_kinds_delta(
+    lacking: set[str],
+    failed: Sequence[str],
+    succeeded: Sequence[str],
+    kind: Mapping[str, str | None],
+) -> tuple[float | None, int]:
+    """(The Mantel-Haenszel delta of a candidate within the kinds of request of its failed
+    runs, the failed runs it holds in kinds with MIN_PEERS successful runs): each
+    kind's delta weighted by failed x successful / all runs of the kind; None without such a
+    kind."""
+    mine = [x for x in failed if x in lacking]
+    counts = Counter(kind.get(x) for x in mine)
+    total = weight = 0.0
+    judged = 0
+    for k, n in counts.items():
+        failed_k = [x for x in failed if kind.get(x) == k]
+        succeeded_k = [x for x in succeeded if kind.get(x) == k]
+        if len(succeeded_k) < MIN_PEERS:
+            continue
+        _, delta = rates(lacking, failed_k, succeeded_k)
+        w = len(failed_k) * len(succeeded_k) / (len(failed_k) + len(succeeded_k))
+        total, weight, judged = total + w * (delta or 0.0), weight + w, judged + n
+    return (total / weight if weight else None), judged
+
+
+def not_more_in_successes(
+    scored: Sequence[Scored],
+    failed: Sequence[str],
+    succeeded: Sequence[str],
+    kind: Mapping[str, str | None],
+) -> None:
+    """No kept candidate names a behaviour successful runs show as often as failed runs, or
+    more: one whose pooled delta is at most NEAR_ZERO, or whose delta within the kinds of request
+    of its failed runs (`within_kinds_delta`, over the kinds holding at least half of them) is,
+    is dropped (`why` says which). A transfer successful runs of other requests end with is
+    not a cause of failing to act on this one. A candidate kept on its contrast within its
+    kinds (`Scored.within_kind`: a delta there of at least `min_delta`) stands, whatever its
+    pooled delta: a behaviour successful runs of *other* kinds show is no contrast."""
+    for s in scored:
+        if not s.kept or s.delta is None or s.within_kind is not None:
+            continue  # (kept on its contrast within its kinds, which passed min_delta)
+        if s.delta <= NEAR_ZERO:
+            s.kept = False
+            s.why = (f"successful runs show it as often or more: pooled delta {s.delta:.2f} "
+                     f"<= {NEAR_ZERO}")  # fmt: skip
+            continue
+        within, judged = within_kinds_delta(s.candidate.lacking, failed, succeeded, kind)
+        if within is None or judged * 2 < s.failed_lacking or within > NEAR_ZERO:
+            continue
+        s.kept = False
+        s.why = (f"successful runs of the same kinds of request show it as often or more: "
+                 f"within-kind delta {within:.2f} <= {NEAR_ZERO} over {judged} of its "
+                 f"{s.failed_lacking} failed runs (pooled delta {s.delta:.2f})")  # fmt: skip
 
 
 KIND_SHARE = 0.8  # a candidate confined to one kind: this share of its failed runs is of it

@@ -13,6 +13,14 @@
 
 Any call counts (failed ones too): the rule is about the order of attempts.
 
+Rules are rates, too (`rate_rules`, with `by_rate`): a rule that successful runs follow far more
+often than failed runs, though not always (lucky successes break it: a cancel without the
+look-up goes through when the order happened to be cancellable), is one when at least
+`min_support` successful and 3 failed runs are measured, at least half the successful runs follow
+it, 0.4 more of them than of the failed runs, and the one-sided Fisher exact test of the two
+shares gives p <= `max_p` (0.05). Its findings say both rates and the p-value
+(`details["p_value"]`, `failed_rate`), with 0.1 less confidence.
+
 `detect` looks at each rule's B in the run (its first call) and flags
 
 - A called only *after* B (the precedence is reversed; confidence 0.9), or
@@ -60,10 +68,29 @@ class Rule:
     support: int  # successful runs that call both (precedence) or call `after` (prerequisite)
     confidence: float
     prerequisite: bool  # `after` is never called without `before` earlier in successful runs
+    # a rule of rates (`rate_rules`): the share of failed runs that follow it, how many failed
+    # runs it was measured on, and the one-sided Fisher p-value of the two rates
+    failed_rate: float | None = None
+    failed_support: int = 0
+    p_value: float | None = None
 
     @property
     def key(self) -> str:
         return f"wrong_tool_order:{self.before}>{self.after}"
+
+    @property
+    def by_rate(self) -> bool:
+        """Mined from the two rates, not from every successful run following it."""
+        return self.p_value is not None
+
+
+def fisher_greater(followed: int, n: int, followed_failed: int, n_failed: int) -> float:
+    """One-sided Fisher exact p-value that successful runs (`followed` of `n`) follow a rule more
+    often than failed runs (`followed_failed` of `n_failed`)."""
+    from scipy.stats import fisher_exact
+
+    table = [[followed, n - followed], [followed_failed, n_failed - followed_failed]]
+    return float(fisher_exact(table, alternative="greater").pvalue)
 
 
 _ORDER_WORDS = re.compile(
@@ -135,10 +162,16 @@ def first_calls(run: Run) -> dict[str, Step]:
     return first
 
 
-def mine_rules(
-    runs: Sequence[Run], min_support: int = 5, min_confidence: float = 1.0
-) -> list[Rule]:
-    """Precedence rules over `runs` (pass the successful ones), sorted by (after, -support)."""
+@dataclass
+class _Counts:
+    """Per ordered pair and per tool, in one population of runs."""
+
+    both: Counter[tuple[str, str]]  # runs calling both
+    ordered: Counter[tuple[str, str]]  # ... whose first call of a comes first
+    calls: Counter[str]  # runs calling the tool
+
+
+def _count(runs: Sequence[Run]) -> _Counts:
     both: Counter[tuple[str, str]] = Counter()
     ordered: Counter[tuple[str, str]] = Counter()
     calls: Counter[str] = Counter()
@@ -152,12 +185,62 @@ def mine_rules(
                 both[a, b] += 1
                 if pa < pb:
                     ordered[a, b] += 1
+    return _Counts(both, ordered, calls)
+
+
+def mine_rules(
+    runs: Sequence[Run], min_support: int = 5, min_confidence: float = 1.0
+) -> list[Rule]:
+    """Precedence rules over `runs` (pass the successful ones), sorted by (after, -support)."""
+    c = _count(runs)
     rules = []
-    for (a, b), n in both.items():
-        share = ordered[a, b] / n
-        required = calls[b] >= min_support and ordered[a, b] / calls[b] >= min_confidence
+    for (a, b), n in c.both.items():
+        share = c.ordered[a, b] / n
+        required = c.calls[b] >= min_support and c.ordered[a, b] / c.calls[b] >= min_confidence
         if n >= min_support and share >= min_confidence:
             rules.append(Rule(a, b, n, share, required))
+    rules.sort(key=lambda r: (r.after, -r.support, r.before))
+    return rules
+
+
+def rate_rules(
+    successes: Sequence[Run],
+    failures: Sequence[Run],
+    *,
+    min_support: int = 5,
+    min_failed: int = 3,
+    min_rate: float = 0.5,
+    min_gap: float = 0.4,
+    max_p: float = 0.05,
+    known: Collection[tuple[str, str]] = (),
+) -> list[Rule]:
+    """Rules that successful runs follow far more often than failed runs, though not always
+    (lucky successes break them): "B needs A" (of the runs calling B, the share that called A
+    first) and "A before B" (of the runs calling both, the share calling A first). A rule when
+    `min_support` successful and `min_failed` failed runs are measured, the successful share is
+    at least `min_rate`, exceeds the failed share by `min_gap`, and the one-sided Fisher exact
+    test of the two shares gives p <= `max_p`. Pairs in `known` (rules every successful run
+    follows) are skipped; a pair is a prerequisite rule when that holds, else a precedence."""
+    s, f = _count(successes), _count(failures)
+    rules = []
+    for (a, b), n in sorted(s.both.items()):
+        if (a, b) in known:
+            continue
+        candidates = (
+            (True, s.calls[b], s.ordered[a, b], f.calls[b], f.ordered[a, b]),
+            (False, n, s.ordered[a, b], f.both[a, b], f.ordered[a, b]),
+        )
+        for prerequisite, n_s, k_s, n_f, k_f in candidates:
+            if n_s < min_support or n_f < min_failed:
+                continue
+            rate, failed_rate = k_s / n_s, k_f / n_f
+            if rate < min_rate or rate - failed_rate < min_gap or rate >= 1.0:
+                continue
+            p = fisher_greater(k_s, n_s, k_f, n_f)
+            if p <= max_p:
+                rules.append(Rule(a, b, n_s, round(rate, 4), prerequisite,
+                                  round(failed_rate, 4), n_f, p))  # fmt: skip
+                break  # the prerequisite reading covers the precedence one
     rules.sort(key=lambda r: (r.after, -r.support, r.before))
     return rules
 
@@ -166,7 +249,8 @@ class WrongToolOrder(Detector):
     """Breaks of the tool-precedence rules that successful runs follow (see the module docstring).
 
     Parameters: `min_support` (5) successful runs behind a rule, `min_confidence` (1.0) share of
-    them that follow it, `flag_missing` (True) whether a missing prerequisite counts.
+    them that follow it, `flag_missing` (True) whether a missing prerequisite counts, `by_rate`
+    (True) whether rules of rates count too, `max_p` (0.05) their Fisher p-value bound.
     """
 
     name = WRONG_TOOL_ORDER
@@ -176,17 +260,30 @@ class WrongToolOrder(Detector):
     )
 
     def __init__(
-        self, min_support: int = 5, min_confidence: float = 1.0, flag_missing: bool = True
+        self,
+        min_support: int = 5,
+        min_confidence: float = 1.0,
+        flag_missing: bool = True,
+        by_rate: bool = True,
+        max_p: float = 0.05,
     ) -> None:
         self.min_support = min_support
         self.min_confidence = min_confidence
         self.flag_missing = flag_missing
+        self.by_rate = by_rate
+        self.max_p = max_p
         self.rules_: list[Rule] = []
         self.tools_: set[str] = set()
 
     def fit(self, runs: Sequence[Run]) -> WrongToolOrder:
         successes = [r for r in runs if r.success is True]
         self.rules_ = mine_rules(successes, self.min_support, self.min_confidence)
+        if self.by_rate:
+            failures = [r for r in runs if r.success is False]
+            known = {(r.before, r.after) for r in self.rules_}
+            self.rules_ += rate_rules(successes, failures, min_support=self.min_support,
+                                      max_p=self.max_p, known=known)  # fmt: skip
+            self.rules_.sort(key=lambda r: (r.after, -r.support, r.before))
         self.tools_ = {s.tool or s.name for r in runs for s in r.steps if is_agent_call(s)}
         return self
 
@@ -249,12 +346,23 @@ class WrongToolOrder(Detector):
                 )
             else:
                 continue
+            if rule.by_rate:
+                confidence = round(confidence - 0.1, 3)
+                how = "before" if a else "without"
+                tail = "" if a else " before it"
+                message = (f"{rule.after} was called {how} {rule.before}{tail}; "
+                           f"{rule.confidence:.0%} of {rule.support} successful runs call "
+                           f"{rule.before} first, "
+                           f"{rule.failed_rate or 0:.0%} of {rule.failed_support} failed runs "
+                           f"(one-sided Fisher p = {rule.p_value:.2g})")  # fmt: skip
             findings.append(Finding(
                 detector=self.name, key=rule.key, trace_id=run.trace_id, **step_ref(b),
                 span_ids=tuple(evidence), message=message, confidence=confidence,
                 details={"before": rule.before, "after": rule.after, "support": rule.support,
                          "rule_confidence": rule.confidence,
-                         "missing": a is None, "before_position": a.position if a else None},
+                         "missing": a is None, "before_position": a.position if a else None,
+                         "failed_rate": rule.failed_rate, "failed_support": rule.failed_support,
+                         "p_value": rule.p_value},
             ))  # fmt: skip
         keys = {f.key for f in named}
         findings = named + [f for f in findings if f.key not in keys]
