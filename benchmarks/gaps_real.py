@@ -35,12 +35,17 @@ from the source files, never given to analysis:
   set: failed runs by status and by task kind.
 
 Nothing here is tuned: there are no thresholds of its own, and analysis runs at its defaults on
-every set.
+every set. `--part tuning` / `--part reporting` analyse half of each set: the runs of tasks whose
+id (tau-bench's and tau2's `task_id`, MedAgentBench's `index`) is even (tuning) or odd
+(reporting); a task id that is not a number goes by the parity of its SHA-256's first byte. All
+trials of a task fall in the same half. Engineers changing analysis look at the tuning half; the
+reporting half says whether the change generalises.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -362,12 +367,44 @@ def evaluate_medagentbench(result: Any, rows: list[GapRow], gaps: list[Any]) -> 
     }
 
 
-def analyse(s: RealSet, home: Path, embedder: Any) -> SetReport:
+PARTS = ("all", "tuning", "reporting")
+
+
+def part_of(task: Any) -> str:
+    """The half a task falls in: "tuning" for an even task id, "reporting" for an odd one."""
+    text = str(task)
+    if text.strip().lstrip("-").isdigit():
+        odd = int(text) % 2
+    else:
+        odd = hashlib.sha256(text.encode()).digest()[0] % 2
+    return "reporting" if odd else "tuning"
+
+
+def part_filter(home: Path, part: str) -> str:
+    """The `--where` condition selecting the set's runs of `part` ("" for all)."""
+    if part == "all":
+        return ""
+    from tracegym.analysis.runs import load_runs
+    from tracegym.store.store import Store
+
+    with Store(home) as store:
+        runs = load_runs(store)
+    ids = []
+    for run in runs:
+        task = _source(run, "task_id")
+        task = _source(run, "index") if task is None else task
+        if part_of(task) == part:
+            ids.append("'" + run.trace_id.replace("'", "''") + "'")
+    listed = ", ".join(ids) or "''"
+    return f"trace_id IN ({listed})"
+
+
+def analyse(s: RealSet, home: Path, embedder: Any, part: str = "all") -> SetReport:
     from tracegym.analysis.pipeline import analyze
     from tracegym.benchmarks.planted_causes import gap_field, kept_gaps
 
     clock = time.perf_counter()
-    result = analyze(home, embedder=embedder, write=False)
+    result = analyze(home, embedder=embedder, write=False, where=part_filter(home, part))
     gaps = kept_gaps(result)
     rows = []
     for view, gap in zip(gaps, result.gaps, strict=True):
@@ -381,7 +418,8 @@ def analyse(s: RealSet, home: Path, embedder: Any) -> SetReport:
             tools=list(gap_field(gap, "tools") or []),
             says=_first_sentence(str(gap_field(gap, "description") or "")),
         ))  # fmt: skip
-    report = SetReport(s.name, len(result.runs), len(result.failed), len(result.succeeded),
+    name = s.name if part == "all" else f"{s.name} [{part}]"
+    report = SetReport(name, len(result.runs), len(result.failed), len(result.succeeded),
                        rows, 0.0, s.note)  # fmt: skip
     rejected = sorted(
         (c for c in result.scored if not c.kept),
@@ -464,6 +502,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="group identical signatures only, no sentence embeddings")  # fmt: skip
     parser.add_argument("--only", help="sets whose name contains this text")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--part", choices=PARTS, default="all",
+                        help="even task ids: tuning; odd: reporting")  # fmt: skip
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.no_clusters:
@@ -479,10 +519,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     found, skipped = real_sets(args.data.resolve())
     if args.only:
         found = [s for s in found if args.only.lower() in s.name.lower()]
-    print(f"# Gaps on real sets: analyze at default thresholds; {mode}\n")
+    part = "" if args.part == "all" else f"; {args.part} part (task id parity)"
+    print(f"# Gaps on real sets: analyze at default thresholds; {mode}{part}\n")
     reports = []
     for s in found:
-        report = analyse(s, prepare(s, args.work), embedder)
+        report = analyse(s, prepare(s, args.work), embedder, args.part)
         reports.append(report)
         print(render(report) + "\n")
     for line in skipped:
