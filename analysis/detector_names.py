@@ -27,6 +27,7 @@ WRONG_LIST = "wrong_list"
 UNKNOWN_VALUE = "unknown_value"
 MISSED_REQUEST = "missed_request"
 WRONG_CHOICE = "wrong_choice"
+WRONG_SOURCE = "wrong_source"
 # Opt-in (not in BUILT_IN, not run by default: `registry.OPT_IN`; docs/detectors.md).
 MISSED_WRITE = "missed_write"
 # Not a detector of the registry: the name of the optional LLM judge's candidates
@@ -51,6 +52,7 @@ BUILT_IN: tuple[str, ...] = (
     UNKNOWN_VALUE,
     MISSED_REQUEST,
     WRONG_CHOICE,
+    WRONG_SOURCE,
 )
 # Detectors that measure spending (calls, steps, tokens): their contrast is drawn against
 # successful runs serving the same kind of request (see `analysis.gaps.like_with_like`).
@@ -99,6 +101,7 @@ __all__ = [
     "WRONG_AMOUNT",
     "WRONG_CHOICE",
     "WRONG_LIST",
+    "WRONG_SOURCE",
     "WRONG_TOOL_ORDER",
     "is_symptom",
 ]
