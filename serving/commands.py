@@ -59,7 +59,7 @@ def build_app(
 
 def build_local_app(
     home: str | Path, folder: str | Path, base_model: str, *, embedder: str = "minilm",
-    reload_every: float | None = 2.0, chat_template: str | Path | None = None,
+    reload_every: float | None = 2.0, chat_template: str | Path | None = None, slots: int = 16,
 ) -> Any:  # fmt: skip
     """The endpoint over `home`'s promoted adapters, served in process on the model in
     `folder`; adapters promoted later are loaded before the next generation."""
@@ -68,7 +68,9 @@ def build_local_app(
     from tracegym.serving.routing import ConversationRouter, RegistryWatch, registry_router
 
     router, adapter_ids = registry_router(home, embedder)
-    backend = LocalBackend.from_folder(folder, home, adapter_ids, chat_template=chat_template)
+    backend = LocalBackend.from_folder(
+        folder, home, adapter_ids, chat_template=chat_template, slots=slots
+    )
     reload = None
     if reload_every is not None:
         watch = RegistryWatch(home, embedder, every=reload_every)
@@ -146,6 +148,14 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             Path | None,
             typer.Option(help="Local backend: a chat template file that can express tools."),
         ] = None,
+        slots: Annotated[
+            int,
+            typer.Option(
+                min=1,
+                help="Local backend: conversations whose KV cache is kept, and the most "
+                "requests decoded in one batch.",
+            ),
+        ] = 16,
         embedder: EmbedderOption = "minilm",
         home: HomeOption = None,
     ) -> None:
@@ -191,7 +201,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                     name = base_model or base_model_name(target) or folder.name
                     application = build_local_app(
                         target, folder, name, embedder=embedder, reload_every=reload_every,
-                        chat_template=chat_template,
+                        chat_template=chat_template, slots=slots,
                     )  # fmt: skip
                 except ModelError as exc:
                     fail(str(exc))

@@ -228,6 +228,8 @@ class LocalBackend:
                 getter.cancel()
                 break
             tokens += getter.result()
+            while not queue.empty():  # decode once for all that arrived meanwhile
+                tokens += queue.get_nowait()
             shown = [t for t in tokens if t != self.stop_id]
             delta = content.update(self.tokenizer.decode(shown, skip_special_tokens=False))
             if delta:

@@ -217,3 +217,40 @@ def test_sampling_waves_do_not_draft(policy):
 
     map_batched(policy, batched, episodes, batch_size=3, temperature=1.0, stats=stats)
     assert stats["drafted"] == 0
+
+
+def test_step_slots_serves_a_subset_and_keeps_idle_lanes_caches(policy):
+    """A serving engine's use of a wave: steps for some lanes only, an idle lane's cache kept
+    (its next turn feeds only new tokens), a lane truncated to a shared prefix and reused for
+    another conversation; every reply as the model gives it alone."""
+    from tracegym.generation.batching import Wave
+
+    encoder = ChatML(policy.tokenizer)
+    prompts = [
+        encoder.message("user", text)[0] + encoder.header("assistant")
+        for text in ["hi there", "press the button twice please", "something else entirely"]
+    ]
+
+    def alone(ids):
+        session = Session(policy)
+        session.feed(ids)
+        return session.generate(10, encoder.end_id)[0]
+
+    wave = Wave(policy, 2)
+    first = wave.step_slots(
+        {0: (prompts[0], 10, encoder.end_id), 1: (prompts[1], 10, encoder.end_id)}
+    )
+    assert first[0][0] == alone(prompts[0]) and first[1][0] == alone(prompts[1])
+    follow = (
+        prompts[0] + first[0][0] + encoder.message("tool", "ok")[0] + encoder.header("assistant")
+    )
+    fed = wave.stats["tokens"]
+    again = wave.step_slots({0: (follow, 10, encoder.end_id)}, idle=[1])
+    assert again[0][0] == alone(follow)
+    fresh = Wave(policy, 1, share_prefix=False)
+    fresh.step_slots({0: (follow, 10, encoder.end_id)})
+    assert wave.stats["tokens"] - fed < fresh.stats["tokens"]  # only the new tokens were fed
+    shared = next(i for i, (a, b) in enumerate(zip(prompts[1], prompts[2], strict=False)) if a != b)
+    wave.truncate(1, shared)
+    other = wave.step_slots({1: (prompts[2], 10, encoder.end_id)}, idle=[0])
+    assert other[1][0] == alone(prompts[2])
