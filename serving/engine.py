@@ -190,6 +190,11 @@ class Engine:
             self._cond.notify_all()
         return future
 
+    @property
+    def mixes_adapters(self) -> bool:
+        """Whether rows may carry different LoRA adapters (the model is a PeftModel)."""
+        return self._wave.adapters is not None
+
     def replace_model(self, model: Any) -> None:
         """Serve `model` from the next step on (e.g. a PeftModel that now holds adapters); the
         cached conversations start over. Call from `call_between_steps`."""
@@ -232,8 +237,16 @@ class Engine:
                         future.set_exception(exc)
                 continue
             jobs = self._gather()
-            if jobs:
+            if not jobs:
+                continue
+            try:
                 self._step(jobs)
+            except BaseException as exc:  # never leave a caller waiting on a dead scheduler
+                log.exception("a batched step failed; its requests fail and the cache starts over")
+                self._wave = self._new_wave()
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
 
     def _gather(self) -> list[_Job]:
         """Wait for this step's requests (see the module's docstring); returns them, oldest
@@ -335,12 +348,6 @@ class Engine:
         started = time.monotonic()
         try:
             results = wave.step_slots(pending, idle)
-        except BaseException as exc:
-            log.exception("a batched step failed; its requests fail and the cache starts over")
-            self._wave = self._new_wave()
-            for job in batch.values():
-                job.future.set_exception(exc)
-            return
         finally:
             wave.on_tokens = None
             self.stats.forwards += wave.stats["forwards"] - before["forwards"]

@@ -95,7 +95,7 @@ class LocalBackend:
             log.exception("loading adapters %s failed", adapter_ids)
             self._failed.update({a: f"{type(exc).__name__}: {exc}" for a in adapter_ids})
             return
-        if model is not self.engine.policy.model or not self.engine._wave.adapters:
+        if model is not self.engine.policy.model or not self.engine.mixes_adapters:
             self.engine.replace_model(model)  # a plain model became a PeftModel
         self.adapters = set(model.peft_config)
         for adapter_id in adapter_ids:

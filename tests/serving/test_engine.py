@@ -169,3 +169,21 @@ def test_sampling_and_greedy_requests_share_a_batch(policy, fmt):
         assert cold.result().tokens == alone(policy.model, prompts(fmt)[1], stop, 10)
     finally:
         engine.close()
+
+
+def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(fmt):
+    base = tiny_model(seed=3)
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = peft.get_peft_model(base.model, config, adapter_name="press")
+    model.eval()
+    stop = stop_token(fmt)
+    ids = prompts(fmt)[0]
+    engine = Engine(Policy(model, base.tokenizer, "tiny"), slots=2, gather_s=0.0)
+    try:
+        with pytest.raises(ValueError):  # peft refuses an adapter it does not hold
+            engine.generate(Request(ids, 5, stop, adapter="missing"))
+        after = engine.generate(Request(ids, 5, stop, adapter="press"))
+    finally:
+        engine.close()
+    model.set_adapter("press")
+    assert after.tokens == alone(model, ids, stop, 5)
