@@ -72,29 +72,70 @@ def _written(target: Path, where: str, output: Path | None) -> str:
 JUDGE_KEY_ENV = "TRACEGYM_JUDGE_API_KEY"
 
 
-def _judge(url: str | None, model: str | None, fail: Any) -> tuple[Any, Any]:
-    """(what the judge said, the `extra_candidates` hook), both None without --judge-url."""
+def _judge(
+    url: str | None,
+    model: str | None,
+    labellers: int,
+    agree: int,
+    min_coverage: float,
+    min_delta: float,
+    fail: Any,
+) -> tuple[Any, Any]:
+    """(what the judge will say, a hook maker: approve -> `extra_candidates`), both None
+    without --judge-url."""
     if url is None and model is None:
         return None, None
     if not url or not model:
         fail("--judge-url and --judge-model go together")
-    from tracegym.analysis.judge import Judged, OpenAICompatibleJudge, judge_hook
+    if agree > labellers:
+        fail(f"--judge-agree {agree} exceeds --judge-labellers {labellers}")
+    from tracegym.analysis.judge import JudgeConfig, Judged, OpenAICompatibleJudge, judge_hook
 
     try:
         judge = OpenAICompatibleJudge(url, model, api_key=os.environ.get(JUDGE_KEY_ENV) or None)
     except ValueError as exc:
         fail(f"--judge-url: {exc}")
+    config = JudgeConfig(labellers=labellers, agree=agree, min_coverage=min_coverage,
+                         min_delta=min_delta)  # fmt: skip
     judged = Judged()
-    return judged, judge_hook(judge, judged)
+    return judged, lambda approve: judge_hook(judge, judged, config, approve)
+
+
+def _interactive() -> bool:
+    return sys.stdin.isatty()
+
+
+def _approver(budget: int | None, yes: bool, status: Any) -> Any:
+    """Before the judge's first call: print its plan, refuse above --judge-budget, and on a
+    terminal without --yes ask (`JudgeNotStarted` stops the analysis before anything is sent)."""
+    from tracegym.analysis.judge import JudgeNotStarted
+
+    def approve(plan: Any) -> None:
+        status.stop()
+        try:
+            Console(stderr=True, soft_wrap=True).print(escape(plan.describe()), highlight=False)
+            if budget is not None and plan.tokens > budget:
+                raise JudgeNotStarted(f"about {plan.tokens:,} tokens is over --judge-budget "
+                                      f"{budget:,}: nothing was sent")  # fmt: skip
+            if not yes and _interactive() and not typer.confirm("Send them?", err=True):
+                raise JudgeNotStarted("declined: nothing was sent (--yes does not ask)")
+        finally:
+            status.start()
+
+    return approve
 
 
 def _judge_line(judged: Any) -> str:
     if judged.error:
         return f"judge: no candidates ({judged.error})"
-    line = (f"judge: {len(judged.capabilities)} capabilities proposed, "
-            f"{len(judged.labels)} runs labelled, {len(judged.skipped)} skipped")  # fmt: skip
+    labelled = sum(len(by_run) for by_run in judged.labels.values())
+    kept = ", ".join(v.capability.name for v in judged.kept) or "none"
+    line = (f"judge: {len(judged.capabilities)} capabilities proposed, kept by enough "
+            f"labellers: {kept}; {labelled} labellings, {len(judged.skipped)} skipped")  # fmt: skip
     if judged.skipped:
-        line += f" (e.g. {next(iter(judged.skipped.values()))})"
+        line += f" (e.g. {judged.skipped[0].why})"
+    if judged.tokens_spent:
+        line += f"; the server counted {judged.tokens_spent:,} tokens"
     return line
 
 
@@ -133,6 +174,24 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         judge_model: Annotated[
             str | None, typer.Option(help="The model name sent to --judge-url.")
         ] = None,
+        judge_labellers: Annotated[
+            int, typer.Option(min=1, max=10, help="Independent labellings of every run.")
+        ] = 3,
+        judge_agree: Annotated[
+            int,
+            typer.Option(min=1, help="Labellings a capability must pass (coverage, delta) in."),
+        ] = 2,
+        judge_budget: Annotated[
+            int | None,
+            typer.Option(
+                min=1,
+                help="Refuse to start the judge above this many tokens "
+                "(the estimate printed before any call).",
+            ),
+        ] = None,
+        yes: Annotated[
+            bool, typer.Option("--yes", help="Start the judge without asking (still printed).")
+        ] = False,
         home: HomeOption = None,
     ) -> None:
         """Find the capability gaps behind failed runs; writes <home>/gaps.json.
@@ -140,6 +199,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         With --where (a subset of the runs) or --output, <home>/gaps.json is left as it is:
         the dashboard and synthesize read it as the analysis of the whole store."""
         from tracegym.analysis.gap_selection import Thresholds
+        from tracegym.analysis.judge import JudgeNotStarted
         from tracegym.analysis.pipeline import analyze as run_analysis
         from tracegym.store.store import check_read_only
 
@@ -150,17 +210,21 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 check_read_only(f"SELECT * FROM traces WHERE {where}")
             except ValueError as exc:
                 fail(f"--where: {exc}")
-        judged, hook = _judge(judge_url, judge_model, fail)
+        judged, make_hook = _judge(judge_url, judge_model, judge_labellers, judge_agree,
+                                   min_coverage, min_delta, fail)  # fmt: skip
         target = existing_home(home_of(ctx, home), fail)
         thresholds = Thresholds(min_coverage, min_delta, resamples, min_stability, seed)
         store_wide = not where and output is None
         status = Console(stderr=True).status("analysing", spinner="dots")
+        hook = make_hook(_approver(judge_budget, yes, status)) if make_hook else None
         try:
             with status:
                 result = run_analysis(
                     target, thresholds=thresholds, where=where, write=store_wide,
                     extra_candidates=hook, progress=lambda stage: status.update(escape(stage)),
                 )  # fmt: skip
+        except JudgeNotStarted as exc:
+            fail(f"judge not started: {exc}")
         except Exception as exc:
             fail(f"analysis failed: {exc}")
         document = result.gaps_document()

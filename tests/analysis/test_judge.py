@@ -1,17 +1,16 @@
 """The optional LLM judge (analysis/judge.py) against a local stub of an OpenAI-compatible server:
 propose/label round trip, trace content delimited as data, strict parsing of the server's answer
 only, malformed answers and timeouts as errors or skipped runs, judge candidates scored like every
-other candidate, and no network without the options."""
+other candidate, the command's options, and no network without them. TRACE's protocol (N
+labellers, K of N, the plan and the budget) is tests/analysis/test_judge_protocol.py."""
 
 from __future__ import annotations
 
 import json
 import re
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,8 @@ from tracegym.analysis.judge import (
     JUDGE,
     Judged,
     JudgeError,
+    Label,
+    Labeller,
     OpenAICompatibleJudge,
     ProposedCapability,
     RunSummary,
@@ -34,71 +35,22 @@ from tracegym.analysis.judge import (
     summarize,
 )
 from tracegym.analysis.runs import Run, Step
+from tracegym.tests.fixtures.fake_llm_server import ChatAnswer, ScriptedChatServer, chat_completion
 from tracegym.tests.fixtures.hash_embedder import HashEmbedder
 from tracegym.tracer import semconv as sc
 
-Answer = Callable[[dict[str, Any]], tuple[int, str]]  # request body -> (status, reply body)
-
 
 def chat(content: str) -> tuple[int, str]:
-    return 200, json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]})
-
-
-class Stub:
-    """An OpenAI-compatible chat completions server on 127.0.0.1 (a free port), in a thread."""
-
-    def __init__(self, answer: Answer, delay_s: float = 0.0) -> None:
-        self.answer, self.delay_s = answer, delay_s
-        self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                stub.requests.append(body)
-                stub.headers.append(dict(self.headers))
-                if stub.delay_s:
-                    time.sleep(stub.delay_s)
-                status, reply = stub.answer(body) if self.path == "/v1/chat/completions" else (
-                    404, "not found")  # fmt: skip
-                data = reply.encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:
-                    pass  # the client gave up (the timeout test)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    def __enter__(self) -> Stub:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    return chat_completion(content)
 
 
 @pytest.fixture
-def stub() -> Iterator[Callable[..., Stub]]:
-    started: list[Stub] = []
+def stub() -> Iterator[Callable[[ChatAnswer], ScriptedChatServer]]:
+    started: list[ScriptedChatServer] = []
 
-    def start(answer: Answer, delay_s: float = 0.0) -> Stub:
-        s = Stub(answer, delay_s).__enter__()
-        started.append(s)
-        return s
+    def start(answer: ChatAnswer) -> ScriptedChatServer:
+        started.append(ScriptedChatServer(answer).__enter__())
+        return started[-1]
 
     yield start
     for s in started:
@@ -135,15 +87,33 @@ PROPOSED = {"capabilities": [
 ]}  # fmt: skip
 
 
-def _answer(lacking: Callable[[dict[str, Any]], list[str]]) -> Answer:
-    """Propose PROPOSED; label with `lacking(the run's data)`."""
+CAPABILITIES = [ProposedCapability(**c) for c in PROPOSED["capabilities"]]
+FIRST = Labeller(0, 0)
+
+
+def labels_of(lacking: list[str], names: list[str] | None = None) -> dict[str, str]:
+    """Every capability PRESENT but those in `lacking` (LACKING)."""
+    names = names or [c["name"] for c in PROPOSED["capabilities"]]
+    return {n: "LACKING" if n in lacking else "PRESENT" for n in names}
+
+
+def listed(system: str) -> list[str]:
+    """The capability names a labelling prompt lists, in its order."""
+    return re.findall(r"^- ([a-z0-9_]+): ", system, re.MULTILINE)
+
+
+def _answer(lacking: Callable[..., list[str]], proposed: dict[str, Any] = PROPOSED) -> ChatAnswer:
+    """Propose `proposed`; label with `lacking(the run's data)` (or `lacking(run, labeller
+    seed)` when it takes two arguments): those LACKING, the others PRESENT."""
+    two = lacking.__code__.co_argcount == 2
 
     def answer(body: dict[str, Any]) -> tuple[int, str]:
         system, user = body["messages"][0]["content"], body["messages"][1]["content"]
-        if "Capabilities:" not in system:
-            return chat(json.dumps(PROPOSED))
-        data = json.loads(user.split("\n")[1])  # the line between the markers
-        return chat(json.dumps({"lacking": lacking(data["run"])}))
+        if "Label every capability" not in system:
+            return chat(json.dumps(proposed))
+        run = json.loads(user.split("\n")[1])["run"]  # the line between the markers
+        said = lacking(run, body.get("seed")) if two else lacking(run)
+        return chat(json.dumps({"labels": labels_of(said, listed(system))}))
 
     return answer
 
@@ -153,10 +123,14 @@ def test_propose_and_label_round_trip(stub):
     judge = OpenAICompatibleJudge(s.url, "tiny-model", api_key="k-123", timeout_s=2)
     failed = [summarize(_run("t1", False, "please cancel my order"))]
     capabilities = judge.propose(failed)
-    assert capabilities == [ProposedCapability(**c) for c in PROPOSED["capabilities"]]
-    assert judge.label(failed[0], capabilities) == ["respect_policy"]
-    assert judge.label(summarize(_run("t2", True, "change my seat")), capabilities) == []
+    assert capabilities == CAPABILITIES
+    assert judge.label(failed[0], capabilities, FIRST) == {
+        "look_up_before_acting": Label.PRESENT, "respect_policy": Label.LACKING}  # fmt: skip
+    seat = judge.label(summarize(_run("t2", True, "change my seat")), capabilities, FIRST)
+    assert set(seat.values()) == {Label.PRESENT}
     assert [r["model"] for r in s.requests] == ["tiny-model"] * 3
+    assert "seed" not in s.requests[0] and s.requests[0]["temperature"] == 0.0
+    assert [r["seed"] for r in s.requests[1:]] == [0, 0]
     assert all(h["Authorization"] == "Bearer k-123" for h in s.headers)
 
 
@@ -166,8 +140,8 @@ def test_trace_content_is_delimited_data_and_only_the_answer_is_parsed(stub):
     s = stub(_answer(lambda run: ["look_up_before_acting"]))
     judge = OpenAICompatibleJudge(s.url, "m", timeout_s=2)
     run = _run("t1", False, injected, tool_output=injected)
-    capabilities = [ProposedCapability(**c) for c in PROPOSED["capabilities"]]
-    assert judge.label(summarize(run), capabilities) == ["look_up_before_acting"]
+    capabilities = CAPABILITIES
+    assert judge.label(summarize(run), capabilities, FIRST)["respect_policy"] == Label.PRESENT
     system, user = (m["content"] for m in s.requests[0]["messages"])
     assert "ignore previous instructions" not in system and "untrusted" in system
     nonce = re.search(r'<trace_data id="([0-9a-f]{16})">', system).group(1)
@@ -178,7 +152,7 @@ def test_trace_content_is_delimited_data_and_only_the_answer_is_parsed(stub):
     data = json.loads(lines[1])["run"]
     assert data["request"] == injected and data["tool_calls"][0]["result"] == injected
     # another call, another nonce
-    judge.label(summarize(run), capabilities)
+    judge.label(summarize(run), capabilities, FIRST)
     assert nonce not in s.requests[1]["messages"][0]["content"]
 
 
@@ -215,9 +189,21 @@ def test_the_final_answer_is_the_root_output_else_the_last_model_output():
     [
         (chat("The run lacked a lookup."), "not JSON"),
         (chat('["look_up_before_acting"]'), "not an object"),
-        (chat('{"labels": []}'), "no 'lacking' list"),
-        (chat('{"lacking": ["made_up"]}'), "unknown capabilities: made_up"),
-        (chat('{"lacking": [1]}'), "no 'lacking' list"),
+        (chat('{"lacking": ["respect_policy"]}'), "no 'labels' object"),
+        (chat('{"labels": ["respect_policy"]}'), "no 'labels' object"),
+        (
+            chat(json.dumps({"labels": labels_of([]) | {"made_up": "NA"}})),
+            "unknown capabilities: made_up",
+        ),
+        (
+            chat('{"labels": {"respect_policy": "NA"}}'),
+            "leaves out capabilities: look_up_before_acting",
+        ),
+        (
+            chat(json.dumps({"labels": labels_of([]) | {"respect_policy": "MAYBE"}})),
+            "'MAYBE' of respect_policy is not NA, PRESENT or LACKING",
+        ),
+        (chat(json.dumps({"labels": labels_of([]) | {"respect_policy": True}})), "not NA"),
         ((200, '{"id": "x"}'), "not a chat completion"),
         ((200, "<html>"), "not a chat completion"),
         ((500, '{"error": "overloaded"}'), "HTTP 500"),
@@ -226,9 +212,8 @@ def test_the_final_answer_is_the_root_output_else_the_last_model_output():
 def test_malformed_answers_are_clear_errors(stub, reply: tuple[int, str], message: str):
     s = stub(lambda body: reply)
     judge = OpenAICompatibleJudge(s.url, "m", timeout_s=2)
-    capabilities = [ProposedCapability(**c) for c in PROPOSED["capabilities"]]
     with pytest.raises(JudgeError, match=re.escape(message)):
-        judge.label(summarize(_run("t1", False, "r")), capabilities)
+        judge.label(summarize(_run("t1", False, "r")), CAPABILITIES, FIRST)
 
 
 @pytest.mark.parametrize(
@@ -249,7 +234,7 @@ def test_a_fenced_json_answer_is_read(stub):
 
 
 def test_a_timeout_is_an_error(stub):
-    s = stub(lambda body: chat(json.dumps(PROPOSED)), delay_s=1.0)
+    s = stub(lambda body: time.sleep(1.0) or chat(json.dumps(PROPOSED)))
     judge = OpenAICompatibleJudge(s.url, "m", timeout_s=0.3)
     started = time.perf_counter()
     with pytest.raises(JudgeError, match=r"within 0\.3 s"):
@@ -273,18 +258,23 @@ def test_unreachable_server_and_bad_urls():
 
 def test_runs_the_judge_fails_on_are_skipped_and_counted(stub):
     def answer(body: dict[str, Any]) -> tuple[int, str]:
-        if "Capabilities:" not in body["messages"][0]["content"]:
+        if "Label every capability" not in body["messages"][0]["content"]:
             return chat(json.dumps(PROPOSED))
         run = json.loads(body["messages"][1]["content"].split("\n")[1])["run"]
-        return chat("sorry, I cannot" if "broken" in run["request"] else '{"lacking": []}')
+        if "broken" in run["request"]:
+            return chat("sorry, I cannot")
+        return chat(json.dumps({"labels": labels_of([])}))
 
     s = stub(answer)
     runs = [_run("t1", False, "fine"), _run("t2", False, "broken"), _run("t3", True, "fine"),
             _run("t4", None, "no outcome")]  # fmt: skip
     judged = judge_runs(OpenAICompatibleJudge(s.url, "m", timeout_s=2), runs)
-    assert judged.error is None and sorted(judged.labels) == ["t1", "t3"]
-    assert list(judged.skipped) == ["t2"] and "not JSON" in judged.skipped["t2"]
-    assert len(s.requests) == 1 + 3  # runs without an outcome are not sent
+    assert judged.error is None
+    assert {i: sorted(by_run) for i, by_run in judged.labels.items()} == {
+        0: ["t1", "t3"], 1: ["t1", "t3"], 2: ["t1", "t3"]}  # fmt: skip
+    assert [(x.labeller, x.trace_id) for x in judged.skipped] == [(0, "t2"), (1, "t2"), (2, "t2")]
+    assert all("not JSON" in x.why for x in judged.skipped)
+    assert len(s.requests) == 1 + 3 * 3  # runs without an outcome are not sent
 
 
 def test_a_failed_proposal_leaves_no_candidates(stub):
@@ -298,16 +288,18 @@ class _Crashing:
     def propose(self, failed: list[RunSummary]) -> list[ProposedCapability]:
         return [ProposedCapability("x", "d")]
 
-    def label(self, run: RunSummary, capabilities: list[ProposedCapability]) -> list[str]:
+    def label(self, run: RunSummary, capabilities: Any, labeller: Labeller) -> dict[str, Label]:
         raise RuntimeError("a bug in the judge")
 
 
 def test_a_crashing_user_judge_skips_runs():
     judged = judge_runs(_Crashing(), [_run("t1", False, "r")])
-    assert judged.skipped == {"t1": "RuntimeError: a bug in the judge"}
+    assert {(x.labeller, x.trace_id, x.why) for x in judged.skipped} == {
+        (i, "t1", "RuntimeError: a bug in the judge") for i in range(3)}  # fmt: skip
+    assert judged.verdicts[0].passed == 0 and not judged.kept
 
 
-def _seat_answer(labelled: set[str], noisy: set[str]) -> Answer:
+def _seat_answer(labelled: set[str], noisy: set[str]) -> ChatAnswer:
     """Label the seat agent's runs: `look_up_before_acting` for runs whose change_seat failed
     and whose request is in `labelled`; `respect_policy` for requests in `noisy` (any outcome)."""
 
@@ -335,30 +327,33 @@ def test_analyze_scores_judge_candidates_like_the_others(stub, tmp_path: Path):
         runs = load_runs(store)
     request = {r.trace_id: request_text(r) for r in runs}
     wrong = sorted(truth["wrong_order"])
-    labelled = {request[t] for t in wrong[:8]}  # 8 of the 13: not a twin of wrong_tool_order
+    labelled = {request[t] for t in wrong[:8]}  # 8 of the 13: not a twin of the detectors' gap
     noisy = {request[r.trace_id] for r in runs[::2]}  # every other run: no contrast
     s = stub(_seat_answer(labelled, noisy))
     report = Judged()
     hook = judge_hook(OpenAICompatibleJudge(s.url, "m", timeout_s=2), report)
     result = analyze(tmp_path, embedder=HashEmbedder(tmp_path / "cache"), write=False,
                      extra_candidates=hook)  # fmt: skip
-    assert report.error is None and not report.skipped and len(report.labels) == len(runs)
+    assert report.error is None and not report.skipped
+    assert all(len(by_run) == len(runs) for by_run in report.labels.values())
     failed = [r.trace_id for r in runs if r.success is False]
     succeeded = [r.trace_id for r in runs if r.success is True]
     scored = {x.candidate.key: x for x in result.scored}
     t = Thresholds()
-    for name in ("look_up_before_acting", "respect_policy"):
-        x = scored[f"{JUDGE}:{name}"]
-        assert x.candidate.detector == JUDGE
-        coverage, delta = rates(x.candidate.lacking, failed, succeeded)
-        assert (x.coverage, x.delta) == (coverage, delta)
-        assert x.stability == stability(x.candidate.lacking, failed, succeeded, t)
-    assert scored["judge:look_up_before_acting"].coverage == pytest.approx(8 / 13)
-    assert not scored["judge:respect_policy"].kept and "delta" in scored["judge:respect_policy"].why
+    x = scored[f"{JUDGE}:look_up_before_acting"]
+    assert x.candidate.detector == JUDGE
+    coverage, delta = rates(x.candidate.lacking, failed, succeeded)
+    assert (x.coverage, x.delta) == (coverage, delta)
+    assert x.stability == stability(x.candidate.lacking, failed, succeeded, t)
+    assert x.coverage == pytest.approx(8 / 13)
+    # labelled at random by outcome, no labeller finds a contrast: never a candidate
+    verdict = {v.capability.name: v for v in report.verdicts}["respect_policy"]
+    assert not verdict.kept and verdict.passed == 0 and "judge:respect_policy" not in scored
+    assert all(s.delta is not None and s.delta < t.min_delta for s in verdict.scores)
     gap = next(g for g in result.gaps if g.key == "judge:look_up_before_acting")
     assert gap.detector == JUDGE and {m.trace_id for m in gap.members} == set(wrong[:8])
     # the detectors' own gap is still there, ahead of nothing it should not be
-    assert "wrong_tool_order:get_booking>change_seat" in {g.key for g in result.gaps}
+    assert any(g.detector != JUDGE and g.members for g in result.gaps)
 
 
 def test_the_cli_judge_options(stub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -370,18 +365,28 @@ def test_the_cli_judge_options(stub, tmp_path: Path, monkeypatch: pytest.MonkeyP
     write_seat_agent(tmp_path, failed=13)
     s = stub(_seat_answer(set(), set()))  # proposes, labels nothing
     monkeypatch.setenv("TRACEGYM_JUDGE_API_KEY", "secret")
-    done = CliRunner().invoke(app, ["--home", str(tmp_path), "analyze", "--judge-url", s.url,
-                                    "--judge-model", "m"])  # fmt: skip
+    base = ["--home", str(tmp_path), "analyze"]
+    done = CliRunner().invoke(app, [*base, "--judge-url", s.url, "--judge-model", "m"])
     assert done.exit_code == 0, done.output
-    assert "judge: 2 capabilities proposed" in done.output and "0 skipped" in done.output
-    assert s.headers[0]["Authorization"] == "Bearer secret"
-    rejected = {r["key"] for r in json.loads((tmp_path / "gaps.json").read_text())["rejected"]}
-    assert "judge:look_up_before_acting" in rejected  # scored, and rejected: it covers nothing
-    alone = CliRunner().invoke(app, ["--home", str(tmp_path), "analyze", "--judge-url", s.url])
+    # the plan first (39 runs, 13 failed: 1 + 3 x 39 calls), then what was said
+    assert re.search(r"judge: 118 calls \(1 to propose from 13 failed runs, 3 labellers x 39 "
+                     r"runs\), about [\d,]+ tokens", done.output)  # fmt: skip
+    assert "judge: 2 capabilities proposed, kept by enough labellers: none; 117 labellings, " \
+           "0 skipped" in done.output  # fmt: skip
+    assert s.headers[0]["Authorization"] == "Bearer secret" and len(s.requests) == 118
+    keys = {r["key"] for r in json.loads((tmp_path / "gaps.json").read_text())["rejected"]}
+    assert not any(k.startswith("judge:") for k in keys)  # no labeller kept one: no candidate
+    gaps = json.loads((tmp_path / "gaps.json").read_text())["gaps"]
+    assert gaps and all(g["detector"] != JUDGE for g in gaps)  # the detectors' gaps, as before
+    alone = CliRunner().invoke(app, [*base, "--judge-url", s.url])
     assert alone.exit_code == 2 and "go together" in alone.output
-    bad = CliRunner().invoke(app, ["--home", str(tmp_path), "analyze", "--judge-url",
-                                   "file:///etc/passwd", "--judge-model", "m"])  # fmt: skip
+    bad = CliRunner().invoke(app, [*base, "--judge-url", "file:///etc/passwd", "--judge-model",
+                                   "m"])  # fmt: skip
     assert bad.exit_code == 2
+    more = CliRunner().invoke(app, [*base, "--judge-url", s.url, "--judge-model", "m",
+                                    "--judge-labellers", "2", "--judge-agree", "3"])  # fmt: skip
+    assert more.exit_code == 2 and "--judge-agree 3 exceeds --judge-labellers 2" in more.output
+    assert len(s.requests) == 118  # none of the refused commands called
 
 
 def test_without_the_options_no_network_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -412,17 +417,18 @@ def test_a_judge_label_of_the_same_runs_ranks_after_the_detectors_gap(tmp_path: 
 
     write_seat_agent(tmp_path, failed=13)
 
-    class TwinJudge:  # labels exactly the runs whose change_seat failed: wrong_tool_order's runs
+    class TwinJudge:  # labels exactly the runs whose change_seat failed: the detectors' gap's
         def propose(self, failed: Any) -> list[ProposedCapability]:
             return [
                 ProposedCapability("aaa_look_up_first", "looks the booking up before changing it")
             ]
 
-        def label(self, run: Any, capabilities: Any) -> list[str]:
+        def label(self, run: Any, capabilities: Any, labeller: Labeller) -> dict[str, Label]:
             failed_seat = any(c.tool == "change_seat" and c.error for c in run.calls)
-            return ["aaa_look_up_first"] if failed_seat else []
+            return {"aaa_look_up_first": Label.LACKING if failed_seat else Label.PRESENT}
 
     result = analyze(tmp_path, embedder=HashEmbedder(tmp_path / "cache"), write=False,
                      extra_candidates=judge_hook(TwinJudge()))  # fmt: skip
-    assert result.gaps[0].key == "wrong_tool_order:get_booking>change_seat"
+    assert result.gaps[0].detector != JUDGE and "judge:aaa_look_up_first" not in {
+        g.key for g in result.gaps}  # fmt: skip
     assert result.gaps[0].members  # with its decisive steps
