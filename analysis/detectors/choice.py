@@ -8,8 +8,10 @@ among the user's. When the user said what they wanted ("the black one, 1000ml", 
 call and argument value, the *candidates* are
 
 - the records of one collection inside one read result (a list of two or more objects, or an
-  object whose values are two or more objects: records keyed by id) whose identity (its key, or
-  an id-like field: a text with 4+ digits) is the value in exactly one of them, or
+  object whose values are two or more objects: records keyed by id) whose identity (its key, an
+  id-like field: a text with 4+ digits or a field named ``id`` or ``*_id``; failing any, a
+  field whose value is the argument's in exactly one of them) is the value in exactly one of
+  them, or
 - the results of two or more reads by the same tool of different records (``get_order(A)``,
   ``get_order(B)``), one of which was read by the value.
 
@@ -69,32 +71,47 @@ class Candidate:
     schema: frozenset[str]  # the paths of its fields: records of one kind share them
     read: Read
     label: str  # a short description for messages
+    scalars: frozenset[tuple[str, str]] = frozenset()  # (path, `words` text) of its own fields
 
 
 def _digits(text: str) -> int:
     return sum(c.isdigit() for c in text)
 
 
+def _id_name(path: str) -> bool:
+    """A field named like an identifier: ``id``, ``*_id`` (``slot_id``, ``orderId``)."""
+    name = path.casefold()
+    return name == "id" or name.endswith("_id") or path.endswith("Id")
+
+
 def _candidate(record: dict[str, Any], read: Read, key: str | None) -> Candidate:
     identity: set[str] = {words(key)} if key else set()
     values: set[tuple[str, str]] = set()
     flags: set[str] = set()
+    scalars: set[tuple[str, str]] = set()
     leaves = list(flatten(record))  # walked once for values, label and schema
     for path, leaf in leaves:
+        own = "." not in path and "[]" not in path  # the record's own field, not a nested one
         if isinstance(leaf, bool):
             flags.add(f"{path}={'true' if leaf else 'false'}")
+        elif isinstance(leaf, int) and own:
+            scalars.add((path, str(leaf)))
+            if _id_name(path):
+                identity.add(str(leaf))
         elif isinstance(leaf, str):
             text = words(leaf)
             if not text:
                 continue
-            if "." not in path and "[]" not in path and _digits(text) >= MAX_DIGITS:
+            if own:
+                scalars.add((path, text))
+            if own and (_digits(text) >= MAX_DIGITS or _id_name(path)):
                 identity.add(text)
             if MIN_VALUE <= len(text) <= MAX_VALUE and _digits(text) <= MAX_DIGITS:
                 values.add((path, text))
     shown = [str(v) for _, v in leaves if isinstance(v, str) and len(v) <= MAX_VALUE]
     schema = frozenset(path for path, _ in leaves)
     return Candidate(frozenset(identity), frozenset(values), frozenset(flags), schema, read,
-                     ", ".join(shown[:6]))  # fmt: skip
+                     ", ".join(shown[:6]), frozenset(scalars))  # fmt: skip
 
 
 def _collections(value: Any, depth: int = 0) -> Iterator[list[tuple[str | None, dict[str, Any]]]]:
@@ -133,7 +150,8 @@ def candidate_sets(earlier: Sequence[Read]) -> list[list[Candidate]]:
             args = parse_json(read.step.input)
             ids = {words(str(v)) for _, v in flatten(args) if isinstance(v, (str, int))}
             group.append(Candidate(found.identity | {i for i in ids if i}, found.values,
-                                   found.flags, found.schema, read, found.label))  # fmt: skip
+                                   found.flags, found.schema, read, found.label,
+                                   found.scalars))  # fmt: skip
         sets.append(group)
     return sets
 
@@ -267,7 +285,9 @@ def choices(
             before = [r for r in earlier if r.step.position < start
                       and r.key not in same and r.tool not in same]  # fmt: skip
             for arg, value, raw in scalars:
-                holding = [c for c in candidates if value in c.identity]
+                holding = [c for c in candidates if value in c.identity] or _unique_field(
+                    candidates, value
+                )
                 if len(holding) != 1 or (arg, value) in seen:
                     continue
                 if any(value in _fields(r) for r in before):
@@ -298,6 +318,17 @@ def choices(
                 yield Choice(step, tool, arg, raw, chosen, rivals, named_by_user, mine,
                              best, matched, deciding, tuple(candidates),
                              tuple(t[0] for t in scored))  # fmt: skip
+
+
+def _unique_field(candidates: Sequence[Candidate], value: str) -> list[Candidate]:
+    """The one candidate whose own field holds `value` where no other candidate has it at that
+    field (an identity that neither looks like an id nor is named like one), else none."""
+    paths = {p for c in candidates for p, t in c.scalars if t == value}
+    for path in sorted(paths):
+        holding = [c for c in candidates if (path, value) in c.scalars]
+        if len(holding) == 1:
+            return holding
+    return []
 
 
 class WrongChoice(Detector):
