@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -19,6 +19,8 @@ from tracegym.store.home import Home
 
 if TYPE_CHECKING:
     from tracegym.analysis.gap import GapsDocument
+    from tracegym.analysis.gap_selection import Scored, Thresholds
+    from tracegym.analysis.pipeline import Analysis
 
 
 def render_gaps(console: Console, document: GapsDocument) -> None:
@@ -129,9 +131,16 @@ def _judge_line(judged: Any) -> str:
     if judged.error:
         return f"judge: no candidates ({judged.error})"
     labelled = sum(len(by_run) for by_run in judged.labels.values())
-    kept = ", ".join(v.capability.name for v in judged.kept) or "none"
-    line = (f"judge: {len(judged.capabilities)} capabilities proposed, kept by enough "
-            f"labellers: {kept}; {labelled} labellings, {len(judged.skipped)} skipped")  # fmt: skip
+    line = f"judge: {len(judged.capabilities)} capabilities proposed"
+    if judged.verdicts:
+        first = judged.verdicts[0]
+        kept = ", ".join(v.capability.name for v in judged.kept) or "none"
+        line += f"; kept (>= {first.agree} of {len(first.scores)} labellings pass): {kept}"
+        missed = [f"{v.capability.name} ({v.passed} of {len(v.scores)})"
+                  for v in judged.verdicts if not v.kept]  # fmt: skip
+        if missed:
+            line += f"; not kept: {', '.join(missed)}"
+    line += f"; {labelled} labellings, {len(judged.skipped)} skipped"
     if judged.skipped:
         line += f" (e.g. {judged.skipped[0].why})"
     if judged.tokens_spent:
@@ -235,12 +244,16 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 document.write_file(output)
             except OSError as exc:
                 fail(f"cannot write {output}: {exc.strerror or exc}")
+        empty = None if result.gaps else nothing_kept(result, judged=judged is not None)
         if as_json:
-            sys.stdout.write(
-                json.dumps(document.to_dict(), indent=2, ensure_ascii=False, default=str) + "\n"
-            )
+            printed = document.to_dict()
+            if empty is not None:  # not in gaps.json: what this analysis says about itself
+                printed["nothing_kept"] = empty.to_dict()
+            sys.stdout.write(json.dumps(printed, indent=2, ensure_ascii=False, default=str) + "\n")
         else:
             render_gaps(table_console(), document)
+            if empty is not None:
+                render_nothing_kept(table_console(), empty)
         if not as_json or not store_wide:
             Console(stderr=True, soft_wrap=True).print(
                 escape(_written(target, where, output)), style="dim", highlight=False
@@ -266,3 +279,129 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         findings, _ = run_detectors(default_detector_set(), runs)
         for attribution in attribute_runs(runs, findings):
             sys.stdout.write(to_json_line(attribution) + "\n")
+
+
+# When no gap is kept ------------------------------------------------------------------------------
+NEAREST = 5  # near misses listed
+FEW_RUNS = 20  # fewer failed (or successful) runs than this: one run moves a rate by 5% or more
+
+
+@dataclass(frozen=True)
+class NearMiss:
+    """A candidate not kept: its rates, the thresholds it missed (or, having passed them all,
+    why it was dropped)."""
+
+    key: str
+    failed_runs: int
+    coverage: float
+    delta: float | None
+    stability: int
+    missed: tuple[str, ...]  # "delta 0.15 < 0.2", ...; empty when it passed all three
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "failed_runs": self.failed_runs, "coverage": self.coverage,
+                "delta": self.delta, "stability": self.stability, "missed": list(self.missed),
+                "why": self.why}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class NothingKept:
+    """Why an analysis kept no gap, from what it already has: the runs by outcome, the failed
+    runs no detector found anything in, the candidates nearest to passing, and what to do next
+    (more runs, outcomes, an LLM judge)."""
+
+    failed: int
+    succeeded: int
+    unknown: int
+    untouched: int  # failed runs without a single detector finding
+    nearest: tuple[NearMiss, ...]
+    next_steps: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"failed": self.failed, "succeeded": self.succeeded, "unknown": self.unknown,
+                "failed_without_findings": self.untouched,
+                "nearest": [m.to_dict() for m in self.nearest],
+                "next_steps": list(self.next_steps)}  # fmt: skip
+
+
+def _missed(s: Scored, t: Thresholds) -> tuple[tuple[str, ...], float]:
+    """The thresholds `s` missed, and how far it is from passing them (the relative shortfalls
+    summed: 0 for a candidate that passed all three and was dropped for another reason)."""
+    missed, short = [], 0.0
+    if s.coverage < t.min_coverage:
+        missed.append(f"coverage {s.coverage:.2f} < {t.min_coverage}")
+        short += (t.min_coverage - s.coverage) / max(t.min_coverage, 1e-9)
+    if s.delta is not None and s.delta < t.min_delta:
+        missed.append(f"delta {s.delta:.2f} < {t.min_delta}")
+        short += (t.min_delta - s.delta) / max(t.min_delta, 1e-9)
+    if s.stability < t.min_stability:
+        missed.append(f"stable in {s.stability}/{t.resamples} < {t.min_stability}")
+        short += (t.min_stability - s.stability) / max(t.min_stability, 1)
+    return tuple(missed), short
+
+
+def nothing_kept(result: Analysis, *, judged: bool = False, limit: int = NEAREST) -> NothingKept:
+    """What to tell a user whose analysis kept no gap (see `NothingKept`)."""
+    t = result.thresholds
+    failed = {r.trace_id for r in result.failed}
+    n_failed, n_ok = len(failed), len(result.succeeded)
+    unknown = len(result.runs) - n_failed - n_ok
+    untouched = sum(1 for x in failed if not result.findings.get(x))
+    near = []
+    for s in result.scored:
+        if s.kept or not s.failed_lacking:
+            continue
+        missed, short = _missed(s, t)
+        near.append((short, -s.failed_lacking, s.candidate.key, s, missed))
+    near.sort(key=lambda item: item[:3])
+    nearest = tuple(NearMiss(s.candidate.key, s.failed_lacking, round(s.coverage, 4),
+                             None if s.delta is None else round(s.delta, 4), s.stability,
+                             missed, s.why) for *_, s, missed in near[:limit])  # fmt: skip
+    steps = []
+    if not n_failed and not n_ok:
+        steps.append("outcomes: no run has one; record them (`tracegym outcome RUN_ID "
+                     "--success/--failure`, or import runs with their rewards): analysis "
+                     "contrasts failed runs with successful ones")  # fmt: skip
+    elif not n_failed:
+        steps.append("nothing to explain: no run failed")
+    else:
+        if unknown:
+            steps.append(f"outcomes: {unknown} runs have none; `tracegym outcome RUN_ID "
+                         "--success/--failure` adds them to the contrast")  # fmt: skip
+        if not n_ok:
+            steps.append("outcomes: no run succeeded, so nothing tells a failing behaviour from "
+                         "what every run does; record the successes too")  # fmt: skip
+        unstable = [m for m in nearest if m.missed and all(x.startswith("stable")
+                                                           for x in m.missed)]  # fmt: skip
+        if n_failed < FEW_RUNS or n_ok < FEW_RUNS or unstable:
+            why = (f"{len(unstable)} of the nearest candidates pass coverage and delta but not "
+                   "the bootstrap" if unstable else
+                   f"with {n_failed} failed runs one run moves coverage by "
+                   f"{1 / n_failed:.0%}")  # fmt: skip
+            steps.append(f"more runs: {n_failed} failed and {n_ok} successful so far; {why}")
+        if untouched and not judged:
+            steps.append(f"--judge-url URL --judge-model NAME: {untouched} of the {n_failed} "
+                         "failed runs have no finding from any detector; an LLM judge proposes "
+                         "and labels capabilities the detectors do not see (it sends summaries "
+                         "of the runs to that server)")  # fmt: skip
+        if nearest:
+            steps.append("to look closer (exploratory, not a verdict): lower --min-delta or "
+                         "--min-stability, or analyse one agent or task with --where")  # fmt: skip
+    return NothingKept(n_failed, n_ok, unknown, untouched, nearest, tuple(steps))
+
+
+def render_nothing_kept(console: Console, empty: NothingKept) -> None:
+    """Why no gap was kept and what to do next, under the (empty) gaps table."""
+    console.print(f"[bold]No gap kept.[/] {empty.untouched} of {empty.failed} failed runs have "
+                  "no finding from any detector.", highlight=False)  # fmt: skip
+    if empty.nearest:
+        console.print("Nearest candidates (what each missed):")
+        for m in empty.nearest:
+            delta = "-" if m.delta is None else f"{m.delta:.2f}"
+            missed = "; ".join(m.missed) or m.why
+            console.print(f"  {escape(m.key)}: {m.failed_runs} failed runs, coverage "
+                          f"{m.coverage:.2f}, delta {delta}, stable {m.stability}: "
+                          f"{escape(missed)}", highlight=False)  # fmt: skip
+    for step in empty.next_steps:
+        console.print(f"Next: {escape(step)}", highlight=False)

@@ -213,14 +213,17 @@ def rate_rules(
     min_gap: float = 0.4,
     max_p: float = 0.05,
     known: Collection[tuple[str, str]] = (),
+    known_order: Collection[tuple[str, str]] = (),
 ) -> list[Rule]:
     """Rules that successful runs follow far more often than failed runs, though not always
     (lucky successes break them): "B needs A" (of the runs calling B, the share that called A
     first) and "A before B" (of the runs calling both, the share calling A first). A rule when
     `min_support` successful and `min_failed` failed runs are measured, the successful share is
     at least `min_rate`, exceeds the failed share by `min_gap`, and the one-sided Fisher exact
-    test of the two shares gives p <= `max_p`. Pairs in `known` (rules every successful run
-    follows) are skipped; a pair is a prerequisite rule when that holds, else a precedence."""
+    test of the two shares gives p <= `max_p`. Pairs in `known` (prerequisites every successful
+    run keeps) are skipped, and so is the precedence reading of those in `known_order` (every
+    successful run calling both calls A first); a pair is a prerequisite rule when that reading
+    holds, else a precedence."""
     s, f = _count(successes), _count(failures)
     rules = []
     for (a, b), n in sorted(s.both.items()):
@@ -231,6 +234,8 @@ def rate_rules(
             (False, n, s.ordered[a, b], f.both[a, b], f.ordered[a, b]),
         )
         for prerequisite, n_s, k_s, n_f, k_f in candidates:
+            if not prerequisite and (a, b) in known_order:
+                continue
             if n_s < min_support or n_f < min_failed:
                 continue
             rate, failed_rate = k_s / n_s, k_f / n_f
@@ -280,9 +285,13 @@ class WrongToolOrder(Detector):
         self.rules_ = mine_rules(successes, self.min_support, self.min_confidence)
         if self.by_rate:
             failures = [r for r in runs if r.success is False]
-            known = {(r.before, r.after) for r in self.rules_}
-            self.rules_ += rate_rules(successes, failures, min_support=self.min_support,
-                                      max_p=self.max_p, known=known)  # fmt: skip
+            known = {(r.before, r.after) for r in self.rules_ if r.prerequisite}
+            order = {(r.before, r.after) for r in self.rules_}
+            rated = rate_rules(successes, failures, min_support=self.min_support,
+                               max_p=self.max_p, known=known, known_order=order)  # fmt: skip
+            # a prerequisite by rates replaces the same pair's precedence (it flags both)
+            replaced = {(r.before, r.after) for r in rated}
+            self.rules_ = [r for r in self.rules_ if (r.before, r.after) not in replaced] + rated
             self.rules_.sort(key=lambda r: (r.after, -r.support, r.before))
         self.tools_ = {s.tool or s.name for r in runs for s in r.steps if is_agent_call(s)}
         return self

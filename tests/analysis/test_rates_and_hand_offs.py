@@ -1,0 +1,243 @@
+"""Rules as rates (lucky successes that break a rule do not hide it), handing off instead of
+acting within one kind of request, no gap for a behaviour successful runs show as often, and
+what `analyze` says when it keeps no gap."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tracegym.analysis.detectors.base import Detector, Finding
+from tracegym.analysis.detectors.premature import PrematureFinish
+from tracegym.analysis.detectors.tool_order import WrongToolOrder, fisher_greater, rate_rules
+from tracegym.analysis.embeddings import Embedder
+from tracegym.analysis.gap_selection import (
+    Thresholds,
+    candidates_from_findings,
+    like_with_like,
+    score,
+    select,
+)
+from tracegym.analysis.runs import ROLE, Run, Step
+from tracegym.cli import app
+from typer.testing import CliRunner
+
+
+def _step(trace: str, i: int, **fields) -> Step:
+    base = dict(position=i, trace_id=trace, span_id=f"{trace}-{i}", parent_span_id=None,
+                name=fields.get("tool") or "message", operation="execute_tool", agent="a",
+                step_index=i, tool=None, call_id=None, input="{}", output="{}", status="OK",
+                error_type=None, start_ns=i, end_ns=i, duration_ms=0.0, input_tokens=None,
+                output_tokens=None, memory_store=None, memory_record=None,
+                memory_content_hash=None, memory_result_hashes=[], subtask=None,
+                attributes={})  # fmt: skip
+    base.update(fields)
+    return Step(**base)
+
+
+def _run(trace: str, success: bool, request: str, tools: list[str], *, reply: str = "") -> Run:
+    """A run: the user's request, the tool calls (no arguments), then the agent's reply."""
+    steps = [_step(trace, 0, operation="chat", input=request, output=None,
+                   attributes={ROLE: "user"})]  # fmt: skip
+    steps += [_step(trace, i, tool=tool) for i, tool in enumerate(tools, 1)]
+    if reply:
+        steps.append(_step(trace, len(steps), operation="chat", input=None, output=reply,
+                           attributes={ROLE: "assistant"}))  # fmt: skip
+    return Run(trace, trace, "a", success, None, {}, None, steps)
+
+
+# Rules as rates -----------------------------------------------------------------------------
+CANCEL = "Please cancel my order #W{n:05d}, I do not need it any more."
+
+
+def _cancel_runs() -> list[Run]:
+    """Successful runs look the order up first in 10 of 16 (6 lucky ones cancel blind, and the
+    order happened to be cancellable); failed runs in 1 of 9."""
+    runs = []
+    for i in range(16):
+        tools = ["get_order", "cancel_order"] if i < 10 else ["cancel_order"]
+        runs.append(_run(f"s{i:02d}", True, CANCEL.format(n=i), tools, reply="Done."))
+    for i in range(9):
+        tools = ["get_order", "cancel_order"] if i == 0 else ["cancel_order"]
+        runs.append(_run(f"f{i:02d}", False, CANCEL.format(n=100 + i), tools, reply="Done."))
+    return runs
+
+
+def test_a_rule_lucky_successes_break_is_still_found_with_its_p_value():
+    runs = _cancel_runs()
+    successes = [r for r in runs if r.success]
+    failures = [r for r in runs if not r.success]
+    # every-successful-run mining misses it: 6 of 16 successes cancel without the look-up
+    assert WrongToolOrder(by_rate=False).fit(runs).detect(failures[1]) == []
+    [rule] = rate_rules(successes, failures)
+    assert (rule.before, rule.after, rule.prerequisite) == ("get_order", "cancel_order", True)
+    assert rule.confidence == 0.625 and rule.failed_rate == round(1 / 9, 4)
+    assert rule.p_value == pytest.approx(fisher_greater(10, 16, 1, 9)) and rule.p_value <= 0.05
+    detector = WrongToolOrder().fit(runs)
+    [finding] = detector.detect(failures[1])
+    assert finding.key == "wrong_tool_order:get_order>cancel_order"
+    assert finding.details["p_value"] == rule.p_value and finding.details["missing"] is True
+    assert "62% of 16 successful runs" in finding.message and "p = " in finding.message
+    assert detector.detect(failures[0]) == []  # it looked the order up first
+    # and the gap is kept: 8/9 failed runs break it, 6/16 successful ones
+    findings = [f for r in runs for f in detector.detect(r)]
+    failed = [r.trace_id for r in failures]
+    succeeded = [r.trace_id for r in successes]
+    t = Thresholds()
+    scored = [score(c, failed, succeeded, t) for c in candidates_from_findings(findings)]
+    like_with_like(scored, runs, t)
+    kept = [s.candidate.key for s in select(scored, failed, t)]
+    assert kept[0] == "wrong_tool_order:get_order>cancel_order"
+
+
+def test_a_rule_both_sides_break_as_often_is_no_rule():
+    runs = _cancel_runs()
+    for r in runs:  # failed runs look up as often as successful ones
+        if not r.success and r.trace_id in {"f01", "f02", "f03", "f04", "f05"}:
+            r.steps.insert(1, _step(r.trace_id, 1, tool="get_order"))
+            for i, step in enumerate(r.steps):
+                step.position = i
+    successes = [r for r in runs if r.success]
+    failures = [r for r in runs if not r.success]
+    assert rate_rules(successes, failures) == []
+
+
+# Acting versus handing off ------------------------------------------------------------------
+CHANGE = "Please change my flight on reservation R{n:05d} to the morning departure."
+COMPLAIN = "I want to file a complaint about my lost luggage from trip T{n:05d}, escalate it."
+
+
+def _airline(failed_change: int = 6) -> list[Run]:
+    """Complaints end with a transfer in every successful run; flight changes are made by every
+    successful change run, and the failed ones hand off instead."""
+    runs = []
+    transfer = ["get_trip", "transfer_to_human_agents"]
+    change = ["get_reservation", "update_reservation_flights"]
+    hand_off = ["get_reservation", "transfer_to_human_agents"]
+    for i in range(12):
+        runs.append(_run(f"sc{i:02d}", True, COMPLAIN.format(n=i), transfer, reply="Bye."))
+    for i in range(8):
+        runs.append(_run(f"sf{i:02d}", True, CHANGE.format(n=i), change, reply="Changed."))
+    for i in range(failed_change):
+        runs.append(_run(f"ff{i:02d}", False, CHANGE.format(n=50 + i), hand_off, reply="Bye."))
+    runs.append(_run("fq00", False, CHANGE.format(n=90), ["get_reservation"],
+                     reply="Which flight would you like instead?"))  # fmt: skip
+    return runs
+
+
+def test_handing_off_instead_of_the_action_its_kind_takes_is_found():
+    runs = _airline()
+    detector = PrematureFinish().fit(runs)
+    by_run = {r.trace_id: detector.detect(r) for r in runs}
+    handed = by_run["ff00"]
+    assert [f.key for f in handed] == ["premature_finish:update_reservation_flights"]
+    [finding] = handed
+    assert finding.details["ending"] == "hand-off"
+    assert finding.details["instead"] == ["transfer_to_human_agents"]
+    assert "handed off (transfer_to_human_agents) instead" in finding.message
+    assert finding.position == 2  # the transfer, where the run turned away
+    assert by_run["fq00"][0].details["ending"] == "reply"
+    # the wrong way round: transfers are every complaint's success, not a check for changes
+    assert not any("transfer" in f.key for fs in by_run.values() for f in fs)
+    assert all(not fs for t, fs in by_run.items() if t.startswith("s"))
+
+
+def test_the_hand_off_gap_is_kept_although_successful_runs_transfer_more():
+    runs = _airline()
+    detector = PrematureFinish().fit(runs)
+    findings = [f for r in runs for f in detector.detect(r)]
+    failed = [r.trace_id for r in runs if r.success is False]
+    succeeded = [r.trace_id for r in runs if r.success is True]
+    t = Thresholds()
+    scored = [score(c, failed, succeeded, t) for c in candidates_from_findings(findings)]
+    like_with_like(scored, runs, t)
+    [top, *_] = select(scored, failed, t)
+    assert top.candidate.key == "premature_finish:update_reservation_flights"
+    assert top.failed_lacking == 7 and top.succeeded_lacking == 0
+
+
+# No gap for what successful runs show as often ----------------------------------------------
+ORDER = "Please order a referral to orthopedic surgery for patient S{n:05d} today."
+READING = "What is the latest glucose reading of patient S{n:05d} in the chart?"
+ADDRESS = "Update the home address on file for patient S{n:05d} to {n} Main Street."
+
+
+def test_a_behaviour_successful_runs_of_its_kind_show_as_often_is_not_ranked():
+    # the finding: 6 failed order runs and all 10 successful ones (within the kind: no
+    # contrast), 4 failed reading runs (2 successful readings, too few to judge)
+    fo = [_run(f"fo{i}", False, ORDER.format(n=i), ["get_pt", "post"]) for i in range(6)]
+    so = [_run(f"so{i}", True, ORDER.format(n=20 + i), ["get_pt", "post"]) for i in range(10)]
+    fr = [_run(f"fr{i}", False, READING.format(n=40 + i), ["get_obs"]) for i in range(4)]
+    sr = [_run(f"sr{i}", True, READING.format(n=60 + i), ["get_obs"]) for i in range(2)]
+    fa = [_run(f"fa{i}", False, ADDRESS.format(n=80 + i), ["put"]) for i in range(10)]
+    sa = [_run(f"sa{i:02d}", True, ADDRESS.format(n=100 + i), ["put"]) for i in range(40)]
+    runs = fo + so + fr + sr + fa + sa
+    showing = fo + so + fr
+    findings = [Finding("unknown_value", "unknown_value:post.code", r.trace_id, 1, 1, "a",
+                        (f"{r.trace_id}-1",), "x") for r in showing]  # fmt: skip
+    failed = [r.trace_id for r in runs if r.success is False]
+    succeeded = [r.trace_id for r in runs if r.success is True]
+    t = Thresholds()
+    scored = [score(c, failed, succeeded, t) for c in candidates_from_findings(findings)]
+    code = next(s for s in scored if s.candidate.key == "unknown_value:post.code")
+    assert code.kept and code.delta > 0.2  # pooled: 10/20 failed vs 10/52 successful
+    like_with_like(scored, runs, t)
+    assert not code.kept
+    assert "show it as often or more: within-kind delta 0.00" in code.why
+    assert all(s.candidate.key != code.candidate.key for s in select(scored, failed, t))
+
+
+# When nothing is kept -------------------------------------------------------------------------
+class _EveryOther(Detector):
+    """Flags every other run, failed or not: no contrast at all."""
+
+    name = "every_other"
+    description = "flags every other run"
+
+    def detect(self, run: Run) -> list[Finding]:
+        if int(run.trace_id, 16) % 2:
+            return []
+        step = run.steps[-1]
+        return [Finding(self.name, f"{self.name}:x", run.trace_id, step.position,
+                        step.step_index, step.agent, (step.span_id,), "every other")]  # fmt: skip
+
+
+class _Flat(Embedder):
+    def _load_model(self):
+        class Model:
+            def encode(self, texts, **_):
+                return np.array([[1.0, float(i)] for i, _ in enumerate(texts)], dtype=np.float32)
+
+        return Model()
+
+
+def test_analyze_says_why_nothing_was_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from tracegym.analysis import pipeline
+    from tracegym.tests.fixtures.seat_agent import write_seat_agent
+
+    write_seat_agent(tmp_path, failed=8, succeeded=8, baggage=0)
+    monkeypatch.setattr(pipeline, "default_detector_set", lambda: [_EveryOther()])
+    monkeypatch.setattr(pipeline, "Embedder", _Flat)
+    done = CliRunner().invoke(app, ["--home", str(tmp_path), "analyze"])
+    assert done.exit_code == 0, done.output
+    text = " ".join(done.stdout.split())
+    assert "0 capability gaps" in text and "No gap kept." in text
+    assert "of 8 failed runs have no finding from any detector" in text
+    # 5 of 8 failed runs vs 3 of 8 successful ones: stability is what it misses
+    assert "every_other:x: 5 failed runs, coverage 0.62, delta 0.25" in text
+    assert "stable in 4/10 < 8" in text
+    assert "Next: more runs: 8 failed and 8 successful so far" in text
+    assert "Next: --judge-url URL --judge-model NAME" in text
+    done = CliRunner().invoke(app, ["--home", str(tmp_path), "analyze", "--json"])
+    assert done.exit_code == 0, done.output
+    printed = json.loads(done.stdout)
+    empty = printed["nothing_kept"]
+    assert printed["gaps"] == [] and empty["failed"] == 8 and empty["succeeded"] == 8
+    assert empty["failed_without_findings"] == 3
+    near = {m["key"]: m for m in empty["nearest"]}["every_other:x"]
+    assert near["missed"] == ["stable in 4/10 < 8"] and near["failed_runs"] == 5
+    assert any(s.startswith("--judge-url") for s in empty["next_steps"])
+    written = json.loads((tmp_path / "gaps.json").read_text())
+    assert "nothing_kept" not in written  # the explanation is the command's, not gaps.json's
