@@ -143,7 +143,6 @@ class OpenAIAgent:
             base_url=base_url, api_key="unused", timeout=timeout, max_retries=max_retries
         )
         self.domain = domain
-        self.customer = re.compile(domain.customer_key)
         self.tool_schemas = [dict(t) for t in domain.tool_schemas]
         self.model = model
         self.max_turns = max_turns
@@ -191,24 +190,10 @@ class OpenAIAgent:
 
     def customer_of(self, request: str) -> str | None:
         """Who is asking (the key the agent's notes are kept under), when it keeps notes."""
-        found = self.customer.search(request) if self.notes is not None else None
-        return found.group() if found else None
+        return customer_of(self.domain, request) if self.notes is not None else None
 
     def opening(self, request: str, note: str | None) -> list[dict[str, Any]]:
-        """The conversation's first messages: the rules, and the request with the agent's note
-        on this customer."""
-        said = request + (f"\n(Your notes on this customer: {note})" if note else "")
-        return [
-            {"role": "system", "content": self.domain.rules},
-            {"role": "user", "content": said},
-        ]
-
-    def first_messages(self, request: str) -> list[dict[str, Any]]:
-        """What the first model call of `request`'s conversation sends, read without recording
-        a memory read (a server's routing decision can be asked ahead of the conversation)."""
-        email = self.customer_of(request)
-        note = self.notes.notes_as_opened().get(email) if self.notes and email else None
-        return self.opening(request, note)
+        return opening(self.domain, request, note)
 
     def converse(self, episode: Episode) -> None:
         """Ask, run the tools the reply calls, send their results back, until the model answers
@@ -286,6 +271,29 @@ class OpenAIAgent:
             return list(pool.map(one, tasks))
 
 
+def customer_of(domain: Domain, request: str) -> str | None:
+    """Who is asking, in the request's words (the domain's customer key)."""
+    found = re.search(domain.customer_key, request)
+    return found.group() if found else None
+
+
+def opening(domain: Domain, request: str, note: str | None) -> list[dict[str, Any]]:
+    """A conversation's first messages: the rules, and the request with the agent's note on
+    this customer."""
+    said = request + (f"\n(Your notes on this customer: {note})" if note else "")
+    return [{"role": "system", "content": domain.rules}, {"role": "user", "content": said}]
+
+
+def first_messages(
+    domain: Domain, request: str, notes: CustomerNotes | None
+) -> list[dict[str, Any]]:
+    """What the first model call of `request`'s conversation sends, read without recording a
+    memory read (a server's routing decision can be asked ahead of the conversation)."""
+    key = customer_of(domain, request) if notes is not None else None
+    note = notes.notes_as_opened().get(key) if notes is not None and key else None
+    return opening(domain, request, note)
+
+
 def _arguments(text: str) -> Any:
     """The call's arguments as the model wrote them: a JSON object when they parse (the shop
     refuses anything else, and the model reads why)."""
@@ -303,6 +311,9 @@ __all__ = [
     "OpenAIAgent",
     "TaskResult",
     "ToolRequest",
+    "customer_of",
+    "first_messages",
+    "opening",
 ]
 
 

@@ -41,7 +41,7 @@ import tracegym as tg
 from tracegym.analysis.gap import GapsDocument
 from tracegym.examples.domains import SHOP, Domain, domain_named
 from tracegym.examples.lm_agent import CustomerNotes
-from tracegym.examples.openai_agent import OpenAIAgent
+from tracegym.examples.openai_agent import OpenAIAgent, first_messages
 from tracegym.generation.chat_tokens import Conversation
 from tracegym.generation.model import ensure_model, load_policy, save_policy, weights_hash
 from tracegym.jobs.nightly import NightlyConfig, NightlyRun, nightly
@@ -129,6 +129,9 @@ class DemoConfig:
     # the nightly's own router column per environment; off: the held-out comparison is the
     # router's real test, on the agent's own tasks (routing accuracy is still measured)
     nightly_router: bool = False
+    # held-out: also run the router's weighted mixture of adapters where it differs from the
+    # top-1 adapter `serve` routes to (what one LoRA per request costs); a third, smaller arm
+    compare_mix: bool = True
     base_train: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides
     adapter_train: dict[str, Any] = field(default_factory=dict)
     # the base fine-tune's task mix; None: the domain's `base_mix` (in the shop, status and
@@ -406,8 +409,14 @@ def run_heldout(
     passed in dev. The base agent names the base model. A conversation routed to none is the
     base agent's, so its base run is its routed run too (not a second run that could differ
     only by float rounding in another batch). Both agents' conversations decode in the same
-    batches, each with its own adapter; both start from the dev notes in `notes_file`."""
+    batches, each with its own adapter; both start from the dev notes in `notes_file`.
+
+    With `config.compare_mix`, a third agent runs the router's weighted mixture of adapters
+    (one combined LoRA per mixture, named explicitly as the request's model) where it differs
+    from the top-1 choice: what one adapter per request costs against the mix
+    (`routing["mix"]`)."""
     from tracegym.serving.protocol import ChatRequest
+    from tracegym.training.router import apply_weights, rounded
 
     policy = load_policy(folder)
     promoted = [a.adapter_id for a in adapters.all_metadata(home) if a.promoted]
@@ -415,38 +424,64 @@ def run_heldout(
     if promoted:
         policy.model = adapters.load_adapters(policy.model, home, promoted)
         router = Router.from_registry(home, embedder, promoted_only=True, competent=competent)
-    backend = local_backend(policy, home, config, slots=config.arms_batch)
     routing = conversation_router(router, promoted, policy.name)
+    notes = CustomerNotes(notes_file)
+    use: dict[str, str | None] = {}  # the server's top-1 decision per conversation
+    mix: dict[str, str | None] = {}  # the weighted mixture's model per conversation
+    mixtures: dict[tuple[tuple[str, float], ...], str] = {}
+    for task in tasks:
+        first = first_messages(config.domain, task.request, notes)
+        # asked as the conversation's first request asks it: its requests find it remembered
+        use[task.task_id] = routing.decide(ChatRequest({"model": "auto"}, first)).adapter
+        if not (config.compare_mix and router is not None):
+            continue
+        weights = rounded(router.weights(first[-1]["content"]))
+        key = tuple(weights.items())
+        if len(weights) > 1 and key not in mixtures:
+            name = f"mix-{len(mixtures)}"
+            mixtures[key] = apply_weights(policy.model, weights, name) or name
+        mix[task.task_id] = mixtures.get(key) or (next(iter(weights)) if weights else None)
+    routing.adapters += list(mixtures.values())  # named explicitly by the mix agent only
+    backend = local_backend(policy, home, config, slots=config.arms_batch)
     with serving(backend, routing) as url:
-        base_agent = _agent(url, config, "heldout-base", policy.name, CustomerNotes(notes_file))
-        routed_agent = _agent(url, config, "heldout-routed", "auto", CustomerNotes(notes_file))
-        # the server's decision for each conversation, asked as its first request asks it
-        # (the routed run's requests then find it remembered)
-        use: dict[str, str | None] = {}
-        for task in tasks:
-            first = routed_agent.first_messages(task.request)
-            request = ChatRequest({"model": "auto", "messages": first}, first)
-            use[task.task_id] = routing.decide(request).adapter
+
+        def agent(split: str, model: str) -> OpenAIAgent:
+            return _agent(url, config, split, model, CustomerNotes(notes_file))
+
+        base_agent = agent("heldout-base", policy.name)
+        routed_agent = agent("heldout-routed", "auto")
         adapted = [t for t in tasks if use[t.task_id] is not None]
         items = [(base_agent, t) for t in tasks] + [(routed_agent, t) for t in adapted]
+        mixed = [t for t in tasks if t.task_id in mix and mix[t.task_id] != use[t.task_id]]
+        items += [(agent("heldout-mix", mix[t.task_id] or policy.name), t) for t in mixed]
         done = [0]
 
         def one(item: tuple[OpenAIAgent, Any]) -> Any:
             result = item[0].run(item[1])
             done[0] += 1
             if progress is not None:
-                progress("held-out, base and routed", done[0], len(items))
+                progress("held-out: base, routed (and mix)", done[0], len(items))
             return result
 
         with ThreadPoolExecutor(max_workers=config.arms_batch) as pool:
-            results = list(pool.map(one, items))
-    rows = [r.to_dict() for r in results]
+            rows = [r.to_dict() for r in pool.map(one, items)]
     base = rows[: len(tasks)]
-    routed_runs = {t.task_id: row for t, row in zip(adapted, rows[len(tasks) :], strict=True)}
+    routed_runs = dict(zip([t.task_id for t in adapted], rows[len(tasks) :], strict=False))
     routed = [routed_runs.get(t.task_id, row) for t, row in zip(tasks, base, strict=True)]
     routes = {t.task_id: ({use[t.task_id]: 1.0} if use[t.task_id] else {}) for t in tasks}
     on_base = len(tasks) - len(adapted)
-    return base, routed, {"promoted": promoted, "routes": routes, "on_base": on_base}
+    report: dict[str, Any] = {"promoted": promoted, "routes": routes, "on_base": on_base}
+    if config.compare_mix and router is not None:
+        mixed_runs = dict(zip([t.task_id for t in mixed], rows[len(tasks) + len(adapted) :],
+                              strict=True))  # fmt: skip
+        with_mix = [mixed_runs.get(t.task_id, row) for t, row in zip(tasks, routed, strict=True)]
+        report["mix"] = {
+            "mixtures": {name: dict(key) for key, name in mixtures.items()},
+            "differs": len(mixed),
+            "success": rate_row(with_mix),
+            "top1_vs_mix": gain(rate_row(with_mix), rate_row(routed)),
+        }
+    return base, routed, report
 
 
 def passed_requests(results: list[dict[str, Any]]) -> list[str]:
@@ -717,10 +752,19 @@ def _pct(row: dict[str, Any]) -> str:
 def _routing_line(heldout: dict[str, Any], routing: dict[str, Any]) -> str:
     n = heldout["base"]["n"]
     on_base = routing.get("on_base", n)
-    return (
-        f"The router sent {n - on_base} of {n} held-out tasks to an adapter; the other "
-        f"{on_base} are the base agent's, so their base run counts for both agents."
+    line = (
+        f"`tracegym serve` routed {n - on_base} of {n} held-out conversations to an adapter "
+        f"(one per conversation, as a multi-LoRA server serves them); the other {on_base} are "
+        "the base agent's, so their base run counts for both agents."
     )
+    mix = routing.get("mix")
+    if mix:
+        line += (
+            f" The router's weighted mixture of adapters differed from the top-1 adapter on "
+            f"{mix['differs']} of them: with the mixture {_pct(mix['success'])} succeed, against "
+            f"{_pct(heldout['routed'])} with one adapter per conversation."
+        )
+    return line
 
 
 def render_markdown(report: dict[str, Any]) -> str:

@@ -263,7 +263,7 @@ def test_the_report_is_written_and_the_runs_are_queryable(demo_home):
     routed = 8 - report["heldout"]["routing"]["on_base"]
     expected = {"dev": 32, "heldout-base": 8, **({"heldout-routed": routed} if routed else {})}
     assert dict(rows) == expected
-    assert f"sent {routed} of 8 held-out tasks to an adapter" in text
+    assert f"routed {routed} of 8 held-out conversations to an adapter" in text
     assert {"find_user", "get_order"} <= tools
 
 
