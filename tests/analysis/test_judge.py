@@ -371,8 +371,9 @@ def test_the_cli_judge_options(stub, tmp_path: Path, monkeypatch: pytest.MonkeyP
     # the plan first (39 runs, 13 failed: 1 + 3 x 39 calls), then what was said
     assert re.search(r"judge: 118 calls \(1 to propose from 13 failed runs, 3 labellers x 39 "
                      r"runs\), about [\d,]+ tokens", done.output)  # fmt: skip
-    assert "judge: 2 capabilities proposed, kept by enough labellers: none; 117 labellings, " \
-           "0 skipped" in done.output  # fmt: skip
+    assert ("judge: 2 capabilities proposed; kept (>= 2 of 3 labellings pass): none; not kept: "
+            "look_up_before_acting (0 of 3), respect_policy (0 of 3); 117 labellings, 0 skipped"
+            in done.output)  # fmt: skip
     assert s.headers[0]["Authorization"] == "Bearer secret" and len(s.requests) == 118
     keys = {r["key"] for r in json.loads((tmp_path / "gaps.json").read_text())["rejected"]}
     assert not any(k.startswith("judge:") for k in keys)  # no labeller kept one: no candidate

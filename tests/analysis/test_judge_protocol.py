@@ -335,7 +335,9 @@ def test_the_budget_refuses_to_start_above_the_estimate(stub, tmp_path, monkeypa
     assert s.requests == [] and not (tmp_path / "gaps.json").exists()
     done = _cli(tmp_path, monkeypatch, s.url, "--judge-budget", "100000000")
     assert done.exit_code == 0, done.output
-    assert f"kept by enough labellers: {LOOKUP};" in done.output
+    assert (
+        f"kept (>= 2 of 3 labellings pass): {LOOKUP}; not kept: {POLICY} (0 of 3);" in done.output
+    )
     assert len(s.requests) == 118
 
 
@@ -350,6 +352,6 @@ def test_on_a_terminal_it_asks_and_yes_does_not(stub, tmp_path, monkeypatch):
                "--judge-agree", "2")  # fmt: skip
     assert yes.exit_code == 0, yes.output
     assert "Send them?" not in yes.output and "judge: 79 calls" in yes.output
-    assert f"kept by enough labellers: {LOOKUP}; 78 labellings, 0 skipped" in yes.output
+    assert f"pass): {LOOKUP}; not kept: {POLICY} (0 of 2); 78 labellings, 0 skipped" in yes.output
     gaps = json.loads((tmp_path / "gaps.json").read_text())["gaps"]
     assert any(g["detector"] != JUDGE for g in gaps)  # the detectors' gaps, beside the judge's
