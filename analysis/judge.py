@@ -196,7 +196,8 @@ def summarize(run: Run) -> RunSummary:
 @runtime_checkable
 class Judge(Protocol):
     """A model that proposes capabilities and labels runs. Either method raises `JudgeError`
-    when it cannot answer; it never sees more of a run than its `RunSummary`."""
+    when it cannot answer; it never sees more of a run than its `RunSummary`. `label` is
+    called from `JudgeConfig.workers` threads at once (1: one at a time)."""
 
     def propose(self, failed: Sequence[RunSummary]) -> list[ProposedCapability]:
         """The capabilities these failed runs lack (at most MAX_CAPABILITIES)."""
