@@ -4,7 +4,7 @@
     app = create_app(UpstreamBackend("http://127.0.0.1:8000/v1"),
                      ConversationRouter(router, adapter_ids, base_model="Qwen/Qwen2.5-0.5B"))
 
-`serving.local.LocalBackend` runs the model in process instead.
+`serving.local.LocalBackend` runs the model in process instead, batched by `serving.engine.Engine`.
 docs/serving.md says what is supported.
 """
 
