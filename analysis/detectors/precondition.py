@@ -27,6 +27,13 @@ the read tool R whose records it acts on, per field path of R's results present 
   Above hi (below lo) is forbidden when at least `min_abstain` abstained records lie there,
   with the same chance bound over the share of records beyond it.
 
+Rules are rates, too: a state value successful runs did act in, on at most a quarter of the
+records they acted on (lucky ones: the write went through, or the outcome did not depend on it),
+is forbidden when at least `min_failed` of the m records failed runs acted on hold it, their
+share exceeds the successful runs' by 0.4, and the one-sided Fisher exact test of the two shares
+gives p <= `max_chance`; its findings carry the p-value (`details["p_value"]`, `lucky`) and
+0.1 less confidence, and its `MinedRule` the share of successful records that kept it.
+
 `detect` flags each write call of a run (failed ones too: an attempt the system refused is the
 same mistake; with `ignore_recovered`, off by default, not when the run went on to make a write
 that went through) whose acted-on record holds a forbidden value. Key ``forbidden_action:T``, one
@@ -71,6 +78,12 @@ class Precondition:
     abstained: int  # records they read and left alone holding a forbidden value
     evidence_runs: tuple[str, ...] = ()  # successful runs it was mined from (sorted, <= 10)
     acted_values: frozenset[str] = frozenset()  # enum values on the records they acted on
+    # a rule of rates (`_Bounds.by_rates`): acted records of successful runs holding a forbidden
+    # value (lucky ones), of failed runs (of `failed_acted`), and the one-sided Fisher p-value
+    lucky: int = 0
+    failed_holding: int = 0
+    failed_acted: int = 0
+    p_value: float | None = None
 
     def violated_by(self, read: Read) -> str | None:
         """The forbidden value `read` holds, as text, or None."""
@@ -96,11 +109,16 @@ class Precondition:
         acted in the forbidden state: it held on every record they acted on."""
         return MinedRule(
             detector=FORBIDDEN_ACTION, kind="precondition", tool=self.tool,
-            statement=f"{self.tool} is never called on a record {self.read_tool} shows with "
-            f"{self.describe()}",
+            statement=(f"{self.tool} is never called on a record {self.read_tool} shows with "
+                       f"{self.describe()}" if self.p_value is None else
+                       f"{self.tool} is seldom called on a record {self.read_tool} shows with "
+                       f"{self.describe()} by successful runs ({self.lucky} of {self.acted}), "
+                       f"often by failed runs ({self.failed_holding} of {self.failed_acted}; "
+                       f"one-sided Fisher p = {self.p_value:.2g})"),
             read_tool=self.read_tool, path=self.path, values=tuple(sorted(self.forbidden)),
             above=self.above, below=self.below, support=self.acted, abstained=self.abstained,
-            confidence=1.0, evidence_runs=self.evidence_runs,
+            confidence=round(1.0 - self.lucky / self.acted, 3) if self.acted else 1.0,
+            evidence_runs=self.evidence_runs,
         )  # fmt: skip
 
     def rule_record(self) -> dict[str, Any]:
@@ -182,6 +200,22 @@ class _Bounds:
     min_presence: float
     min_threshold_support: int
     min_failed: int = 3
+    max_lucky: float = 0.25  # of the acted records of successful runs, at most this share lucky
+    min_gap: float = 0.4  # failed runs' share holding the value exceeds theirs by this much
+
+    def by_rates(self, lucky: int, acted: int, k: int, m: int) -> float | None:
+        """The one-sided Fisher p-value that failed runs act on records holding a value (k of
+        their m acted records) more often than successful runs do (`lucky` of `acted`), when it
+        is at most `max_chance`, k >= `min_failed`, lucky ones are at most `max_lucky` of the
+        acted and the failed share exceeds theirs by `min_gap`; None otherwise."""
+        if k < self.min_failed or not acted or not m or lucky / acted > self.max_lucky:
+            return None
+        if k / m - lucky / acted < self.min_gap:
+            return None
+        from tracegym.analysis.detectors.tool_order import fisher_greater
+
+        p = fisher_greater(k, m, lucky, acted)
+        return p if p <= self.max_chance else None
 
     def field(self, acted: int, present: int, records: int) -> bool:
         """Whether a path is a state field: on enough acted records and on most records."""
@@ -236,6 +270,20 @@ def _enum_rules(
             count = sum(1 for r in abstained if r.enums.get(path, frozenset()) & forbidden)
             rules.append(Precondition(tool, read_tool, path, forbidden, None, None, n, count,
                                       acted_values=frozenset(allowed)))  # fmt: skip
+        # rules as rates: a state successful runs acted in a few times (lucky ones) and failed
+        # runs far more often
+        for value in sorted(allowed - forbidden):
+            lucky = sum(value in r.enums.get(path, ()) for r in positives)
+            k, m = in_failed_runs(value)
+            p = bounds.by_rates(lucky, n, k, m)
+            if p is None:
+                continue
+            held = sum(1 for r in abstained if value in r.enums.get(path, frozenset()))
+            rules.append(Precondition(
+                tool, read_tool, path, frozenset({value}), None, None, n, held,
+                acted_values=frozenset(allowed - {value}), lucky=lucky, failed_holding=k,
+                failed_acted=m, p_value=p,
+            ))  # fmt: skip
     return rules
 
 
@@ -354,14 +402,23 @@ class ForbiddenAction(Detector):
                 f"{rule.acted} such records, never with {rule.describe()}, and left "
                 f"{rule.abstained} alone"
             )
+            if rule.p_value is not None:
+                message = (
+                    f"{tool} was called on a record whose {rule.path} is {value} (read by "
+                    f"{read.tool} at step {read.step.position}); successful runs did so on "
+                    f"{rule.lucky} of the {rule.acted} records they called {tool} on, failed "
+                    f"runs on {rule.failed_holding} of {rule.failed_acted} (one-sided Fisher "
+                    f"p = {rule.p_value:.2g})"
+                )
             return Finding(
                 detector=self.name, key=f"{self.name}:{tool}", trace_id=run.trace_id,
                 **step_ref(write), span_ids=(write.span_id, read.step.span_id), message=message,
-                confidence=0.8 if rule.forbidden else 0.6,
+                confidence=(0.8 if rule.forbidden else 0.6) - (0.1 if rule.p_value else 0.0),
                 details={"tool": tool, "read_tool": read.tool, "path": rule.path, "value": value,
                          "rule": rule.describe(), "acted": rule.acted,
                          "abstained": rule.abstained, "read_position": read.step.position,
                          "write_failed": write.failed, "mined_rule": rule.rule_record(),
+                         "p_value": rule.p_value, "lucky": rule.lucky,
                          "request": request_text(run)[:500], "first_call": first_call(run)},
             )  # fmt: skip
         return None

@@ -18,8 +18,11 @@ often than failed runs, though not always (lucky successes break it: a cancel wi
 look-up goes through when the order happened to be cancellable), is one when at least
 `min_support` successful and 3 failed runs are measured, at least half the successful runs follow
 it, 0.4 more of them than of the failed runs, and the one-sided Fisher exact test of the two
-shares gives p <= `max_p` (0.05). Its findings say both rates and the p-value
-(`details["p_value"]`, `failed_rate`), with 0.1 less confidence.
+shares gives p <= `max_p` (0.01). Its findings say both rates and the p-value
+(`details["p_value"]`, `failed_rate`), with 0.1 less confidence. What the successful runs that
+break it do in its place (a memory search instead of the policy look-up: done before B in 80%
+of them, 0.3 more often than by those that follow it) is a substitute: a run doing it does not
+break the rule.
 
 `detect` looks at each rule's B in the run (its first call) and flags
 
@@ -73,6 +76,9 @@ class Rule:
     failed_rate: float | None = None
     failed_support: int = 0
     p_value: float | None = None
+    # what the successful runs that break it do in its place before `after` (a memory search
+    # instead of the policy look-up): a run doing it does not break the rule
+    substitutes: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -188,6 +194,39 @@ def _count(runs: Sequence[Run]) -> _Counts:
     return _Counts(both, ordered, calls)
 
 
+SUBSTITUTE_SHARE = 0.8  # of the successful runs breaking a rule of rates, doing the same instead
+SUBSTITUTE_MARGIN = 0.3  # ... and this much more often than those that follow it
+
+
+def done_before(run: Run, position: int) -> set[str]:
+    """The tools called and the memory searches made before `position` (by name)."""
+    return {step.tool or step.name for step in run.steps[:position]
+            if is_agent_call(step) or step.operation == sc.OP_MEMORY_SEARCH}  # fmt: skip
+
+
+def substitutes(runs: Sequence[Run], before: str, after: str) -> tuple[str, ...]:
+    """What the `runs` (successful ones) that call `after` without `before` earlier do before
+    it in SUBSTITUTE_SHARE of them, SUBSTITUTE_MARGIN more often than the others."""
+    breakers, followers = [], []
+    for run in runs:
+        first = first_calls(run)
+        b = first.get(after)
+        if b is None:
+            continue
+        a = first.get(before)
+        done = done_before(run, b.position) - {before, after}
+        (followers if a is not None and a.position < b.position else breakers).append(done)
+    if not breakers:
+        return ()
+    counts = Counter(t for done in breakers for t in done)
+    return tuple(sorted(
+        t for t, n in counts.items()
+        if n / len(breakers) >= SUBSTITUTE_SHARE
+        and n / len(breakers) - (sum(t in d for d in followers) / len(followers)
+                                 if followers else 0.0) >= SUBSTITUTE_MARGIN
+    ))  # fmt: skip
+
+
 def mine_rules(
     runs: Sequence[Run], min_support: int = 5, min_confidence: float = 1.0
 ) -> list[Rule]:
@@ -211,7 +250,7 @@ def rate_rules(
     min_failed: int = 3,
     min_rate: float = 0.5,
     min_gap: float = 0.4,
-    max_p: float = 0.05,
+    max_p: float = 0.01,
     known: Collection[tuple[str, str]] = (),
     known_order: Collection[tuple[str, str]] = (),
 ) -> list[Rule]:
@@ -244,7 +283,8 @@ def rate_rules(
             p = fisher_greater(k_s, n_s, k_f, n_f)
             if p <= max_p:
                 rules.append(Rule(a, b, n_s, round(rate, 4), prerequisite,
-                                  round(failed_rate, 4), n_f, p))  # fmt: skip
+                                  round(failed_rate, 4), n_f, p,
+                                  substitutes(successes, a, b)))  # fmt: skip
                 break  # the prerequisite reading covers the precedence one
     rules.sort(key=lambda r: (r.after, -r.support, r.before))
     return rules
@@ -255,7 +295,7 @@ class WrongToolOrder(Detector):
 
     Parameters: `min_support` (5) successful runs behind a rule, `min_confidence` (1.0) share of
     them that follow it, `flag_missing` (True) whether a missing prerequisite counts, `by_rate`
-    (True) whether rules of rates count too, `max_p` (0.05) their Fisher p-value bound.
+    (True) whether rules of rates count too, `max_p` (0.01) their Fisher p-value bound.
     """
 
     name = WRONG_TOOL_ORDER
@@ -270,7 +310,7 @@ class WrongToolOrder(Detector):
         min_confidence: float = 1.0,
         flag_missing: bool = True,
         by_rate: bool = True,
-        max_p: float = 0.05,
+        max_p: float = 0.01,
     ) -> None:
         self.min_support = min_support
         self.min_confidence = min_confidence
@@ -341,6 +381,8 @@ class WrongToolOrder(Detector):
             a = first.get(rule.before)
             if a is not None and a.position < b.position:
                 continue
+            if rule.substitutes and set(rule.substitutes) & done_before(run, b.position):
+                continue  # it did what the successful runs breaking the rule do instead
             if a is not None:
                 confidence, evidence = 0.9, [b.span_id, a.span_id]
                 message = (

@@ -53,13 +53,13 @@ CANCEL = "Please cancel my order #W{n:05d}, I do not need it any more."
 
 
 def _cancel_runs() -> list[Run]:
-    """Successful runs look the order up first in 10 of 16 (6 lucky ones cancel blind, and the
-    order happened to be cancellable); failed runs in 1 of 9."""
+    """Successful runs look the order up first in 10 of 15 (5 lucky ones cancel blind, and the
+    order happened to be cancellable); failed runs in 1 of 10."""
     runs = []
-    for i in range(16):
+    for i in range(15):
         tools = ["get_order", "cancel_order"] if i < 10 else ["cancel_order"]
         runs.append(_run(f"s{i:02d}", True, CANCEL.format(n=i), tools, reply="Done."))
-    for i in range(9):
+    for i in range(10):
         tools = ["get_order", "cancel_order"] if i == 0 else ["cancel_order"]
         runs.append(_run(f"f{i:02d}", False, CANCEL.format(n=100 + i), tools, reply="Done."))
     return runs
@@ -69,19 +69,19 @@ def test_a_rule_lucky_successes_break_is_still_found_with_its_p_value():
     runs = _cancel_runs()
     successes = [r for r in runs if r.success]
     failures = [r for r in runs if not r.success]
-    # every-successful-run mining misses it: 6 of 16 successes cancel without the look-up
+    # every-successful-run mining misses it: 5 of 15 successes cancel without the look-up
     assert WrongToolOrder(by_rate=False).fit(runs).detect(failures[1]) == []
     [rule] = rate_rules(successes, failures)
     assert (rule.before, rule.after, rule.prerequisite) == ("get_order", "cancel_order", True)
-    assert rule.confidence == 0.625 and rule.failed_rate == round(1 / 9, 4)
-    assert rule.p_value == pytest.approx(fisher_greater(10, 16, 1, 9)) and rule.p_value <= 0.05
+    assert rule.confidence == 0.6667 and rule.failed_rate == 0.1 and not rule.substitutes
+    assert rule.p_value == pytest.approx(fisher_greater(10, 15, 1, 10)) and rule.p_value <= 0.01
     detector = WrongToolOrder().fit(runs)
     [finding] = detector.detect(failures[1])
     assert finding.key == "wrong_tool_order:get_order>cancel_order"
     assert finding.details["p_value"] == rule.p_value and finding.details["missing"] is True
-    assert "62% of 16 successful runs" in finding.message and "p = " in finding.message
+    assert "67% of 15 successful runs" in finding.message and "p = " in finding.message
     assert detector.detect(failures[0]) == []  # it looked the order up first
-    # and the gap is kept: 8/9 failed runs break it, 6/16 successful ones
+    # and the gap is kept: 9/10 failed runs break it, 5/15 successful ones
     findings = [f for r in runs for f in detector.detect(r)]
     failed = [r.trace_id for r in failures]
     succeeded = [r.trace_id for r in successes]
@@ -90,6 +90,22 @@ def test_a_rule_lucky_successes_break_is_still_found_with_its_p_value():
     like_with_like(scored, runs, t)
     kept = [s.candidate.key for s in select(scored, failed, t)]
     assert kept[0] == "wrong_tool_order:get_order>cancel_order"
+
+
+def test_what_the_successful_runs_breaking_a_rule_do_instead_is_no_break():
+    runs = _cancel_runs()
+    for r in runs:  # the lucky successes and most failures search their notes instead
+        if r.trace_id in {"s10", "s11", "s12", "s13", "s14", "f01", "f02", "f03"}:
+            r.steps.insert(1, _step(r.trace_id, 1, operation="search_memory",
+                                    name="search_memory notes"))  # fmt: skip
+            for i, step in enumerate(r.steps):
+                step.position = i
+    detector = WrongToolOrder().fit(runs)
+    [rule] = [x for x in detector.rules_ if x.p_value is not None]
+    assert rule.substitutes == ("search_memory notes",)
+    failures = {r.trace_id: r for r in runs if not r.success}
+    assert detector.detect(failures["f01"]) == []  # it searched the notes instead
+    assert [f.key for f in detector.detect(failures["f04"])] == [rule.key]
 
 
 def test_a_rule_both_sides_break_as_often_is_no_rule():
@@ -102,6 +118,36 @@ def test_a_rule_both_sides_break_as_often_is_no_rule():
     successes = [r for r in runs if r.success]
     failures = [r for r in runs if not r.success]
     assert rate_rules(successes, failures) == []
+
+
+def _cancel_with_lookup(trace: str, success: bool, order: str, status: str) -> Run:
+    run = _run(trace, success, CANCEL.format(n=int(order[1:])), [])
+    args = json.dumps({"order_id": order})
+    run.steps += [
+        _step(trace, 1, tool="get_order", input=args,
+              output=json.dumps({"order_id": order, "status": status})),
+        _step(trace, 2, tool="cancel_order", input=args, output=json.dumps({"ok": True})),
+    ]  # fmt: skip
+    return run
+
+
+def test_a_state_lucky_successes_acted_in_is_still_forbidden_by_rates():
+    from tracegym.analysis.detectors.precondition import ForbiddenAction, mine_preconditions
+
+    ok = [_cancel_with_lookup(f"s{i:02d}", True, f"W{10000 + i}", "pending") for i in range(10)]
+    ok.append(_cancel_with_lookup("s10", True, "W10010", "shipped"))  # lucky
+    bad = [_cancel_with_lookup(f"f{i}", False, f"W2000{i}", "shipped") for i in range(5)]
+    bad.append(_cancel_with_lookup("f5", False, "W20005", "pending"))
+    runs = ok + bad
+    [rule] = [r for r in mine_preconditions(runs) if r.path == "status"]
+    assert rule.forbidden == frozenset({"shipped"}) and rule.lucky == 1
+    assert (rule.failed_holding, rule.failed_acted) == (5, 6) and rule.p_value <= 0.05
+    assert rule.to_rule().confidence == round(1 - 1 / 11, 3)
+    detector = ForbiddenAction().fit(runs)
+    [finding] = detector.detect(bad[0])
+    assert finding.key == "forbidden_action:cancel_order"
+    assert finding.details["p_value"] == rule.p_value and "Fisher" in finding.message
+    assert detector.detect(bad[5]) == [] and detector.detect(ok[0]) == []
 
 
 # Acting versus handing off ------------------------------------------------------------------
