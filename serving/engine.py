@@ -138,10 +138,14 @@ class Engine:
         max_wait_s: float = 1.0,
         max_length: int | None = None,
         threads: int | None = None,
+        compact: bool = True,
     ) -> None:
         """`threads`: the scheduler thread's intra-op threads for the forward passes (torch's
         setting is per thread); default: one core fewer than the machine has (at least one),
-        which leaves the server's own Python threads a core (see `default_threads`)."""
+        which leaves the server's own Python threads a core (see `default_threads`).
+        `compact` False keeps every slot's row in every forward pass (`Wave`'s `compact`): the
+        way to batch a model whose cache cannot be regrouped by row, switched to on its own
+        when such a cache is met."""
         self.policy = policy
         self.threads = threads or default_threads()
         self.size = slots
@@ -158,6 +162,7 @@ class Engine:
         self._last_end = 0.0
         self._last_step_s = 0.0
         self._clock = 0
+        self._compact = compact
         self._wave = self._new_wave()
         self._thread = threading.Thread(target=self._run, name="tracegym-engine", daemon=True)
         self._thread.start()
@@ -211,7 +216,10 @@ class Engine:
     def _new_wave(self) -> Wave:
         model = self.policy.model
         adapters = [None] * self.size if hasattr(model, "peft_config") else None
-        wave = Wave(self.policy, self.size, max_length=self.max_length, adapters=adapters)
+        wave = Wave(
+            self.policy, self.size, max_length=self.max_length, adapters=adapters,
+            compact=self._compact,
+        )  # fmt: skip
         self._slots = [_Slot() for _ in range(self.size)]
         return wave
 
@@ -359,6 +367,12 @@ class Engine:
         for slot, job in batch.items():
             tokens, full = results[slot]
             job.future.set_result(Completion(tokens, full, reused[slot]))
+        if self._compact and wave._rows() is None:
+            # a cache `Wave` cannot regroup by row (sliding windows): every slot's row stays in
+            # every forward pass from now on, which serves any subset of slots
+            log.warning("this model's KV cache cannot be regrouped: batching without compaction")
+            self._compact = False
+            self._wave = self._new_wave()
 
 
 __all__ = ["Completion", "Engine", "EngineStats", "Request"]

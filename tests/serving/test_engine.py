@@ -187,3 +187,23 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(fmt):
         engine.close()
     model.set_adapter("press")
     assert after.tokens == alone(model, ids, stop, 5)
+
+
+def test_without_compaction_replies_and_reuse_are_the_same(policy, fmt):
+    """Every slot's row in every forward pass (a cache that cannot be regrouped by row)."""
+    stop = stop_token(fmt)
+    engine = Engine(policy, slots=3, gather_s=0.0, compact=False)
+    try:
+        one, two = prompts(fmt)[:2]
+        first = engine.generate(Request(one, 16, stop))
+        engine.generate(Request(two, 16, stop))
+        text = policy.tokenizer.decode(first.tokens[:-1])
+        follow = fmt.render_ids([SYSTEM, {"role": "user", "content": ASKS[0]},
+                                 {"role": "assistant", "content": text},
+                                 {"role": "user", "content": "ok"}])  # fmt: skip
+        second = engine.generate(Request(follow, 16, stop))
+    finally:
+        engine.close()
+    assert first.tokens == alone(policy.model, one, stop, 16)
+    assert second.tokens == alone(policy.model, follow, stop, 16)
+    assert second.reused > len(one) // 2 and engine.stats.continued == 1
