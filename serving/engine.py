@@ -133,7 +133,7 @@ class Engine:
         policy: Policy,
         *,
         slots: int = 16,
-        gather_s: float = 0.02,
+        gather_s: float = 0.005,
         patience: float = 0.25,
         max_wait_s: float = 1.0,
         max_length: int | None = None,

@@ -56,7 +56,7 @@ class LocalBackend:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         home: str | Path | None = None,
         slots: int = 16,
-        gather_s: float = 0.02,
+        gather_s: float = 0.005,
         threads: int | None = None,
         name: str = "local",
     ) -> None:
