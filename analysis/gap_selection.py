@@ -153,8 +153,9 @@ def like_with_like(
 
     Both need MIN_PEERS successful runs of those kinds, the second also MIN_PEERS failed runs
     of the candidate; otherwise the pooled contrast stands. Then, with `kind_itself`, a kept
-    candidate that is only its kind of request is dropped (`the_kind_itself`). Candidates
-    changed say so in `why`.
+    candidate that is only its kind of request is dropped (`the_kind_itself`), and so is one
+    that successful runs show as often as failed runs, or more, pooled or within the kinds of
+    its failed runs (`not_more_in_successes`). Candidates changed say so in `why`.
     """
     failed = [r.trace_id for r in runs if r.success is False]
     succeeded = [r.trace_id for r in runs if r.success is True]
