@@ -20,10 +20,10 @@ greedy replies up to float rounding (`Wave`'s padding and positions).
 
 Gathering: a step starts once every conversation the previous step answered is back with its
 next turn (or every slot is asked for), or when waiting longer is not worth it: `patience` times
-the previous step's duration after it ended (at least `gather_s`, at most `max_wait_s`); a burst
-after a quiet spell waits `gather_s` for its companions. Requests that arrive during a step wait
-for the next one, and the wait for stragglers lets two groups that fell out of step merge again
-(two half batches cost nearly twice one whole batch on a CPU).
+the previous step's duration after it ended (at least `straggler_s`, a client's round trip; at
+most `max_wait_s`); a burst after a quiet spell waits `gather_s` for its companions. Requests
+that arrive during a step wait for the next one, and the wait for stragglers lets two groups
+that fell out of step merge again (two half batches cost nearly twice one whole batch on a CPU).
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ class Engine:
         slots: int = 16,
         gather_s: float = 0.005,
         patience: float = 0.25,
+        straggler_s: float = 0.05,
         max_wait_s: float = 1.0,
         max_length: int | None = None,
         threads: int | None = None,
@@ -151,6 +152,7 @@ class Engine:
         self.size = slots
         self.gather_s = gather_s
         self.patience = patience
+        self.straggler_s = straggler_s
         self.max_wait_s = max_wait_s
         self.max_length = max_length
         self.stats = EngineStats()
@@ -261,7 +263,7 @@ class Engine:
         first, with a slot each (those that found none stay pending)."""
         with self._cond:
             first = min(job.arrived for job in self._pending)
-            wait = max(self.gather_s, min(self.patience * self._last_step_s, self.max_wait_s))
+            wait = min(max(self.straggler_s, self.patience * self._last_step_s), self.max_wait_s)
             expected = self._answered
             if first - self._last_end > wait:  # a burst after a quiet spell
                 expected, wait = set(), self.gather_s
