@@ -18,6 +18,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,7 @@ class LocalBackend:
         self.stop_id = stop_token(fmt)
         policy = Policy(model, self.tokenizer, name)
         self.engine = Engine(policy, slots=slots, gather_s=gather_s, threads=threads)
-        self._loading: asyncio.Future[Any] | Any = None
+        self._loading: Future[None] | None = None  # the latest adapter load (`want`)
         self._failed: dict[str, str] = {}
 
     @property
