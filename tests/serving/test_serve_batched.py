@@ -37,6 +37,7 @@ def test_concurrent_conversations_are_batched_and_answered_as_alone():
     # as many slots as conversations and a long gather window: each turn's step starts once
     # every conversation has asked
     served = backend(slots=len(ASKS), gather_s=30.0)
+    served.engine.straggler_s = served.engine.max_wait_s = 30.0  # wait for every second turn
     replies: dict[int, list[str]] = {}
     with running(create_app(served, ConversationRouter(None, [], BASE))) as url:
         client = client_for(url)
