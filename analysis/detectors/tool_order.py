@@ -13,12 +13,14 @@
 
 Any call counts (failed ones too): the rule is about the order of attempts.
 
-Rules are rates, too (`rate_rules`, with `by_rate`): a rule that successful runs follow far more
-often than failed runs, though not always (lucky successes break it: a cancel without the
-look-up goes through when the order happened to be cancellable), is one when at least
-`min_support` successful and 3 failed runs are measured, at least half the successful runs follow
-it, 0.4 more of them than of the failed runs, and the one-sided Fisher exact test of the two
-shares gives p <= `max_p` (0.01). Its findings say both rates and the p-value
+Rules are rates, too (`rate_rules`, with `by_rate`): a prerequisite (a look-up A, by its name,
+of the record an action B acts on: they share an identifier) that successful runs keep
+far more often than failed runs, though not always (lucky successes break it: a cancel without
+the look-up goes through when the order happened to be cancellable), is one when at least
+`min_support` successful runs call B and at least 30% of them call A first, and, among the runs
+no rule every successful run keeps already explains, at least 3 failed runs break it and the
+one-sided Fisher exact test of the share of failed runs breaking it against that of successful
+runs gives p <= `max_p` (0.05). Its findings say the rates and the p-value
 (`details["p_value"]`, `failed_rate`), with 0.1 less confidence. What the successful runs that
 break it do in its place (a memory search instead of the policy look-up: done before B in 80%
 of them, 0.3 more often than by those that follow it) is a substitute: a run doing it does not
@@ -52,12 +54,13 @@ import json
 import re
 from collections import Counter
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tracegym.analysis.detector_names import WRONG_TOOL_ORDER
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.features import final_action_step, is_agent_call, step_ref
 from tracegym.analysis.runs import Run, Step, parse_json
+from tracegym.analysis.tool_kinds import is_answer_tool, is_read_tool
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.messages import chat_messages
 
@@ -79,6 +82,8 @@ class Rule:
     # what the successful runs that break it do in its place before `after` (a memory search
     # instead of the policy look-up): a run doing it does not break the rule
     substitutes: tuple[str, ...] = ()
+    broken_failed: int = 0  # (rates) failed runs breaking it, among those no exact rule explains
+    broken_succeeded: int = 0  # ... and successful ones
 
     @property
     def key(self) -> str:
@@ -242,50 +247,95 @@ def mine_rules(
     return rules
 
 
+def breaks(run: Run, rule: Rule, flag_missing: bool = True) -> tuple[Step, Step | None] | None:
+    """(B's first call, A's first call or None) where `run` breaks `rule`: A called only after
+    B, or (a prerequisite, with `flag_missing`) never, B not being the run's final action; and
+    the run did none of the rule's substitutes before B. None where it keeps the rule."""
+    first = first_calls(run)
+    b = first.get(rule.after)
+    if b is None:
+        return None
+    a = first.get(rule.before)
+    if a is not None and a.position < b.position:
+        return None
+    if rule.substitutes and set(rule.substitutes) & done_before(run, b.position):
+        return None  # it did what the successful runs breaking the rule do instead
+    if a is None and not (rule.prerequisite and flag_missing and b is not final_action_step(run)):
+        return None
+    return b, a
+
+
+SAME_RECORD = 0.8  # of the successful runs keeping a rule of rates, A and B on one record
+
+
+def same_record(runs: Sequence[Run], a: str, b: str) -> bool:
+    """Whether, in SAME_RECORD of the `runs` (successful ones) calling A before B, a call of A
+    before B's first call shares an identifier with B's arguments (`state.write_tokens`): A is
+    the look-up of the record B acts on, not a step some runs happen to take first."""
+    from tracegym.analysis.detectors.state import write_tokens
+
+    kept = linked = 0
+    for run in runs:
+        first = first_calls(run)
+        if b not in first or a not in first or first[a].position > first[b].position:
+            continue
+        kept += 1
+        wanted = write_tokens(first[b])
+        linked += any(write_tokens(s) & wanted for s in run.steps[: first[b].position]
+                      if is_agent_call(s) and (s.tool or s.name) == a)  # fmt: skip
+    return bool(kept) and linked / kept >= SAME_RECORD
+
+
+def _read_before_write(a: str, b: str) -> bool:
+    """Whether (A, B) is a look-up before an action, by the tools' names (`tool_kinds`): the
+    rules of rates are about acting without looking first; an order among reads, which so many
+    pairs of tools give, is no such rule and chance finds some."""
+    return is_read_tool(a) and not is_read_tool(b) and not is_answer_tool(b)
+
+
 def rate_rules(
     successes: Sequence[Run],
     failures: Sequence[Run],
     *,
     min_support: int = 5,
     min_failed: int = 3,
-    min_rate: float = 0.5,
-    min_gap: float = 0.4,
-    max_p: float = 0.01,
+    min_rate: float = 0.2,
+    max_p: float = 0.05,
     known: Collection[tuple[str, str]] = (),
-    known_order: Collection[tuple[str, str]] = (),
+    explained: Collection[str] = (),
 ) -> list[Rule]:
-    """Rules that successful runs follow far more often than failed runs, though not always
-    (lucky successes break them): "B needs A" (of the runs calling B, the share that called A
-    first) and "A before B" (of the runs calling both, the share calling A first). A rule when
-    `min_support` successful and `min_failed` failed runs are measured, the successful share is
-    at least `min_rate`, exceeds the failed share by `min_gap`, and the one-sided Fisher exact
-    test of the two shares gives p <= `max_p`. Pairs in `known` (prerequisites every successful
-    run keeps) are skipped, and so is the precedence reading of those in `known_order` (every
-    successful run calling both calls A first); a pair is a prerequisite rule when that reading
-    holds, else a precedence."""
+    """Prerequisites ("B needs A": a look-up A before an action B, `_read_before_write`, of the
+    record B acts on, `same_record`) that successful runs keep far more often than failed runs,
+    though not always (lucky successes break them). A pair is one when at least `min_support`
+    successful runs call B and at least `min_rate` of them (not all: those are `mine_rules`')
+    call A first; and, among the runs no rule every successful run keeps already explains (not
+    in `explained`), at least `min_failed` failed runs break it (`breaks`) and the one-sided
+    Fisher exact test of the share of failed runs breaking it against that of successful runs
+    gives p <= `max_p`. Pairs in `known` are skipped. The rule's `confidence` is the share of
+    successful runs calling B that call A first, `failed_rate` that of failed runs."""
     s, f = _count(successes), _count(failures)
+    succeeded = [r for r in successes if r.trace_id not in explained]
+    failed = [r for r in failures if r.trace_id not in explained]
     rules = []
-    for (a, b), n in sorted(s.both.items()):
-        if (a, b) in known:
+    for (a, b), _ in sorted(s.both.items()):
+        n_s = s.calls[b]
+        if (a, b) in known or n_s < min_support or not _read_before_write(a, b):
             continue
-        candidates = (
-            (True, s.calls[b], s.ordered[a, b], f.calls[b], f.ordered[a, b]),
-            (False, n, s.ordered[a, b], f.both[a, b], f.ordered[a, b]),
-        )
-        for prerequisite, n_s, k_s, n_f, k_f in candidates:
-            if not prerequisite and (a, b) in known_order:
-                continue
-            if n_s < min_support or n_f < min_failed:
-                continue
-            rate, failed_rate = k_s / n_s, k_f / n_f
-            if rate < min_rate or rate - failed_rate < min_gap or rate >= 1.0:
-                continue
-            p = fisher_greater(k_s, n_s, k_f, n_f)
-            if p <= max_p:
-                rules.append(Rule(a, b, n_s, round(rate, 4), prerequisite,
-                                  round(failed_rate, 4), n_f, p,
-                                  substitutes(successes, a, b)))  # fmt: skip
-                break  # the prerequisite reading covers the precedence one
+        rate = s.ordered[a, b] / n_s
+        if rate < min_rate or rate >= 1.0 or not same_record(successes, a, b):
+            continue
+        n_f = f.calls[b]
+        rule = Rule(a, b, n_s, round(rate, 4), True,
+                    round(f.ordered[a, b] / n_f, 4) if n_f else None, n_f,
+                    substitutes=substitutes(successes, a, b))  # fmt: skip
+        broken_f = sum(breaks(r, rule) is not None for r in failed)
+        if broken_f < min_failed:
+            continue
+        broken_s = sum(breaks(r, rule) is not None for r in succeeded)
+        p = fisher_greater(broken_f, len(failed), broken_s, len(succeeded))
+        if p <= max_p:
+            rules.append(replace(rule, p_value=p, broken_failed=broken_f,
+                                 broken_succeeded=broken_s))  # fmt: skip
     rules.sort(key=lambda r: (r.after, -r.support, r.before))
     return rules
 
@@ -295,7 +345,7 @@ class WrongToolOrder(Detector):
 
     Parameters: `min_support` (5) successful runs behind a rule, `min_confidence` (1.0) share of
     them that follow it, `flag_missing` (True) whether a missing prerequisite counts, `by_rate`
-    (True) whether rules of rates count too, `max_p` (0.01) their Fisher p-value bound.
+    (True) whether rules of rates count too, `max_p` (0.05) their Fisher p-value bound.
     """
 
     name = WRONG_TOOL_ORDER
@@ -310,7 +360,7 @@ class WrongToolOrder(Detector):
         min_confidence: float = 1.0,
         flag_missing: bool = True,
         by_rate: bool = True,
-        max_p: float = 0.01,
+        max_p: float = 0.05,
     ) -> None:
         self.min_support = min_support
         self.min_confidence = min_confidence
@@ -326,9 +376,11 @@ class WrongToolOrder(Detector):
         if self.by_rate:
             failures = [r for r in runs if r.success is False]
             known = {(r.before, r.after) for r in self.rules_ if r.prerequisite}
-            order = {(r.before, r.after) for r in self.rules_}
+            flag = self.flag_missing
+            explained = {run.trace_id for run in runs
+                         if any(breaks(run, rule, flag) for rule in self.rules_)}  # fmt: skip
             rated = rate_rules(successes, failures, min_support=self.min_support,
-                               max_p=self.max_p, known=known, known_order=order)  # fmt: skip
+                               max_p=self.max_p, known=known, explained=explained)  # fmt: skip
             # a prerequisite by rates replaces the same pair's precedence (it flags both)
             replaced = {(r.before, r.after) for r in rated}
             self.rules_ = [r for r in self.rules_ if (r.before, r.after) not in replaced] + rated
@@ -371,41 +423,34 @@ class WrongToolOrder(Detector):
         named = self._named_fixes(run)
         if not self.rules_:
             return named
-        first = first_calls(run)
-        final = final_action_step(run)
         findings = []
         for rule in self.rules_:
-            b = first.get(rule.after)
-            if b is None:
+            broken = breaks(run, rule, self.flag_missing)
+            if broken is None:
                 continue
-            a = first.get(rule.before)
-            if a is not None and a.position < b.position:
-                continue
-            if rule.substitutes and set(rule.substitutes) & done_before(run, b.position):
-                continue  # it did what the successful runs breaking the rule do instead
+            b, a = broken
             if a is not None:
                 confidence, evidence = 0.9, [b.span_id, a.span_id]
                 message = (
                     f"{rule.after} was called before {rule.before}; in all {rule.support} "
                     f"successful runs that call both, {rule.before} comes first"
                 )
-            elif rule.prerequisite and self.flag_missing and b is not final:
+            else:
                 confidence, evidence = 0.7, [b.span_id]
                 message = (
                     f"{rule.after} was called without {rule.before} before it; successful runs "
                     f"always call {rule.before} first"
                 )
-            else:
-                continue
             if rule.by_rate:
                 confidence = round(confidence - 0.1, 3)
                 how = "before" if a else "without"
                 tail = "" if a else " before it"
                 message = (f"{rule.after} was called {how} {rule.before}{tail}; "
-                           f"{rule.confidence:.0%} of {rule.support} successful runs call "
-                           f"{rule.before} first, "
-                           f"{rule.failed_rate or 0:.0%} of {rule.failed_support} failed runs "
-                           f"(one-sided Fisher p = {rule.p_value:.2g})")  # fmt: skip
+                           f"{rule.confidence:.0%} of {rule.support} successful runs calling "
+                           f"{rule.after} call {rule.before} first, {rule.failed_rate or 0:.0%} "
+                           f"of {rule.failed_support} failed ones; {rule.broken_failed} failed "
+                           f"and {rule.broken_succeeded} successful runs break it (one-sided "
+                           f"Fisher p = {rule.p_value:.2g})")  # fmt: skip
             findings.append(Finding(
                 detector=self.name, key=rule.key, trace_id=run.trace_id, **step_ref(b),
                 span_ids=tuple(evidence), message=message, confidence=confidence,

@@ -37,11 +37,13 @@ def _step(trace: str, i: int, **fields) -> Step:
     return Step(**base)
 
 
-def _run(trace: str, success: bool, request: str, tools: list[str], *, reply: str = "") -> Run:
-    """A run: the user's request, the tool calls (no arguments), then the agent's reply."""
+def _run(trace: str, success: bool, request: str, tools: list[str], *, reply: str = "",
+         args: dict | None = None) -> Run:  # fmt: skip
+    """A run: the user's request, the tool calls (each with `args`), then the agent's reply."""
     steps = [_step(trace, 0, operation="chat", input=request, output=None,
                    attributes={ROLE: "user"})]  # fmt: skip
-    steps += [_step(trace, i, tool=tool) for i, tool in enumerate(tools, 1)]
+    given = json.dumps(args or {})
+    steps += [_step(trace, i, tool=tool, input=given) for i, tool in enumerate(tools, 1)]
     if reply:
         steps.append(_step(trace, len(steps), operation="chat", input=None, output=reply,
                            attributes={ROLE: "assistant"}))  # fmt: skip
@@ -58,10 +60,12 @@ def _cancel_runs() -> list[Run]:
     runs = []
     for i in range(15):
         tools = ["get_order", "cancel_order"] if i < 10 else ["cancel_order"]
-        runs.append(_run(f"s{i:02d}", True, CANCEL.format(n=i), tools, reply="Done."))
+        runs.append(_run(f"s{i:02d}", True, CANCEL.format(n=i), tools, reply="Done.",
+                         args={"order_id": f"W{10000 + i}"}))  # fmt: skip
     for i in range(10):
         tools = ["get_order", "cancel_order"] if i == 0 else ["cancel_order"]
-        runs.append(_run(f"f{i:02d}", False, CANCEL.format(n=100 + i), tools, reply="Done."))
+        runs.append(_run(f"f{i:02d}", False, CANCEL.format(n=100 + i), tools, reply="Done.",
+                         args={"order_id": f"W{20000 + i}"}))  # fmt: skip
     return runs
 
 
@@ -74,7 +78,18 @@ def test_a_rule_lucky_successes_break_is_still_found_with_its_p_value():
     [rule] = rate_rules(successes, failures)
     assert (rule.before, rule.after, rule.prerequisite) == ("get_order", "cancel_order", True)
     assert rule.confidence == 0.6667 and rule.failed_rate == 0.1 and not rule.substitutes
-    assert rule.p_value == pytest.approx(fisher_greater(10, 15, 1, 10)) and rule.p_value <= 0.01
+    # the test: failed runs breaking it (9 of 10) against successful ones (5 of 15)
+    assert (rule.broken_failed, rule.broken_succeeded) == (9, 5)
+    assert rule.p_value == pytest.approx(fisher_greater(9, 10, 5, 15)) and rule.p_value <= 0.01
+    # a look-up of another record (no identifier shared with the cancel) is no prerequisite
+    other = [_run(r.trace_id, r.success, CANCEL.format(n=0), [s.tool for s in r.steps if s.tool],
+                  reply="Done.", args={"order_id": f"W3{i:04d}"})
+             for i, r in enumerate(runs)]  # fmt: skip
+    for r in other:
+        for s in r.steps:
+            if s.tool == "get_order":
+                s.input = json.dumps({"query": "recent"})
+    assert rate_rules([r for r in other if r.success], [r for r in other if not r.success]) == []
     detector = WrongToolOrder().fit(runs)
     [finding] = detector.detect(failures[1])
     assert finding.key == "wrong_tool_order:get_order>cancel_order"
