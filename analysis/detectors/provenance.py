@@ -28,8 +28,11 @@ the user's words or the call over one chosen by its place, over a field, over ``
 with too few calls of a shape falls back to the rule over the calls of that shape in every
 kind (never to calls of another shape). `detect`
 flags a call whose value has origins but not the rule's: it came from another field, another
-record or list element, or an arithmetic successful runs do not do. A value with no origin at
-all is `wrong_amount`'s or `ungrounded_argument`'s to report, not this detector's.
+record or list element, or an arithmetic successful runs do not do. Where the run never called
+the read the rule's origin is in, the call had no such source to take from: that is a missing
+step (`wrong_tool_order`, `missed_action`), not a wrong source, and is not flagged. A value
+with no origin at all is `wrong_amount`'s or `ungrounded_argument`'s to report, not this
+detector's.
 
 Key ``wrong_source:<tool>.<argument>``; decisive step: the write call; the chat span that wrote
 it and the read the value came from follow in `span_ids`. Confidence 0.7. The message says
@@ -80,6 +83,7 @@ class Call:
     value: Any
     origins: dict[str, Origin]
     shape: str = ""  # the call's argument names: calls of one shape do one kind of thing
+    earlier: tuple[Read, ...] = ()  # the reads before the call
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,7 @@ class SourceRule:
     origin: str
     support: int
     calls: int
+    read_tool: str | None = None  # the read the origin is in (None: the user's words)
 
     @property
     def confidence(self) -> float:
@@ -254,7 +259,7 @@ def write_calls(run: Run, min_number: float = 10) -> Iterator[Call]:
                                                        if k in found}  # fmt: skip
             if shared:
                 value = values[0] if len(values) == 1 else values
-                yield Call(step, tool, path, value, shared, shape)
+                yield Call(step, tool, path, value, shared, shape, tuple(earlier))
 
 
 def _chat_before(run: Run, step: Step) -> Step | None:
@@ -299,6 +304,7 @@ class WrongSource(Detector):
         calls: Counter[tuple[str, str, str]] = Counter()
         held: dict[tuple[str, str, str], Counter[str]] = defaultdict(Counter)
         specificity: dict[str, int] = {}
+        source: dict[str, str | None] = {}
         for run in runs:
             if run.success is not True:
                 continue
@@ -312,6 +318,7 @@ class WrongSource(Detector):
                     held[key].update(call.origins.keys())
                 for text, origin in call.origins.items():
                     specificity[text] = origin.specificity
+                    source[text] = origin.read.tool if origin.read is not None else None
         self.rules_ = {}
         for key, n in calls.items():
             if n < self.min_support:
@@ -324,7 +331,8 @@ class WrongSource(Detector):
             near = [(c, t) for t, c in held[key].items() if c >= most - slack]
             count, text = max(near, key=lambda ct: (specificity[ct[1]], ct[0], -len(ct[1]),
                                                     ct[1]))  # fmt: skip
-            self.rules_[key] = SourceRule(*key, origin=text, support=count, calls=n)
+            self.rules_[key] = SourceRule(*key, origin=text, support=count, calls=n,
+                                          read_tool=source[text])  # fmt: skip
         return self
 
     def rule_for(self, run: Run, call: Call) -> SourceRule | None:
@@ -344,6 +352,10 @@ class WrongSource(Detector):
             rule = self.rule_for(run, call)
             if rule is None or rule.origin in call.origins:
                 continue
+            if rule.read_tool is not None and not any(
+                r.tool == rule.read_tool for r in call.earlier
+            ):
+                continue  # the source was never read: a missing step (wrong_tool_order's)
             key = f"{self.name}:{call.tool}.{call.arg}"
             if key in findings:
                 continue
