@@ -273,6 +273,14 @@ def _chat_before(run: Run, step: Step) -> Step | None:
     return found
 
 
+def _both_asked(rule: SourceRule, call: Call) -> bool:
+    """The user's words and the list element the user described are one source: what the
+    user asked for (an id said, or the record picked by what the user said of it)."""
+    named = any("[named]" in o for o in call.origins)
+    return (rule.origin == "user" and named) or ("[named]" in rule.origin and "user" in
+                                                 call.origins)  # fmt: skip
+
+
 class WrongSource(Detector):
     """Write arguments taken from another field, record or element than successful runs of the
     same kind of request take them from (module docstring).
@@ -350,7 +358,7 @@ class WrongSource(Detector):
         findings: dict[str, Finding] = {}
         for call in write_calls(run, self.min_number):
             rule = self.rule_for(run, call)
-            if rule is None or rule.origin in call.origins:
+            if rule is None or rule.origin in call.origins or _both_asked(rule, call):
                 continue
             if rule.read_tool is not None and not any(
                 r.tool == rule.read_tool for r in call.earlier
