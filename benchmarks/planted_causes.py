@@ -22,8 +22,12 @@ failures or successful runs (over half of its member runs), whether it matches n
 most runs of two or more causes (a merge), and per seed whether the top gap is a real cause
 and whether a gap that is no cause ranks above one that is.
 
-Tuning seeds (default 0-9) are the ones engineers may look at while changing the detectors;
-reporting seeds (default 100-119) are for the numbers that count. Both are printed, separately.
+Tuning seeds (default 0-9 and the extended 200-209) are the ones engineers may look at while
+changing the detectors; reporting seeds (default 100-119 and the extended 400-419) are for the
+numbers that count. Both are printed, separately, and within each the older seeds (< 200: the
+original catalogue) apart from the extended ones (>= 200: also wrong_field, wrong_record,
+hands_off, lucky_rule; `planted.is_extended`). `--without wrong_source` scores every seed a
+second time with that detector left out, on the same runs: the baseline before it.
 
 Embedding clusters run by default with a shared cache (`--cache`, default
 $TMPDIR/tracegym-planted-cache) so a warm rerun does not embed again; `--no-clusters` replaces
@@ -239,7 +243,11 @@ def score_seed(planted: Any, result: Any, split: str) -> SeedScore:
     return seed
 
 
-def run_seed(seed: int, split: str, embedder: Any, workdir: Path) -> SeedScore:
+def run_seed(seed: int, split: str, embedder: Any, workdir: Path,
+             without: Sequence[str] = ()) -> list[SeedScore]:  # fmt: skip
+    """The seed scored at the default detectors, and (`without`) again with those detectors
+    left out, on the same generated runs (the baseline of a new detector, in the same run)."""
+    from tracegym.analysis.detectors.registry import default_detectors
     from tracegym.analysis.pipeline import analyze
     from tracegym.tests.fixtures.planted import generate
 
@@ -249,7 +257,12 @@ def run_seed(seed: int, split: str, embedder: Any, workdir: Path) -> SeedScore:
     result = analyze(home, embedder=embedder, write=False)
     score = score_seed(planted, result, split)
     score.seconds = round(time.perf_counter() - clock, 2)
-    return score
+    scores = [score]
+    if without:
+        detectors = [d for d in default_detectors() if d.name not in without]
+        before = analyze(home, embedder=embedder, write=False, detectors=detectors)
+        scores.append(score_seed(planted, before, f"{split} without {','.join(without)}"))
+    return scores
 
 
 # Reporting -------------------------------------------------------------------------------------
@@ -341,8 +354,14 @@ def _seeds(text: str) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tuning", default="0-9", help="seeds to tune on (e.g. 0-9)")
-    parser.add_argument("--reporting", default="100-119", help="seeds to report on")
+    parser.add_argument("--tuning", default="0-9,200-209", help="seeds to tune on (e.g. 0-9)")
+    parser.add_argument("--reporting", default="100-119,400-419", help="seeds to report on")
+    parser.add_argument(
+        "--without",
+        default="",
+        help="also score every seed with these "
+        "detectors (comma-separated) left out: the baseline before them",
+    )
     parser.add_argument("--no-clusters", action="store_true",
                         help="group identical signatures only, no sentence embeddings")  # fmt: skip
     parser.add_argument(
@@ -361,6 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         embedder = Embedder(args.cache)
         mode = f"embedding clusters (all-MiniLM-L6-v2, cache {args.cache})"
     clock = time.perf_counter()
+    without = tuple(n for n in args.without.split(",") if n)
     scores: dict[str, list[SeedScore]] = {"tuning": [], "reporting": []}
     with tempfile.TemporaryDirectory(prefix="planted-") as tmp:
         for split, seeds in (
@@ -368,8 +388,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("reporting", _seeds(args.reporting)),
         ):
             for seed in seeds:
-                s = run_seed(seed, split, embedder, Path(tmp))
+                s, *baseline = run_seed(seed, split, embedder, Path(tmp), without)
                 scores[split].append(s)
+                for b in baseline:
+                    scores.setdefault(b.split, []).append(b)
                 if args.show:
                     print(f"seed {seed} ({split}, {s.domain}): {s.runs} runs, {s.failed} failed, "
                           f"{s.seconds}s")  # fmt: skip
@@ -386,11 +408,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# Planted causes: analyze at default thresholds; {mode}; "
           f"{time.perf_counter() - clock:.0f} s\n")  # fmt: skip
     summaries = {}
-    for split, title in (("tuning", f"Tuning seeds {args.tuning} (development numbers)"),
-                         ("reporting", f"Reporting seeds {args.reporting} (untuned)")):  # fmt: skip
-        if scores[split]:
+    titles = [("tuning", f"Tuning seeds {args.tuning} (development numbers)"),
+              ("reporting", f"Reporting seeds {args.reporting} (untuned)")]  # fmt: skip
+    if without:
+        gone = ",".join(without)
+        titles = [t for split, title in titles
+                  for t in ((f"{split} without {gone}", f"{title}, without {gone} (before)"),
+                            (split, title))]  # fmt: skip
+    for split, title in titles:
+        if scores.get(split):
             summaries[split] = summary(scores[split])
             print(render(title, summaries[split]) + "\n")
+            extended = [s for s in scores[split] if s.seed >= 200]
+            if extended and len(extended) < len(scores[split]):
+                older = [s for s in scores[split] if s.seed < 200]
+                for part, group in (("seeds < 200", older), ("extended seeds >= 200", extended)):
+                    k = summary(group)
+                    print(f"  - {part}: {_pct(k['recovered'], k['causes'])} recovered")
+                print()
     if args.json:
         seeds = {k: [asdict(s) for s in v] for k, v in scores.items()}
         document = {"mode": mode, "summaries": summaries, "seeds": seeds}
