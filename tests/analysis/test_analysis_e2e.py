@@ -48,7 +48,11 @@ def test_demo_flaws_come_back_as_gaps(demo_home: Path):
     truth = json.loads((demo_home / "truth.json").read_text())
     assert len(result.runs) == 120 and len(result.failed) == sum(not r["success"] for r in truth)
     assert result.gaps, "the example agent's flaws should yield at least one gap"
-    known = set(FLAW_DETECTORS.values()) | {"premature_finish", "invalid_invocation"}
+    known = set(FLAW_DETECTORS.values()) | {
+        "premature_finish",
+        "invalid_invocation",
+        "wrong_source",
+    }
     failed_ids = {r.trace_id for r in result.failed}
     for gap in result.gaps:
         assert gap.coverage >= 0.10

@@ -567,7 +567,7 @@ def test_registry() -> None:
         "ungrounded_argument", "wrong_tool_order", "poisoned_memory", "budget_waste",
         "invalid_invocation", "premature_finish", "unserved_request", "forbidden_action",
         "missed_action", "wrong_amount", "wrong_list", "unknown_value",
-        "missed_request", "wrong_choice"]  # fmt: skip
+        "missed_request", "wrong_choice", "wrong_source"]  # fmt: skip
     from tracegym.analysis.detector_names import BUILT_IN
 
     assert tuple(DETECTORS) == BUILT_IN  # every registered detector's name is a constant
