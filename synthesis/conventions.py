@@ -257,8 +257,33 @@ def conventions_from_store(home: str | Path) -> Conventions:
         run = runs.setdefault(trace_id, MinedRun([]))
         run.system_instructions = instructions_text(instructions) or system_message(first_input)
         tools = parse_json_literal(definitions)
-        run.tool_definitions = list(tools) if isinstance(tools, list) else []
+        run.tool_definitions = [openai_order(t) for t in tools] if isinstance(tools, list) else []
     return mine_conventions(list(runs.values()), agent=str(agent))
+
+
+_TOOL_ORDER = ("type", "function", "name", "description", "parameters", "properties", "required")
+
+
+def openai_order(value: Any) -> Any:
+    """A tool definition with its keys in the order OpenAI's documentation and clients write
+    them (`type`, `function`; `name`, `description`, `parameters`; `type`, `properties`,
+    `required`), each object's properties in its `required` order first. The tracer stores
+    attributes with sorted keys, and a chat template renders the definitions as JSON text: in
+    sorted order, an adapter would learn a tool list that differs from the one the agent
+    sends."""
+    if isinstance(value, list):
+        return [openai_order(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    rank = {key: i for i, key in enumerate(_TOOL_ORDER)}
+    keys = sorted(value, key=lambda k: (rank.get(k, len(rank)), list(value).index(k)))
+    out = {k: openai_order(value[k]) for k in keys}
+    properties, required = out.get("properties"), out.get("required")
+    if isinstance(properties, dict) and isinstance(required, list):
+        first = [k for k in required if k in properties]
+        out["properties"] = {k: properties[k] for k in [*first, *(k for k in properties
+                                                               if k not in first)]}  # fmt: skip
+    return out
 
 
 __all__ = [
@@ -267,5 +292,6 @@ __all__ = [
     "conventions_from_store",
     "instructions_text",
     "mine_conventions",
+    "openai_order",
     "system_message",
 ]

@@ -139,3 +139,18 @@ def test_imported_runs_give_their_system_message_as_the_prompt(tmp_path):
     spec = build_spec(gap("wrong_tool_order", ["cancel_pending_order"]),
                       catalog_from_store(tmp_path), conventions)  # fmt: skip
     assert from_spec(spec).make_task(0).system_prompt.startswith("# Retail agent policy")
+
+
+def test_recorded_tool_definitions_get_back_the_order_the_agent_sent():
+    """The tracer stores attributes with sorted keys; a chat template renders the definitions
+    as JSON text, so the environments must render them as the agent sent them."""
+    import json
+
+    from tracegym.examples.domains import DOMAINS
+    from tracegym.synthesis.conventions import openai_order
+
+    for domain in DOMAINS.values():
+        sent = [dict(t) for t in domain.tool_schemas]
+        recorded = json.loads(json.dumps(sent, sort_keys=True))
+        assert json.dumps(recorded) != json.dumps(sent)  # what the store gives back
+        assert json.dumps(openai_order(recorded)) == json.dumps(sent)
