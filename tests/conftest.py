@@ -27,6 +27,19 @@ from tracegym.tracer.operations import state
 
 
 @pytest.fixture(autouse=True)
+def _instrumentations_restored() -> Any:
+    """Instrumentations a test installed (an agent calling `tg.instrument("openai")`) are
+    removed after it: another test's client must not be wrapped twice."""
+    from tracegym.tracer import integrations
+
+    before = set(integrations.instrumented())
+    yield
+    added = set(integrations.instrumented()) - before
+    if added:
+        integrations.uninstrument(*sorted(added))
+
+
+@pytest.fixture(autouse=True)
 def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):
     """Fresh counters, no stray spool under the repo, no tracer settings leaking out of a test."""
     monkeypatch.setenv("TRACEGYM_HOME", str(tmp_path_factory.mktemp("home")))

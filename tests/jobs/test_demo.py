@@ -150,6 +150,7 @@ def demo_home(tmp_path_factory):
         yield home, config, report, stages
     finally:
         patch.undo()
+        tracegym.uninstrument("openai")  # the demo's agent instrumented the openai client
         tracegym.shutdown()
         provider.shutdown()
         setup._installed.processor = None
