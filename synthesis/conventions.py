@@ -111,7 +111,7 @@ def _common(values: Iterable[Any], n: int) -> Any:
     if not counts:
         return None
     text, count = counts.most_common(1)[0]
-    return json.loads(text) if count >= SHARE * n else None
+    return openai_order(json.loads(text)) if count >= SHARE * n else None
 
 
 def _opening(runs: Sequence[MinedRun]) -> list[str]:

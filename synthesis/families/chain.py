@@ -13,7 +13,7 @@ from typing import Any
 from tracegym.analysis.gap import Gap
 from tracegym.analysis.tool_kinds import is_answer_tool
 from tracegym.synthesis.base import Action, Environment, Task
-from tracegym.synthesis.conventions import Conventions
+from tracegym.synthesis.conventions import Conventions, openai_order
 from tracegym.synthesis.goal import Goal
 from tracegym.synthesis.spec import ArgSchema, Catalog, EnvironmentSpec
 from tracegym.synthesis.world import (
@@ -160,6 +160,7 @@ class ChainEnvironment(Environment):
             str(t.get("function", t).get("name")): i for i, t in enumerate(self.conventions.tools)
         }
         out = [self.conventions.tool_definition(s["function"]["name"]) or s for s in schemas]
+        out = [openai_order(s) for s in out]  # as the agent sent them, not as the store sorted them
         return sorted(out, key=lambda s: order.get(s["function"]["name"], len(order)))
 
     # Environment hooks ---------------------------------------------------------------------

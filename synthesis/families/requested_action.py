@@ -13,7 +13,7 @@ from tracegym.analysis import detector_names as dn
 from tracegym.analysis.gap import Gap
 from tracegym.analysis.tool_kinds import is_read_tool
 from tracegym.synthesis.base import Action, Environment, Task
-from tracegym.synthesis.conventions import Conventions
+from tracegym.synthesis.conventions import Conventions, openai_order
 from tracegym.synthesis.described_rules import definition_text, with_described_refusals
 from tracegym.synthesis.families.chain import (
     SYSTEM_PROMPT,
@@ -197,8 +197,8 @@ class RequestedActionEnv(Environment):
 
     # Environment hooks ---------------------------------------------------------------------
     def tool_schemas(self) -> list[dict[str, Any]]:
-        if self.conventions.tools:
-            return [dict(t) for t in self.conventions.tools]
+        if self.conventions.tools:  # as the agent sent them (specs saved before kept sorted keys)
+            return [openai_order(t) for t in self.conventions.tools]
         schemas = [t.json_schema() for t in self.catalog.tools.values() if t.name != self.action]
         return [*schemas, self.action_def]
 
