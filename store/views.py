@@ -15,6 +15,7 @@ it is gone the views fail with an IO error and the reader recreates them (see `S
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -23,6 +24,7 @@ import duckdb
 from tracegym.store.home import Home
 from tracegym.store.lake import complete_spool_files, lake_dir
 from tracegym.store.parts import lake_parts, may_be_corrupt, screen
+from tracegym.store.pricing import Prices, PricesError
 from tracegym.store.schema import (
     bad_lines_select,
     empty_source,
@@ -96,6 +98,44 @@ ERROR_MESSAGE = """coalesce(
     nullif(status_message, ''))"""
 
 
+# An LLM call's cost in USD (store/pricing.py), NULL for a model without a known price: a
+# Python function on each connection, so no model name is ever pasted into SQL.
+COST_FUNCTION = "tracegym_cost"
+PROVIDER = f"""coalesce(json_extract_string(attributes, '$."{sc.PROVIDER}"'),
+                        json_extract_string(attributes, '$."gen_ai.system"'))"""
+
+
+def register_cost(con: duckdb.DuckDBPyConnection, home: Path) -> Prices:
+    """(Re)define `tracegym_cost(model, provider, input_tokens, output_tokens)` on `con` with
+    the home's prices. A prices file that cannot be read is reported once and left out (the
+    table's prices still apply): a typo in it must not take every query down."""
+    try:
+        prices = Prices.load(home)
+    except PricesError as exc:
+        _warn_once(str(exc))
+        prices = Prices()
+    with contextlib.suppress(duckdb.Error):
+        con.remove_function(COST_FUNCTION)
+    con.create_function(
+        COST_FUNCTION,
+        prices.cost,
+        ["VARCHAR", "VARCHAR", "BIGINT", "BIGINT"],
+        "DOUBLE",
+        null_handling="special",
+        side_effects=False,
+    )
+    return prices
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(f"prices file left out: {message}", stacklevel=3)
+
+
 def _nightly_field(name: str, kind: str = "VARCHAR") -> str:
     value = f"json_extract_string(attributes, '$.\"{sc.NIGHTLY_PREFIX}{name}\"')"
     return f"TRY_CAST({value} AS {kind}) AS {name}" if kind != "VARCHAR" else f"{value} AS {name}"
@@ -149,6 +189,8 @@ VIEW_SQL = {
                    count(*) FILTER (WHERE status = 'ERROR') AS errors,
                    CAST(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0))
                        FILTER (WHERE operation = '{sc.OP_CHAT}') AS BIGINT) AS tokens,
+                   sum({COST_FUNCTION}(model, {PROVIDER}, input_tokens, output_tokens))
+                       FILTER (WHERE operation = '{sc.OP_CHAT}') AS cost,
                    arg_min(concat_ws(': ', coalesce(tool, name),
                                      nullif(regexp_extract(error_type, '[^.]+$'), ''),
                                      {ERROR_MESSAGE}),
@@ -165,7 +207,7 @@ VIEW_SQL = {
                make_timestamp(p.start_ns // 1000) AS start_time,
                (p.end_ns - p.start_ns) / 1e6 AS duration_ms,
                p.spans, p.tool_calls, p.llm_calls, p.memory_ops, p.errors,
-               coalesce(p.tokens, 0) AS tokens, r.root_status, p.first_error,
+               coalesce(p.tokens, 0) AS tokens, p.cost, r.root_status, p.first_error,
                o.success, o.reward, o.source AS outcome_source, o.labels AS outcome_labels
         FROM per_trace p
         LEFT JOIN roots r USING (trace_id)
@@ -180,7 +222,8 @@ VIEW_SQL = {
     "llm_calls": f"""
         SELECT trace_id, span_id, parent_span_id, step_index, agent, model,
                input_tokens, output_tokens, input AS input_messages, output AS output_messages,
-               status, error_type, start_time, duration_ms
+               status, error_type, start_time, duration_ms,
+               {COST_FUNCTION}(model, {PROVIDER}, input_tokens, output_tokens) AS cost
         FROM spans WHERE operation = '{sc.OP_CHAT}'
     """,
     # Each read lists, per record it returned, the write that stored that content: the latest
@@ -257,6 +300,7 @@ def register_views(con: duckdb.DuckDBPyConnection, home: Path) -> list[Path]:
     pending = ready + writing
     live, listed = _live_sql(pending), [p.stem for p in pending]
     bad = frozenset(screen(home, listed).in_place)
+    register_cost(con, home)
     for view, table in (("spans", "spans"), ("_outcome_spans", "outcomes"),
                         ("_nightly_spans", "nightly")):  # fmt: skip
         live_rows = (
