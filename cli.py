@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -213,32 +212,23 @@ def outcome(
     home: HomeOption = None,
 ) -> None:
     """Record how a run ended (from any process); the store joins it to the run."""
-    import tracegym as tg
+    from tracegym.store.outcome_record import Outcome, OutcomeNotRecorded, TracingOff, record
 
-    run_id = run_id.strip()
-    if not run_id:
-        _fail("RUN_ID is empty")
-    if success is None and reward is None:
-        _fail("say how the run ended: --success or --failure, and/or --reward R")
-    if reward is not None and not math.isfinite(reward):
-        _fail(f"--reward must be a finite number, got {reward}")
-    labels = _labels(label or [])
+    try:
+        wanted = Outcome(run_id, success, reward, source, _labels(label or []) or None).checked()
+    except ValueError as exc:
+        _fail(str(exc))
     target = _existing_home(_home(ctx, home))
-    if not _run_known(target, run_id):
+    if not _run_known(target, wanted.run_id):
         _warn(
-            f"no run with run id or trace id {run_id!r} under {target} yet; recording the "
-            "outcome anyway (it joins the run when the run's spans arrive)"
+            f"no run with run id or trace id {wanted.run_id!r} under {target} yet; recording "
+            "the outcome anyway (it joins the run when the run's spans arrive)"
         )
-    if tg.init(service="tracegym-cli", home=target) is None:
-        _fail("tracing is off (OTEL_SDK_DISABLED or TRACEGYM_SPOOL=0): nowhere to record to")
-    tg.record_outcome(run_id, success=success, reward=reward, source=source, labels=labels or None)
-    flushed = tg.flush()
-    stats = tg.stats()
-    if not flushed or stats.counters.get("spans_exported.spool", 0) < 1:
-        _fail(f"the outcome did not reach the store under {target}", code=1)
-    verdict = {True: "success", False: "failure", None: "-"}[success]
-    shown = "-" if reward is None else f"{reward:g}"
-    typer.echo(f"recorded outcome for {run_id}: {verdict}, reward {shown}, source {source}")
+    try:
+        done = record(target, wanted)
+    except OutcomeNotRecorded as exc:
+        _fail(str(exc), code=2 if isinstance(exc, TracingOff) else 1)
+    typer.echo(f"recorded outcome for {done.summary()}")
 
 
 @app.command()
