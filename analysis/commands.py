@@ -282,6 +282,11 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
 
 
 # When no gap is kept ------------------------------------------------------------------------------
+def failed_runs(n: int) -> str:
+    """`1 failed run`, `2 failed runs`."""
+    return f"{n} failed run{'' if n == 1 else 's'}"
+
+
 NEAREST = 5  # near misses listed
 FEW_RUNS = 20  # fewer failed (or successful) runs than this: one run moves a rate by 5% or more
 
@@ -367,7 +372,8 @@ def nothing_kept(result: Analysis, *, judged: bool = False, limit: int = NEAREST
         steps.append("nothing to explain: no run failed")
     else:
         if unknown:
-            steps.append(f"outcomes: {unknown} runs have none; `tracegym outcome RUN_ID "
+            steps.append(f"outcomes: {unknown} {'run has' if unknown == 1 else 'runs have'} "
+                         "none; `tracegym outcome RUN_ID "
                          "--success/--failure` adds them to the contrast")  # fmt: skip
         if not n_ok:
             steps.append("outcomes: no run succeeded, so nothing tells a failing behaviour from "
@@ -377,12 +383,13 @@ def nothing_kept(result: Analysis, *, judged: bool = False, limit: int = NEAREST
         if n_failed < FEW_RUNS or n_ok < FEW_RUNS or unstable:
             why = (f"{len(unstable)} of the nearest candidates pass coverage and delta but not "
                    "the bootstrap" if unstable else
-                   f"with {n_failed} failed runs one run moves coverage by "
+                   f"with {failed_runs(n_failed)} one run moves coverage by "
                    f"{1 / n_failed:.0%}")  # fmt: skip
             steps.append(f"more runs: {n_failed} failed and {n_ok} successful so far; {why}")
         if untouched and not judged:
-            steps.append(f"--judge-url URL --judge-model NAME: {untouched} of the {n_failed} "
-                         "failed runs have no finding from any detector; an LLM judge proposes "
+            steps.append(f"--judge-url URL --judge-model NAME: {untouched} of the "
+                         f"{failed_runs(n_failed)} have no finding from any detector; an LLM "
+                         "judge proposes "
                          "and labels capabilities the detectors do not see (it sends summaries "
                          "of the runs to that server)")  # fmt: skip
         if nearest:
@@ -393,14 +400,15 @@ def nothing_kept(result: Analysis, *, judged: bool = False, limit: int = NEAREST
 
 def render_nothing_kept(console: Console, empty: NothingKept) -> None:
     """Why no gap was kept and what to do next, under the (empty) gaps table."""
-    console.print(f"[bold]No gap kept.[/] {empty.untouched} of {empty.failed} failed runs have "
-                  "no finding from any detector.", highlight=False)  # fmt: skip
+    console.print(f"[bold]No gap kept.[/] {empty.untouched} of {failed_runs(empty.failed)} "
+                  f"{'has' if empty.failed == 1 else 'have'} no finding from any detector.",
+                  highlight=False)  # fmt: skip
     if empty.nearest:
         console.print("Nearest candidates (what each missed):")
         for m in empty.nearest:
             delta = "-" if m.delta is None else f"{m.delta:.2f}"
             missed = "; ".join(m.missed) or m.why
-            console.print(f"  {escape(m.key)}: {m.failed_runs} failed runs, coverage "
+            console.print(f"  {escape(m.key)}: {failed_runs(m.failed_runs)}, coverage "
                           f"{m.coverage:.2f}, delta {delta}, stable {m.stability}: "
                           f"{escape(missed)}", highlight=False)  # fmt: skip
     for step in empty.next_steps:

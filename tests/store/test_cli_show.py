@@ -226,6 +226,28 @@ def test_traces_lists_run_ids_requests_and_first_errors(home: Path, tmp_path: Pa
     assert "task-9" in only_failed and "task-ok" not in only_failed
 
 
+def test_traces_prints_no_id_twice(tmp_path: Path):
+    """A run whose id is its trace id shows it once: the trace column lists only trace ids
+    that differ from the run id, and is left out when none does."""
+    own, plain = "ab" * 16, "5e1c7a9b3d2f40e6a8b1c9d7e3f20a41"
+
+    def root(trace_id: str, span_id: str, **attributes: str) -> dict:
+        return span_record(trace_id=trace_id, span_id=span_id, name="invoke_agent a",
+                           start_ns=BASE, end_ns=BASE + 1_000_000,
+                           attributes={"gen_ai.operation.name": "invoke_agent",
+                                       **attributes})  # fmt: skip
+
+    write_spool_file(tmp_path, [root(plain, "01" * 8, **{"tracegym.run.id": plain})], "a")
+    alone = _run(tmp_path, "traces").stdout
+    assert alone.count("5e1c7a9b3d2f") == 1 and plain in alone
+    assert " trace " not in _line(alone, "run")  # no column of ids the run column holds
+    write_spool_file(tmp_path, [root(own, "02" * 8, **{"tracegym.run.id": "task-1"})], "b")
+    both = _run(tmp_path, "traces").stdout
+    assert "trace" in _line(both, "run")
+    assert "abababababab" in _line(both, "task-1")
+    assert _line(both, plain).count("5e1c7a9b3d2f") == 1
+
+
 def test_error_message_columns(home: Path):
     rows = _run(home, "sql", "SELECT tool, error_message FROM tool_calls ORDER BY tool", "-f",
                 "json").stdout.splitlines()  # fmt: skip

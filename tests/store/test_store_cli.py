@@ -67,10 +67,14 @@ def test_sql_formats(home: Path, tmp_path: Path):
         ["tool", "error_type", "arguments"],
         ["refund", "KeyError", '{"order": "<b>x</b>"}'],
     ]
+    row = {"tool": "refund", "error_type": "KeyError", "arguments": '{"order": "<b>x</b>"}'}
     as_json = _run(home, "sql", query, "-f", "json")
-    assert json.loads(as_json.stdout) == {
-        "tool": "refund", "error_type": "KeyError", "arguments": '{"order": "<b>x</b>"}'
-    }  # fmt: skip
+    assert json.loads(as_json.stdout) == [row]  # one JSON array
+    as_lines = _run(home, "sql", query, "-f", "jsonl")
+    assert [json.loads(line) for line in as_lines.stdout.splitlines()] == [row]
+    none = _run(home, "sql", "SELECT tool FROM tool_calls WHERE false", "-f", "json")
+    assert json.loads(none.stdout) == []
+    assert _run(home, "sql", "SELECT tool FROM tool_calls WHERE false", "-f", "jsonl").stdout == ""
     out = tmp_path / "out.parquet"
     done = _run(home, "sql", query, "--format", "parquet", "--output", str(out))
     assert done.exit_code == 0 and out.stat().st_size > 0
