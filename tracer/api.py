@@ -123,6 +123,7 @@ def current_span() -> trace.Span:
 
 
 current_run_id = scope_context.current_run_id
+last_run_id = scope_context.last_run_id
 
 
 def current_trace_id() -> str | None:

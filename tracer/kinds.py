@@ -16,7 +16,16 @@ from opentelemetry.trace import Link
 from tracegym.tracer import internal
 from tracegym.tracer import messages as genai
 from tracegym.tracer import semconv as sc
-from tracegym.tracer.context import ActiveRun, Budget, Scope, current
+from tracegym.tracer.context import (
+    ActiveRun,
+    Budget,
+    PendingCall,
+    Scope,
+    claim_call,
+    current,
+    expect_calls,
+    last_run,
+)
 from tracegym.tracer.openinference import TEXT, wants_values
 from tracegym.tracer.operations import Handle, Operation, _caught, _record_usage, state
 from tracegym.tracer.operations import _openinference as _openinference  # where it was
@@ -172,6 +181,9 @@ class Agent(Operation):
 
     def on_end(self, handle: Handle) -> None:
         _budget_used(handle, {})
+        scope = handle.scope
+        if scope is not None and len(scope.budgets) == 1:  # the outermost agent: its run ends
+            last_run.set(scope.run.run_id)
 
 
 class Tool(Operation):
@@ -187,17 +199,20 @@ class Tool(Operation):
         return {sc.OPERATION: self.operation, sc.TOOL_NAME: self.name}
 
     def call_attributes(self, attrs: dict[str, Any], arguments: dict[str, Any], capture: bool):
+        given = None
+        if capture:
+            if self._binder is None:  # `with` form: `tool("name", arguments={...})`
+                arguments = arguments.get("arguments", {})
+            given = attrs[sc.TOOL_ARGUMENTS] = to_json(arguments, state.settings.max_value_length)
         call_id = self.call_id
+        if not call_id:  # the model's id when its latest reply asked for this call
+            call_id = claim_call(self.name, given)
         if not call_id:
             try:
                 call_id = _call_ids.pop()
             except IndexError:
                 call_id = _draw_call_ids()
         attrs[sc.TOOL_CALL_ID] = call_id
-        if capture:
-            if self._binder is None:  # `with` form: `tool("name", arguments={...})`
-                arguments = arguments.get("arguments", {})
-            attrs[sc.TOOL_ARGUMENTS] = to_json(arguments, state.settings.max_value_length)
 
     def on_result(self, handle: Handle, result: Any, capture: bool) -> None:
         if capture:
@@ -337,10 +352,24 @@ class LLM(Operation):
             limit = state.settings.max_value_length
             messages = genai.output_messages(result, limit)
             span.set_attribute(sc.OUTPUT_MESSAGES, genai.encode(messages, limit))
+            _expect_tool_calls(messages, limit)
             text = "\n".join(t for t in map(_parts_text, messages) if t)
             if text and wants_values(state.settings.openinference):
                 span.set_attribute(sc.OI_OUTPUT_VALUE, text)
                 span.set_attribute(sc.OI_OUTPUT_MIME, TEXT)
+
+
+def _expect_tool_calls(messages: list[dict[str, Any]], limit: int) -> None:
+    """The tool calls (with ids) of a model reply become the run's pending calls, so that the
+    `@tg.tool` calls carrying them out record the model's call ids (`context.claim_call`)."""
+    calls = []
+    for message in messages:
+        for part in message.get("parts") or ():
+            if type(part) is dict and part.get("type") == "tool_call" and part.get("id"):
+                arguments = part.get("arguments")  # parsed from OpenAI's JSON text already
+                text = None if arguments is None else to_json(arguments, limit)
+                calls.append(PendingCall(str(part.get("name") or ""), text, str(part["id"])))
+    expect_calls(calls)
 
 
 _MESSAGE_KEYS = ("messages", "input", "contents", "prompt")

@@ -106,7 +106,7 @@ print(json.dumps({"loaded": loaded, "pairs": pairs, "missing": missing,
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["loaded"] is False
-    assert len(report["pairs"]) == 28
+    assert len(report["pairs"]) == 29
     assert all(same and listed for _, same, listed in report["pairs"])
     assert "no_such_name" in report["missing"]
     assert {"init", "agent", "tool", "__version__", "testing"} <= set(report["all"])
