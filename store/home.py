@@ -6,6 +6,7 @@ output there for the next one; this module is the only place that knows where:
     home = Home.at("~/.tracegym")
     home.spool          # spool/: span files the tracer appends to (tracer.spool_files)
     home.lake           # lake/: compacted Parquet parts
+    home.lake_config    # lake.json: the lake's URL when it is on object storage instead
     home.gaps           # gaps.json: what `analyze` found (analysis.gap.GapsDocument)
     home.environments   # envs/: synthesized environments, their index and the synthesis report
     home.adapters       # adapters/: one LoRA adapter per capability, and the registry
@@ -49,6 +50,7 @@ EMBEDDINGS_FILE = "embeddings.npz"
 IMPORTS_DIR = "imports"
 DEMO_DIR = "demo"
 LAKE_DIR = "lake"
+LAKE_CONFIG_FILE = "lake.json"  # where the lake lives when not under lake/ (object storage)
 
 
 class DocumentError(ValueError):
@@ -78,6 +80,11 @@ class Home:
     @property
     def lake(self) -> Path:
         return self.root / LAKE_DIR
+
+    @property
+    def lake_config(self) -> Path:
+        """lake.json: the URL of a lake on object storage (store/object_lake.py), when set."""
+        return self.root / LAKE_CONFIG_FILE
 
     @property
     def imports(self) -> Path:

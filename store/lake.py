@@ -145,13 +145,28 @@ def _new_staging(home: Path, stem: str) -> Path:
     return staging
 
 
-def compact_batch(con: duckdb.DuckDBPyConnection, home: Path, paths: list[Path]) -> tuple[int, int]:
-    """Move complete spool files into the lake in one DuckDB pass; returns (spans, parts).
+@dataclass(frozen=True)
+class StagedPart:
+    """One Parquet part DuckDB wrote into a staging folder: its table, day, source file's
+    stem and index (`data_<i>`) come from the folder names of PARTITION_BY."""
 
-    Parts are named after their source file, so a rerun after a crash rewrites the same names;
-    parts a previous attempt left under a source's name and this one did not write are removed.
-    """
-    staging = _new_staging(home, paths[0].stem)
+    path: Path
+    table: str
+    day: str  # `day=YYYY-MM-DD`, the folder name
+    stem: str
+    index: str
+
+    @property
+    def name(self) -> str:
+        """The part's name in the lake, after the spool file it came from."""
+        return f"part-{self.stem}-{self.index}.parquet"
+
+
+def stage_batch(
+    con: duckdb.DuckDBPyConnection, staging: Path, paths: list[Path]
+) -> tuple[int, list[StagedPart]]:
+    """Write the spans of `paths` as Parquet parts into `staging` in one DuckDB pass;
+    (spans, parts). Used by this lake and by the object lake (store/object_lake.py)."""
     spans = 0
     nonempty = [str(p) for p in paths if p.stat().st_size]
     if nonempty:
@@ -163,22 +178,31 @@ def compact_batch(con: duckdb.DuckDBPyConnection, home: Path, paths: list[Path])
             {"paths": nonempty},
         ).fetchall()
         spans = int(rows[0][0]) if rows else 0
+    parts = []
+    for part in sorted(staging.rglob("*.parquet")):
+        table, day, source = part.relative_to(staging).parts[:3]  # _table=, day=, _src=
+        index = part.stem.rsplit("_", 1)[-1]  # data_<i>
+        parts.append(StagedPart(part, table.split("=", 1)[1], day, source.split("=", 1)[1], index))
+    return spans, parts
+
+
+def compact_batch(con: duckdb.DuckDBPyConnection, home: Path, paths: list[Path]) -> tuple[int, int]:
+    """Move complete spool files into the lake in one DuckDB pass; returns (spans, parts).
+
+    Parts are named after their source file, so a rerun after a crash rewrites the same names;
+    parts a previous attempt left under a source's name and this one did not write are removed.
+    """
+    staging = _new_staging(home, paths[0].stem)
+    spans, staged = stage_batch(con, staging, paths)
     stems = {p.stem for p in paths}
     previous = [p for p in lake_dir(home).glob("*/day=*/part-*.parquet")
                 if _stem_of_part(p.name) in stems]  # fmt: skip
     written: set[Path] = set()
-    for part in sorted(staging.rglob("*.parquet")):
-        table, day, source = part.relative_to(staging).parts[:3]  # _table=, day=, _src=
-        index = part.stem.rsplit("_", 1)[-1]  # data_<i>
-        target = (
-            lake_dir(home)
-            / table.split("=", 1)[1]
-            / day
-            / (f"part-{source.split('=', 1)[1]}-{index}.parquet")
-        )
+    for part in staged:
+        target = lake_dir(home) / part.table / part.day / part.name
         target.parent.mkdir(parents=True, exist_ok=True)
-        _fsync(part)
-        os.replace(part, target)
+        _fsync(part.path)
+        os.replace(part.path, target)
         _fsync(target.parent)
         written.add(target)
     for stale in previous:

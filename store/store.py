@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import duckdb
+from tracegym.store import object_lake
 from tracegym.store.lake import CompactionReport, compact
+from tracegym.store.object_views import ObjectViews
 from tracegym.store.views import VIEWS, LiveViews
 from tracegym.tracer.config import resolve_home
 
@@ -163,31 +165,47 @@ class Store:
     is locked once the views exist, and a query whose spool files another process compacted
     away meanwhile runs again over fresh views (when it fails at bind time, see `LiveViews`).
 
+    The lake is `<home>/lake`, or the object lake `lake_url` names, else $TRACEGYM_LAKE_URL,
+    else the home's lake.json (store/object_lake.py); the spool is always the home's.
+
     store = Store()                                  # $TRACEGYM_HOME or ./.tracegym
     store.sql("SELECT tool, count(*) FROM tool_calls GROUP BY tool").show()
     df = store.pl("SELECT * FROM traces")              # a Polars DataFrame
     df = store.df("SELECT * FROM traces")              # a pandas DataFrame
     """
 
-    def __init__(self, home: str | Path | None = None, *, compact_on_open: bool = True) -> None:
+    def __init__(
+        self,
+        home: str | Path | None = None,
+        *,
+        compact_on_open: bool = True,
+        lake_url: str | None = None,
+    ) -> None:
         self.home = resolve_home(home)
+        self.lake = object_lake.open_lake(self.home, lake_url)  # None: the local lake
         self.con = duckdb.connect()
         # Never fetch or load an extension a query names (sqlite_scan ...): no download, no
         # ~/.duckdb written, a plain error instead.
         self.con.execute("SET autoinstall_known_extensions = false")
         self.con.execute("SET autoload_known_extensions = false")
+        if self.lake:
+            self.lake.register(self.con)  # its URLs read through fsspec, not an extension
         self.last_compaction: CompactionReport | None = None
         self.compaction_error: str | None = None
         if compact_on_open:
             self._compact_for_reading()
-        self._views = LiveViews(self.con, self.home)
+        self._views = (
+            ObjectViews(self.con, self.home, self.lake)
+            if self.lake
+            else LiveViews(self.con, self.home)
+        )
         self.con.execute("SET lock_configuration = true")  # no PRAGMA/SET can loosen it now
 
     def _compact_for_reading(self) -> None:
         """Compact before reading, unless the disk refuses (full, read-only, not ours): then
         read the lake plus the spool as they are (exactly once either way), with a note."""
         try:
-            self.last_compaction = compact(self.home, self.con, wait=False)  # never queue
+            self.last_compaction = self._compact(wait=False)  # never queue
         except (OSError, duckdb.Error) as exc:
             text = str(exc).strip()
             self.compaction_error = text.splitlines()[0] if text else type(exc).__name__
@@ -200,9 +218,14 @@ class Store:
     def compact(self, *, wait: bool = True) -> CompactionReport:
         """Move complete spool files into the lake, then refresh the views. `wait`: queue
         behind another process's compaction, else skip it (`last_compaction.busy`)."""
-        self.last_compaction = compact(self.home, self.con, wait=wait)
+        self.last_compaction = self._compact(wait=wait)
         self._views.refresh()
         return self.last_compaction
+
+    def _compact(self, *, wait: bool) -> CompactionReport:
+        if self.lake:
+            return object_lake.compact(self.home, self.lake, self.con, wait=wait)
+        return compact(self.home, self.con, wait=wait)
 
     def sql(self, query: str, params: Any = None) -> duckdb.DuckDBPyRelation:
         """A DuckDB relation for a read-only query (`.fetchall()`, `.pl()`, `.df()` ...).
