@@ -272,11 +272,29 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         table_console().print(render_story(story, full=full))
 
     @app.command()
-    def compact(ctx: typer.Context, home: HomeOption = None) -> None:
+    def compact(
+        ctx: typer.Context,
+        to: Annotated[
+            str | None,
+            typer.Option(
+                "--to",
+                help="A lake on object storage (s3://bucket/prefix, any fsspec URL) to compact "
+                "into from now on, kept in the home's lake.json (docs/object_storage.md).",
+            ),
+        ] = None,
+        home: HomeOption = None,
+    ) -> None:
         """Move complete spool files into the Parquet lake (queries also do this first)."""
         import duckdb
 
         target = existing_home(home_of(ctx, home), fail)
+        if to is not None:
+            from tracegym.store.object_lake import configured, set_lake
+
+            try:
+                set_lake(target, configured(target, to))
+            except ValueError as exc:
+                fail(str(exc))
         store = _open_store(target, fail, compact_on_open=False)
         try:
             report = store.compact(wait=False)
@@ -291,6 +309,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             )
         typer.echo(
             f"compacted {report.files} spool files, {report.spans} spans, {report.parts} parts"
+            f"{f' into {store.lake.url}' if store.lake else ''}"
             f" under {target}; {len(report.skipped_live)} files still being written"
         )
         if report.bad_lines or report.truncated_lines:  # skipped, not stored as empty spans
