@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from tracegym.dashboards import pages, params
+from tracegym.dashboards import outcome_form, pages, params
 from tracegym.dashboards.db import Database, SqlBox, SqlBoxBusy
 from tracegym.dashboards.findings import FindingsModel
 from tracegym.dashboards.queries import RunFilters
-from tracegym.dashboards.security import Guard
+from tracegym.dashboards.security import CsrfToken, Guard
 from tracegym.store.store import ReadOnlyError
 
 HERE = Path(__file__).resolve().parent
@@ -88,6 +88,7 @@ def create_app(
     ctx = pages.Context(home=home, db=db, findings=FindingsModel(db))
     sql_box = SqlBox(home, timeout_s=sql_timeout_s, waiting=sql_waiting)
     templates = _templates()
+    csrf = CsrfToken()  # the outcome form's token (dashboards/outcome_form.py)
     has_charts = plotly_js() is not None
 
     def render(
@@ -137,7 +138,11 @@ def create_app(
         found = pages.resolve(ctx, ident)
         if found is None:
             return render(request, "missing.html", "runs", 404, what=f"run {ident}")
-        return render(request, "run.html", "runs", **pages.run(ctx, *found))
+        data = {**pages.run(ctx, *found), **outcome_form.form_context(request, csrf)}
+        return render(request, "run.html", "runs", **data)
+
+    async def run_outcome(request: Request) -> Response:
+        return await outcome_form.post_outcome(request, ctx, csrf)
 
     def sessions(request: Request) -> Response:
         return render(request, "sessions.html", "sessions", **pages.sessions(ctx))
@@ -187,6 +192,7 @@ def create_app(
         Route("/", overview),
         Route("/runs", runs),
         Route("/run/{trace_id}", run),
+        Route("/run/{trace_id}/outcome", run_outcome, methods=["POST"]),
         Route("/runs/{trace_id}", run),  # the list is /runs: a run's page answers under it too
         Route("/sessions", sessions),
         Route("/sessions/{kind}/{ident:path}", session),

@@ -88,6 +88,12 @@ class Database:
             self._views.refresh()
             self._refreshed = time.monotonic()
 
+    def refresh(self) -> None:
+        """Re-read the spool's file list now (after this process wrote to the spool)."""
+        with self._lock:
+            self._views.refresh()
+            self._refreshed = time.monotonic()
+
     def query(
         self,
         sql: str,

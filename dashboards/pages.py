@@ -46,6 +46,13 @@ def _when(value: Any, shape: str) -> str:
     return value.strftime(shape) if hasattr(value, "strftime") else UNKNOWN_TIME
 
 
+def usd(value: Any) -> str:
+    """A cost in USD for a page: "–" where no call had a known price (store/pricing.py)."""
+    if value is None:
+        return "–"
+    return f"${value:.2f}" if value >= 1 else f"${value:.4f}"
+
+
 def chat_pretty(text: Any, role: str) -> str:
     """A chat span's recorded messages (the GenAI shape or an older one) as a transcript, one
     `[role] text` entry per message with its tool calls; "" when the text holds no JSON."""
@@ -274,6 +281,7 @@ def runs(ctx: Context, filters: queries.RunFilters) -> dict[str, Any]:
         row["error_line"] = " ".join((row.get("first_error") or "").split())[:240]
         row["gap_names"] = gap_names.get(row["trace_id"], [])
         row["label_items"] = label_items(row.get("labels"))
+        row["cost_text"] = usd(row.get("cost"))
     return {
         "rows": rows,
         "total": total,
@@ -370,6 +378,7 @@ def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
         span["flags"] = flagged.get(span["span_id"], [])
         span["decisive"] = span["span_id"] == decisive
         span["requested_by"] = requested_by(span)
+        span["cost_text"] = usd(span.get("cost")) if span.get("cost") is not None else ""
     result = dict(outcome) if outcome else None
     if result is not None:
         labels = result.get("labels")
@@ -396,12 +405,20 @@ def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
         "truncated": truncated,
         "duration_ms": round((end - start) / 1e6, 2),
         "errors": sum(1 for s in spans if s["status"] == "ERROR"),
+        "cost": run_cost(spans),
+        "cost_text": usd(run_cost(spans)),
         "outcome": result,
         "evidence": evidence,
         "analysis": analysis,
         "decisive": decisive,
         "started": _iso(dt.datetime.fromtimestamp(start / 1e9, dt.timezone.utc)) if spans else "",
     }
+
+
+def run_cost(spans: list[dict[str, Any]]) -> float | None:
+    """The run's priced LLM calls summed (as `traces.cost`); None when none is priced."""
+    costs = [s["cost"] for s in spans if s.get("cost") is not None]
+    return sum(costs) if costs else None
 
 
 def _analyse(

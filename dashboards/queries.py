@@ -12,12 +12,18 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracegym.store.views import COST_FUNCTION, PROVIDER
 from tracegym.tracer import semconv as sc
 
 PAGE_SIZE = 50
 MAX_RUN_SPANS = 5000  # the waterfall shows a run's first spans; a bigger run says it was cut
 VALUE_CHARS = 20000  # characters of one argument/result sent to the page
 REQUEST_CHARS = 2000  # characters of a run's request and first error read for the runs list
+# An LLM span's cost in USD (the store's `tracegym_cost`, store/pricing.py); NULL otherwise.
+LLM_COST = (
+    f"CASE WHEN operation = '{sc.OP_CHAT}' THEN "
+    f"{COST_FUNCTION}(model, {PROVIDER}, input_tokens, output_tokens) END"
+)
 
 
 @dataclass(frozen=True)
@@ -229,7 +235,7 @@ def runs(filters: RunFilters, finding_traces: list[str] | None) -> Query:
         ),
         page_spans AS MATERIALIZED (
             SELECT trace_id, parent_span_id, start_ns, end_ns, operation, status, agent, run_id,
-                   input_tokens, output_tokens,
+                   input_tokens, output_tokens, {LLM_COST} AS cost,
                    CASE WHEN parent_span_id IS NULL THEN left(input, {REQUEST_CHARS}) END
                        AS root_input,
                    CASE WHEN status = 'ERROR' THEN
@@ -245,6 +251,7 @@ def runs(filters: RunFilters, finding_traces: list[str] | None) -> Query:
                    count(*) FILTER (WHERE status = 'ERROR') AS errors,
                    coalesce(CAST(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0))
                        FILTER (WHERE operation = '{sc.OP_CHAT}') AS BIGINT), 0) AS tokens,
+                   sum(cost) AS cost,
                    arg_min_null(agent, start_ns) FILTER (WHERE parent_span_id IS NULL) AS agent,
                    arg_min_null(run_id, start_ns) FILTER (WHERE parent_span_id IS NULL)
                        AS run_id,
@@ -257,7 +264,7 @@ def runs(filters: RunFilters, finding_traces: list[str] | None) -> Query:
                round((p.end_ns - p.start_ns) / 1e6, 1) AS duration_ms,
                p.spans, p.tool_calls, p.llm_calls, p.errors, p.tokens,
                o.verdict.success AS success, o.verdict.reward AS reward, n.total,
-               p.request, p.first_error, o.verdict.labels AS labels
+               p.request, p.first_error, o.verdict.labels AS labels, p.cost
         FROM (SELECT count(*) AS total FROM matching) n
         LEFT JOIN (per_trace p LEFT JOIN page_outcomes o USING (trace_id)) ON true
         ORDER BY p.start_ns // 1000 DESC, p.trace_id
@@ -319,7 +326,8 @@ def run_spans(trace_ids: list[str]) -> Query:
     return Query(
         "spans",
         f"""
-        SELECT {columns}, status_message, model, run_id, CAST(events AS VARCHAR) AS events
+        SELECT {columns}, status_message, model, run_id, CAST(events AS VARCHAR) AS events,
+               {LLM_COST} AS cost
         FROM spans WHERE list_contains($ids, trace_id)
         ORDER BY trace_id, start_ns, span_id LIMIT {MAX_RUN_SPANS * len(trace_ids) + 1}
         """,

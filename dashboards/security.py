@@ -1,4 +1,5 @@
-"""The dashboard's guards: a token when exposed, a Host check on loopback, and headers.
+"""The dashboard's guards: a token when exposed, a Host check on loopback, headers, and for
+its one form (a run's outcome) a loopback-client check and a CSRF token.
 
 Trace content is untrusted, so every response carries a Content-Security-Policy that allows
 scripts from the dashboard itself only (no inline script, no eval): even markup that slipped
@@ -48,6 +49,24 @@ def is_loopback(host: str) -> bool:
 
 def new_token() -> str:
     return secrets.token_urlsafe(24)
+
+
+def client_is_loopback(request: Request) -> bool:
+    """Whether the request's peer is this machine (the only one the dashboard takes writes
+    from). A proxy in front would make every client look local: the dashboard has none."""
+    client = request.client
+    return client is not None and is_loopback(client.host)
+
+
+class CsrfToken:
+    """The token the dashboard's forms carry: a secret of this process, so a page of another
+    origin (which cannot read the dashboard's pages) cannot forge a post with it."""
+
+    def __init__(self) -> None:
+        self.value = secrets.token_urlsafe(32)
+
+    def check(self, given: str | None) -> bool:
+        return bool(given) and hmac.compare_digest(str(given).encode(), self.value.encode())
 
 
 def same_origin_path(path: str) -> str:
