@@ -5,7 +5,10 @@ Two sources, one line format (`{"messages": [...], "tools": [...]}`, see `ft_for
   conversation is rebuilt from the run's LLM calls in order (the root agent's, when it made
   any): each call's input messages extend the conversation (a call that resends the whole
   history replaces it; one that sends only what is new is appended), then its output. The
-  tools are the recorded `gen_ai.tool.definitions`, else schemas inferred from the calls made.
+  tools are the recorded `gen_ai.tool.definitions` of the LLM spans, else the definitions the
+  tool spans carry (the OpenAI Agents SDK's chat-completions model leaves its LLM spans
+  without them; its tool spans keep each tool's description and parameter schema, `required`
+  included), and only for a tool no span describes, a schema inferred from the calls made.
   A run whose LLM calls kept no messages (message capture off), or whose messages do not make a
   valid line (say, tool calls written as text in the reply), is rebuilt from its tool calls in
   order: the agent's input as the user message, each call and its result, the agent's output
@@ -32,12 +35,18 @@ from tracegym.store.exporters.chat_messages import (
     inferred_tools,
     system_messages,
     to_openai,
+    tool_schema,
     tool_schemas,
 )
 from tracegym.store.exporters.ft_format import reason_kind, validate_example
 from tracegym.tracer import semconv as sc
 
 PASSED = "success = true"  # the `traces` view's latest outcome
+# OpenInference's names on a tool span (the Agents SDK's instrumentor writes them): the
+# tool's own description and its parameters' JSON schema.
+OI_TOOL_DESCRIPTION = "tool.description"
+GENAI_TOOL_DESCRIPTION = "gen_ai.tool.description"  # what the tracer maps the former onto
+OI_TOOL_PARAMETERS = "tool.parameters"
 
 
 @dataclass
@@ -153,6 +162,7 @@ class RunData:
     answer: Any = None
     chats: list[tuple[Any, ...]] = field(default_factory=list)
     calls: list[tuple[Any, ...]] = field(default_factory=list)
+    described: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool spans' schemas
 
 
 def run_data(store: Any, runs: Sequence[SelectedRun]) -> dict[str, RunData]:
@@ -182,13 +192,48 @@ def run_data(store: Any, runs: Sequence[SelectedRun]) -> dict[str, RunData]:
     ).fetchall():
         run = data[trace_id]
         run.chats.append((agent is not None and agent == run.agent, *chat))
-    for trace_id, *call in store.sql(
-        "SELECT trace_id, call_id, tool, arguments, result FROM tool_calls "
-        "WHERE list_contains($t, trace_id) ORDER BY trace_id, start_time, span_id",
+    for trace_id, *call, description, parameters in store.sql(
+        f"""
+        SELECT trace_id, call_id, tool, input, output,
+               coalesce(json_extract_string(attributes, '$."{GENAI_TOOL_DESCRIPTION}"'),
+                        json_extract_string(attributes, '$."{OI_TOOL_DESCRIPTION}"')),
+               json_extract_string(attributes, '$."{OI_TOOL_PARAMETERS}"')
+        FROM spans WHERE operation = '{sc.OP_TOOL}' AND list_contains($t, trace_id)
+        ORDER BY trace_id, start_time, span_id
+        """,
         {"t": traces},
     ).fetchall():
         data[trace_id].calls.append(tuple(call))
+        schema = described_tool(call[1], description, parameters)
+        if schema is not None:
+            data[trace_id].described.setdefault(call[1], schema)
     return data
+
+
+def described_tool(name: Any, description: Any, parameters: Any) -> dict[str, Any] | None:
+    """A tool span's own definition (OpenInference's tool.parameters, a JSON schema, with the
+    description) as an OpenAI function tool; None when the span carries no schema."""
+    if not isinstance(name, str) or not name or parameters is None:
+        return None
+    try:
+        schema = json.loads(parameters) if isinstance(parameters, str) else parameters
+    except ValueError:
+        return None
+    if not isinstance(schema, dict):
+        return None
+    definition = {"name": name, "parameters": schema}
+    if isinstance(description, str) and description:
+        definition["description"] = description
+    return tool_schema({"type": "function", "function": definition})
+
+
+def _with_inferred(
+    described: dict[str, dict[str, Any]], messages: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The tool spans' definitions, plus one inferred from the calls for each tool called
+    that no span described."""
+    inferred = [t for t in inferred_tools(messages) if t["function"]["name"] not in described]
+    return [*described.values(), *inferred]
 
 
 def from_tool_calls(run: RunData, head: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -230,7 +275,7 @@ def run_example(trace_id: str, run: RunData) -> Example:
 
     def line(messages: list[dict[str, Any]]) -> dict[str, Any]:
         messages = number_calls(messages)
-        return line_of(messages, tools or inferred_tools(messages))
+        return line_of(messages, tools or _with_inferred(run.described, messages))
 
     recorded = [r for r in rows if r[1] is not None or r[2] is not None]
     if not recorded:
