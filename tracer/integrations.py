@@ -10,7 +10,8 @@ The instrumentors get a provider of tracegym's own whose tracers look up, span b
 provider `tracegym.init` installed on: `instrument` may run before `init` (calls made before
 `init` run untraced), and a later `init` on another provider is followed without
 re-instrumenting. Nothing here raises at span time: a missing package or an unknown name is
-refused when `instrument` is called, with the extra to install.
+refused when `instrument` is called, with the extra to install. The OpenAI Agents SDK with its
+own tracing switched off sends us nothing: that is warned about once (`tracer/agents_sdk.py`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.util.types import Attributes
-from tracegym.tracer import internal
+from tracegym.tracer import agents_sdk, internal
 from tracegym.tracer.setup import installed_provider
 
 
@@ -181,6 +182,8 @@ def _install(integration: Integration, options: dict[str, Any]) -> bool:
             f"opentelemetry.instrumentation); try {integration.install_hint()} --upgrade"
         )
     _active.instrumentors[integration.name] = instrumentor
+    if integration.name == "openai-agents":  # its runs reach us only with its tracing on
+        agents_sdk.watch()
     return True
 
 
@@ -231,6 +234,8 @@ def uninstrument(*names: str) -> list[str]:
             instrumentor = _active.instrumentors.pop(name, None)
             if instrumentor is None:
                 continue
+            if name == "openai-agents":
+                agents_sdk.unwatch()
             try:
                 instrumentor.uninstrument()
             except Exception as exc:
