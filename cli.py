@@ -49,6 +49,7 @@ LAZY_COMMANDS: dict[str, tuple[str, ...]] = {
         "traces",
         "show",
         "compact",
+        "views",
         "doctor",
         "import",
         "collect",

@@ -40,6 +40,13 @@ class FtSource(str, Enum):
     all = "all"
 
 
+class Dialect(str, Enum):
+    """The SQL dialects `tracegym views` prints the views in."""
+
+    duckdb = "duckdb"
+    spark = "spark"
+
+
 class OutputFormat(str, Enum):
     table = "table"
     csv = "csv"
@@ -318,6 +325,23 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 f"{report.truncated_lines} lines cut short (see docs/spool.md)",
                 err=True,
             )
+
+    @app.command()
+    def views(
+        ctx: typer.Context,
+        dialect: Annotated[
+            Dialect, typer.Option("--dialect", help="duckdb (what `sql` queries) or spark.")
+        ] = Dialect.duckdb,
+        home: HomeOption = None,
+    ) -> None:
+        """Print every view's SQL; `--dialect spark`: a Spark SQL script creating them over
+        this home's lake (tracegym.store.spark.register_views runs it on a SparkSession)."""
+        try:
+            from tracegym.store.dialects import views_script
+
+            typer.echo(views_script(home_of(ctx, home), dialect.value), nl=False)
+        except ImportError as exc:
+            fail(f"{exc.name} is missing: pip install 'tracegym[spark]'")
 
     @app.command()
     def doctor(
