@@ -71,19 +71,23 @@ class LakeConfig:
     """Where a home's lake lives when it is not `<home>/lake`: the home's `lake.json`.
 
     `storage_options` go to fsspec as they are (an endpoint, a region, a profile name);
-    credentials belong in the environment (AWS_ACCESS_KEY_ID ...), not in this file."""
+    credentials belong in the environment (AWS_ACCESS_KEY_ID ...), not in this file. `cache`:
+    readers keep a copy of each committed part they read under `<home>/cache/lake/` (parts never
+    change once committed, so a copy never goes stale) and DuckDB reads the copies."""
 
     url: str
     storage_options: dict[str, Any] = field(default_factory=dict)
+    cache: bool = True
     version: int = 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "url": self.url, "storage_options": self.storage_options}
+        return {"version": self.version, "url": self.url, "storage_options": self.storage_options,
+                "cache": self.cache}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LakeConfig:
         return cls(str(data["url"]), dict(data.get("storage_options") or {}),
-                   int(data.get("version", 1)))  # fmt: skip
+                   bool(data.get("cache", True)), int(data.get("version", 1)))  # fmt: skip
 
 
 def read_config(home: Path) -> LakeConfig | None:
@@ -99,8 +103,9 @@ def configured(home: Path, url: str | None = None) -> LakeConfig | None:
     url = url or os.environ.get(LAKE_URL_ENV) or None
     if url is None:
         return saved
-    options = saved.storage_options if saved and saved.url == url else {}
-    return LakeConfig(url, options)
+    if saved and saved.url == url:
+        return saved
+    return LakeConfig(url)
 
 
 def set_lake(home: Path, config: LakeConfig) -> None:
@@ -215,6 +220,25 @@ class ObjectLake:
         registered filesystem (`register`) serves."""
         full = self.path(relative)
         return full if self.local else self.fs.unstrip_protocol(full)
+
+    def local_copies(self, parts: list[CommittedPart], cache: Path) -> list[str]:
+        """Paths of local copies of `parts` under `cache`, fetching the missing ones (each into
+        a temporary name, then renamed: a reader beside us sees a whole copy or none)."""
+        targets = [cache / p.path for p in parts]
+        missing = [(p, t) for p, t in zip(parts, targets, strict=True) if not t.exists()]
+        if missing:
+            temps = [t.with_name(f".{t.name}.{secrets.token_hex(4)}.tmp") for _, t in missing]
+            for temp in temps:
+                temp.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.fs.get([self.path(p.path) for p, _ in missing], [str(t) for t in temps])
+                for temp, (_, target) in zip(temps, missing, strict=True):
+                    os.replace(temp, target)
+            finally:
+                for temp in temps:
+                    with contextlib.suppress(FileNotFoundError):
+                        temp.unlink()
+        return [str(t) for t in targets]
 
     def register(self, con: duckdb.DuckDBPyConnection) -> None:
         """Let `con` read the lake's URLs through fsspec (no DuckDB extension is loaded)."""

@@ -2,10 +2,14 @@
 
 The same views as store/views.py (the derived ones are its very SQL), with the lake half read
 from the parts the commits name rather than from a glob: a part no commit names is never read,
-so a reader never meets a half-uploaded or uncommitted part. Exactly once around a compaction,
-as on a local disk: the spool files are listed when the views are made, read in place, and the
-parts committed from them are left out; once a listed file is gone (compacted away) a query
-fails with an IO error, and `ObjectViews` makes the views again over a fresh listing.
+so a reader never meets a half-uploaded or uncommitted part. Unless the lake's `cache` is off,
+DuckDB reads local copies of the committed parts (`<home>/cache/lake/`, fetched once each: a
+committed part never changes), at local-disk speed once the copies are there.
+
+Exactly once around a compaction, as on a local disk: the spool files are listed when the views
+are made, read in place, and the parts committed from them are left out; once a listed file is
+gone (compacted away) a query fails with an IO error, and `ObjectViews` makes the views again
+over a fresh listing.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+from tracegym.store.home import Home
 from tracegym.store.object_lake import ObjectLake
 from tracegym.store.schema import empty_source, lake_read_select, row_select
 from tracegym.store.views import LiveViews, _literal, _live_sql, register_views
 
+LAKE_CACHE_DIR = "lake"  # <home>/cache/lake/: copies of committed parts (they never change)
 BASE_VIEWS = (("spans", "spans"), ("_outcome_spans", "outcomes"), ("_nightly_spans", "nightly"))
 
 
@@ -46,8 +52,13 @@ def register_object_views(
     snapshot = lake.snapshot()  # after the listing: a file gone since is committed in it
     live = _live_sql(pending)
     read: list[str] = []
+    cache = Home.at(home).cache / LAKE_CACHE_DIR
     for view, table in BASE_VIEWS:
-        urls = [lake.read_url(p.path) for p in snapshot.parts(table) if p.stem not in listed]
+        parts = [p for p in snapshot.parts(table) if p.stem not in listed]
+        if lake.config.cache and not lake.local:
+            urls = lake.local_copies(parts, cache)
+        else:
+            urls = [lake.read_url(p.path) for p in parts]
         read.extend(urls)
         con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS {_table_sql(urls, live, table)}")
     return pending, read
