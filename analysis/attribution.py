@@ -72,8 +72,11 @@ The gold labels importers attach (`Run.labels`, the `tracegym.label.*` span attr
 read, nor are run ids or file names: `Turn`s are built from the steps' content, names, roles,
 tool calls and statuses only.
 
-`step` is in the source's own indexing (`Step.step_index`, e.g. a Who&When `history` index or a
-tau-bench `traj` index); runs without step indexes (natively traced) use `Step.position`.
+`step` is in the source's own indexing (`Step.step_index`, e.g. a Who&When `history` index, a
+tau-bench `traj` index, the tracer's step index); runs without step indexes use their place in
+run order. Both are the numbering `tracegym show` prints (`#N`, store/steps.py), and a tool
+call the model asked for is blamed on the model call: `show` and the dashboard name that step
+as the decisive one and the tool call as what carried it out.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ from typing import Any
 from tracegym.analysis.arithmetic import decimals_of, derived, parse_number
 from tracegym.analysis.features import is_user_side
 from tracegym.analysis.runs import Run, Step, parse_json
+from tracegym.store.steps import step_numbers
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.messages import chat_messages
 
@@ -167,7 +171,7 @@ class Attribution:
     run: str  # the source's own run id (a task-trial, a question id, a file stem, a run id)
     trace_id: str
     agent: str | None
-    step: int | None  # in the source's own indexing (Step.step_index), else Step.position
+    step: int | None  # show's `#N` (store/steps.py): Step.step_index, else the run-order place
     reason: str
     confidence: float
     rule: str = ""  # the rule that decided (not part of the JSON line)
@@ -252,11 +256,13 @@ def _span_text(step: Step) -> tuple[str, tuple[str, ...]]:
 
 
 def _turn_groups(run: Run) -> list[tuple[int, list[Step]]]:
-    """(source index, spans) per step of the source, in order; the root span is left out."""
+    """(step number, spans) per step of the source, in order; the root span is left out. The
+    numbers are `show`'s (store/steps.py): the source's index, else the place in run order."""
     steps = [s for s in run.steps if s.parent_span_id is not None or len(run.steps) == 1]
     indexed = [s for s in steps if s.step_index is not None]
     if not indexed:
-        return [(s.position, [s]) for s in steps]
+        numbers = step_numbers(run.steps)
+        return [(numbers.get(s.span_id, s.position), [s]) for s in steps]
     groups: dict[int, list[Step]] = {}
     for step in indexed:
         groups.setdefault(step.step_index, []).append(step)  # type: ignore[arg-type]

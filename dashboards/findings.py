@@ -6,6 +6,11 @@ evidence that names the run (exact: it is what analysis found) plus the findings
 built-in detectors on this run alone, fitted once per server on a bounded reference sample of
 recent runs with an outcome (`SAMPLE_RUNS`), in a background thread; then attribution
 (analysis/attribution.py) on the run with those findings. Loading is by parameters only.
+
+The decisive step is named as `tracegym show` and `tracegym attribute` name it
+(store/steps.py): `#N name`, a tool call the model asked for naming the model call, the call
+itself as what carried it out. A gap's evidence on a tool call and the attribution of its
+model call are then one step on the page.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 
 from tracegym.dashboards import queries
 from tracegym.dashboards.db import Database
+from tracegym.store.steps import describe
 
 SAMPLE_RUNS = 300
 
@@ -155,7 +161,29 @@ class FindingsModel:
                     "position": attribution.position,
                 }
                 step = next((s for s in run.steps if s.position == attribution.position), None)
-                out["attribution"]["span_id"] = step.span_id if step else None
+                named = describe(run.steps, step.span_id) if step else None
+                out["attribution"]["span_id"] = named.span_id if named else None
+                out["attribution"]["decisive"] = str(named) if named else None
             except Exception as exc:
                 out["note"] = f"attribution failed: {exc}"
         return out
+
+
+def name_evidence(spans: list[dict[str, Any]], evidence: list[dict[str, Any]]) -> list[dict]:
+    """The gap evidence naming this run, each with its decisive step as the surfaces name it
+    (`decisive`: text, `decisive_span_id`); the stored `step` is the finding's own index."""
+    out = []
+    for e in evidence:
+        first = next(iter(e.get("span_ids") or []), None)
+        named = describe(spans, first) if first is not None else None
+        shown = str(named) if named else (f"#{e['step']}" if e.get("step") is not None else None)
+        out.append({**e, "decisive": shown, "decisive_span_id": named.span_id if named else None})
+    return out
+
+
+def decisive_span(analysis: dict[str, Any], evidence: list[dict[str, Any]]) -> str | None:
+    """The span the page marks decisive: attribution's, else the first gap evidence's."""
+    chosen = (analysis.get("attribution") or {}).get("span_id")
+    if chosen is None and evidence:
+        chosen = evidence[0].get("decisive_span_id")
+    return chosen

@@ -18,6 +18,7 @@ from typing import Any
 from tracegym.dashboards import artifacts, clusters, findings, queries, spanview
 from tracegym.dashboards.db import Database, Result
 from tracegym.store.home import Home
+from tracegym.store.steps import step_numbers
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.messages import chat_messages
 
@@ -335,7 +336,7 @@ def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
     truncated = len(spans) > queries.MAX_RUN_SPANS
     spans = spans[: queries.MAX_RUN_SPANS]
     outcome = got["outcomes"][trace_id]
-    evidence = artifacts.gap_evidence(ctx.home).get(trace_id, [])
+    evidence = findings.name_evidence(spans, artifacts.gap_evidence(ctx.home).get(trace_id, []))
     analysis = _analyse(ctx, trace_id, spans, outcome)
     flagged: dict[str, list[str]] = {}
     for e in evidence:
@@ -344,9 +345,8 @@ def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
     for f in analysis["findings"]:
         for span_id in f.get("span_ids") or []:
             flagged.setdefault(span_id, []).append(f"{f['detector']}: {f['message']}")
-    decisive = (analysis["attribution"] or {}).get("span_id")
-    if decisive is None and evidence:
-        decisive = next(iter(evidence[0].get("span_ids") or []), None)
+    decisive = findings.decisive_span(analysis, evidence)
+    numbers = step_numbers(spans)  # as `show` numbers them (store/steps.py)
     start = min((s["start_ns"] for s in spans if s["start_ns"] is not None), default=0)
     end = max((s["end_ns"] for s in spans if s["end_ns"] is not None), default=start)
     width = max(end - start, 1)
@@ -377,6 +377,7 @@ def run(ctx: Context, trace_id: str, got: dict[str, Any]) -> dict[str, Any]:
         )  # fmt: skip
         span["flags"] = flagged.get(span["span_id"], [])
         span["decisive"] = span["span_id"] == decisive
+        span["step_number"] = numbers.get(span["span_id"])
         span["requested_by"] = requested_by(span)
         span["cost_text"] = usd(span.get("cost")) if span.get("cost") is not None else ""
     result = dict(outcome) if outcome else None
@@ -530,6 +531,7 @@ def gaps(ctx: Context) -> dict[str, Any]:
         "rejected": list(document.rejected),
         "note": note,
         "map_note": cluster_map["note"],
+        "map_cached": Home.at(ctx.home).embeddings_cache.exists(),  # no cache: nothing embedded
         "chart": chart,
     }
 
@@ -547,7 +549,6 @@ def environments(ctx: Context) -> dict[str, Any]:
     return {
         "envs": envs,
         "note": note,
-        "map_cached": Home.at(ctx.home).embeddings_cache.exists(),  # no cache: nothing embedded
         "synthesis": synthesis,
         "without": list(synthesis.without_environment) if synthesis else [],
         "synthesis_note": synthesis_note,

@@ -20,6 +20,7 @@ from typing import Any
 from rich.text import Text
 from rich.tree import Tree
 from tracegym.store.home import Home, read_json
+from tracegym.store.steps import DecisiveStep, describe, step_numbers
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.messages import chat_messages
 
@@ -92,6 +93,7 @@ class Step:
     input_tokens: int | None
     output_tokens: int | None
     attributes: dict[str, Any] = field(default_factory=dict)
+    start_ns: int | None = None  # run order (store/steps.py numbers the steps)
 
 
 @dataclass
@@ -156,7 +158,7 @@ def _message(status_message: str | None, exception: str | None, error_type: str 
 _SPAN_COLUMNS = (
     "span_id, parent_span_id, name, operation, duration_ms, status, status_message, "
     "error_type, events, step_index, tool, model, input, output, memory_store, memory_record, "
-    "memory_result_ids, input_tokens, output_tokens, attributes"
+    "memory_result_ids, input_tokens, output_tokens, attributes, start_ns"
 )
 
 
@@ -170,7 +172,7 @@ def load_story(store: Any, trace_id: str) -> Story:
     for row in rows:
         (span_id, parent, name, operation, ms, status, status_message, error_type, events,
          step, tool, model, input_, output, mem_store, mem_record, mem_ids, tokens_in,
-         tokens_out, attributes) = row  # fmt: skip
+         tokens_out, attributes, start_ns) = row  # fmt: skip
         exception, stacktrace = _exception(events)
         failed = status == "ERROR" or error_type is not None
         attrs = _json(attributes)
@@ -184,7 +186,7 @@ def load_story(store: Any, trace_id: str) -> Story:
                 output=output, memory_store=mem_store, memory_record=mem_record,
                 memory_result_ids=list(mem_ids) if mem_ids is not None else None,
                 input_tokens=tokens_in, output_tokens=tokens_out,
-                attributes=attrs if isinstance(attrs, dict) else {},
+                attributes=attrs if isinstance(attrs, dict) else {}, start_ns=start_ns,
             )
         )  # fmt: skip
     trace = store.sql(
@@ -435,10 +437,10 @@ def _budget(attributes: dict[str, Any]) -> str:
     return clean(", ".join(parts))
 
 
-def _header(step: Step) -> Text:
+def _header(step: Step, number: int | None) -> Text:
     text = Text()
-    if step.step_index is not None:
-        text.append(f"#{step.step_index} ", style="dim")
+    if number is not None:
+        text.append(f"#{number} ", style="dim")
     text.append(clean(step.name), style="bold" if step.operation == sc.OP_TOOL else "")
     who = sc.tool_requester(step.operation, step.attributes)
     if who is not None:
@@ -470,8 +472,8 @@ def _verdict(outcome: dict[str, Any] | None) -> Text:
 
 
 def _decisive_span(story: Story, finding: Finding) -> str | None:
-    """The span of a finding's decisive step: its first proving span, else the tool call or
-    LLM call at its step index."""
+    """The span a finding names: its first proving span, else the tool call or LLM call at
+    its step index."""
     known = {s.span_id for s in story.steps}
     if finding.span_ids and finding.span_ids[0] in known:
         return finding.span_ids[0]
@@ -481,6 +483,13 @@ def _decisive_span(story: Story, finding: Finding) -> str | None:
     preferred = [s for s in at_step if s.operation in (sc.OP_TOOL, sc.OP_CHAT)]
     chosen = (preferred or at_step)[:1]
     return chosen[0].span_id if chosen else None
+
+
+def decisive_step(story: Story, finding: Finding) -> DecisiveStep | None:
+    """The decisive step a finding names, as every surface names it (store/steps.py: a tool
+    call the model asked for names the model call, and is what carried it out)."""
+    span_id = _decisive_span(story, finding)
+    return describe(story.steps, span_id) if span_id is not None else None
 
 
 def render_story(story: Story, *, full: bool = False) -> Tree:
@@ -514,23 +523,26 @@ def render_story(story: Story, *, full: bool = False) -> Tree:
                              style="bold"))  # fmt: skip
         for finding in story.findings:
             rank = f"gap {finding.rank}" if finding.rank is not None else "gap"
-            decisive = _decisive_span(story, finding)
+            decisive = decisive_step(story, finding)
             line = Text("◆ ", style="bold magenta")
             line.append(f"{rank} {clean(finding.gap_name)}", style="bold")
             if finding.detector:
                 line.append(f" ({clean(finding.detector)})", style="dim")
-            where = next((s for s in story.steps if s.span_id == decisive), None)
-            if finding.step is not None or where is not None:
-                at = f"#{finding.step} " if finding.step is not None else ""
-                line.append(f" at step {at}".rstrip() if where is None else
-                            f" at step {at}({clean(where.name)})")  # fmt: skip
+            if decisive is not None:
+                line.append(f" at step {clean(str(decisive))}")
+            elif finding.step is not None:
+                line.append(f" at step #{finding.step}")
             if finding.evidence:
                 line.append(": " + clip(finding.evidence, LONG, full=full))
             node.add(line)
-            if decisive:
+            if decisive is not None:
                 mark = Text(f"  ◆ decisive step of {rank} {clean(finding.gap_name)}",
                             style="bold magenta")  # fmt: skip
-                marks.setdefault(decisive, []).append(mark)
+                marks.setdefault(decisive.span_id, []).append(mark)
+                for acted in decisive.acted:
+                    marks.setdefault(acted.span_id, []).append(
+                        Text(f"  ◆ carried out the decisive step of {rank}", style="magenta")
+                    )
             for span_id in finding.span_ids[1:]:
                 marks.setdefault(span_id, []).append(
                     Text(f"  · evidence for {rank}", style="magenta")
@@ -542,9 +554,11 @@ def render_story(story: Story, *, full: bool = False) -> Tree:
         children.setdefault(step.parent_span_id if step.parent_span_id in known else None,
                             []).append(step)  # fmt: skip
 
+    numbers = step_numbers(story.steps)
+
     def add(node: Tree, parent: str | None) -> None:
         for step in children.get(parent, []):
-            label = _header(step)
+            label = _header(step, numbers.get(step.span_id))
             for mark in marks.get(step.span_id, []):
                 label.append_text(mark)
             for detail in _details(step, full):
