@@ -29,7 +29,8 @@ def render_gaps(console: Console, document: GapsDocument) -> None:
     runs = document.runs
     gaps = document.gaps
     console.print(
-        f"[bold]{len(gaps)} capability gaps[/] from {runs.total} runs "
+        f"[bold]{len(gaps)} capability gap{'' if len(gaps) == 1 else 's'}[/] from "
+        f"{runs.total} run{'' if runs.total == 1 else 's'} "
         f"({runs.failed} failed, {runs.succeeded} succeeded): {document.contrast}"
     )
     table = Table()

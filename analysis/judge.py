@@ -428,7 +428,8 @@ class JudgePlan:
         return self.prompt_tokens + self.reply_tokens
 
     def describe(self) -> str:
-        return (f"judge: {self.calls} calls (1 to propose from {self.failed_shown} failed runs, "
+        shown = f"{self.failed_shown} failed run{'' if self.failed_shown == 1 else 's'}"
+        return (f"judge: {self.calls} calls (1 to propose from {shown}, "
                 f"{self.labellers} labellers x {self.runs} runs), about {self.tokens:,} tokens "
                 f"({self.prompt_tokens:,} prompt, {self.reply_tokens:,} reply; an estimate at "
                 f"{CHARS_PER_TOKEN:g} characters a token)")  # fmt: skip

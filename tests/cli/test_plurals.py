@@ -29,3 +29,16 @@ def test_failed_runs_agree_with_their_number():
     assert "failed runs" not in text
     two = _printed(NothingKept(2, 3, 0, 2, (), ()))
     assert "2 of 2 failed runs have no finding" in two
+
+
+def test_the_gaps_headline_and_the_judge_plan_count_in_the_singular():
+    from tracegym.analysis.commands import render_gaps
+    from tracegym.analysis.gap import GapsDocument, RunCounts
+    from tracegym.analysis.judge import JudgePlan
+
+    out = io.StringIO()
+    render_gaps(Console(file=out, width=200, color_system=None),
+                GapsDocument(runs=RunCounts(total=1, failed=1)))  # fmt: skip
+    assert "0 capability gaps from 1 run (1 failed" in out.getvalue()
+    plan = JudgePlan(failed_shown=1, runs=1, labellers=1, prompt_tokens=10, reply_tokens=5)
+    assert "1 to propose from 1 failed run," in plan.describe()
