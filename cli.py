@@ -9,6 +9,9 @@
     tracegym [--home DIR] dashboard                                     (dashboards/commands.py)
     tracegym [--home DIR] summary | outcome | version                   (this module)
 
+`--prices FILE` (before the command name) prices LLM calls with the user's prices over the
+built-in table for every command (store/pricing.py).
+
 Every command works on one data directory: `--home` (before or after the command name), else
 $TRACEGYM_HOME, else ./.tracegym. Bad input ends with a one-line message and exit code 2; so
 does a home that is missing or not a directory, for every command that reads one (demo, import
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -125,10 +129,29 @@ def _existing_home(home: Path) -> Path:
     return existing_home(home, _fail)
 
 
+PricesOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--prices",
+        help="A TOML or JSON file of LLM prices (USD per million tokens) over the built-in "
+        "table, for every cost shown (else $TRACEGYM_PRICES, else <home>/prices.toml).",
+        show_default=False,
+    ),
+]
+
+
 @app.callback()
-def main(ctx: typer.Context, home: HomeOption = None) -> None:
+def main(ctx: typer.Context, home: HomeOption = None, prices: PricesOption = None) -> None:
     """tracegym: trace agents, find their capability gaps, train them away."""
     ctx.obj = {"home": home}
+    if prices is not None:  # checked here, so a typo is one clear error, not a warning later
+        from tracegym.store.pricing import PRICES_ENV, PricesError, load_overrides
+
+        try:
+            load_overrides(prices)
+        except PricesError as exc:
+            _fail(str(exc))
+        os.environ[PRICES_ENV] = str(prices.expanduser().resolve())
 
 
 @app.command()

@@ -26,12 +26,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from tracegym.cli_options import HomeOption, existing_home, table_console, writable_home
+from tracegym.store.pricing import usd
 from tracegym.store.show import clean, clip
 
 # The columns of `tracegym traces`; the last two share what width the others leave.
-TRACES_COLUMNS = ("run", "trace", "agent", "started", "ms", "tools", "llm", "errors", "outcome",
-                  "reward", "request", "first error")  # fmt: skip
-_NUMERIC = {"ms", "tools", "llm", "errors", "reward"}
+TRACES_COLUMNS = ("run", "trace", "agent", "started", "ms", "tools", "llm", "errors", "cost",
+                  "outcome", "reward", "request", "first error")  # fmt: skip
+_NUMERIC = {"ms", "tools", "llm", "errors", "cost", "reward"}
 
 
 class FtSource(str, Enum):
@@ -116,10 +117,11 @@ def traces_table(rows: list[tuple], requests: dict[str, str], width: int) -> Tab
     The trace column lists only trace ids that differ from the run id, and is left out when
     none does (a run without an id of its own is named by its trace id)."""
     cells = []
-    for trace_id, run_id, agent, started, ms, *counts, error, verdict, reward in rows:
+    for trace_id, run_id, agent, started, ms, *counts, cost, error, verdict, reward in rows:
         cells.append([
             clean(run_id or trace_id[:12]), _trace_cell(run_id, trace_id), clean(agent or "-"),
             started or "-", "-" if ms is None else f"{ms:.1f}", *(str(n) for n in counts),
+            usd(cost),
             verdict, "-" if reward is None else f"{reward:g}",
             clip(requests.get(trace_id) or "-", 80, count=False),
             clip(error, 120, count=False) if error else "-",
@@ -235,7 +237,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         rows = store.fetch(
             "SELECT trace_id, run_id, agent, "
             "strftime(start_time, '%m-%d %H:%M:%S') AS started, round(duration_ms, 1) AS ms, "
-            "tool_calls AS tools, llm_calls AS llm, errors, first_error, "
+            "tool_calls AS tools, llm_calls AS llm, errors, cost, first_error, "
             "CASE success WHEN true THEN 'success' WHEN false THEN 'failure' ELSE '-' END "
             "AS outcome, reward "
             f"FROM traces {where} ORDER BY start_time DESC, trace_id LIMIT $limit",
@@ -251,7 +253,11 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         ctx: typer.Context,
         trace: Annotated[str, typer.Argument(help="Run id, trace id or a unique trace-id prefix.")],
         full: Annotated[
-            bool, typer.Option("--full", help="Everything: no truncation, all messages, stacks.")
+            bool,
+            typer.Option(
+                "--full",
+                help="Everything: no truncation, all messages, stacks, framework plumbing spans.",
+            ),
         ] = False,
         home: HomeOption = None,
     ) -> None:

@@ -207,3 +207,17 @@ class Prices:
             return None
         rate = self.rate(model, provider)
         return None if rate is None else rate.cost(input_tokens, output_tokens)
+
+
+def usd(value: float | None) -> str:
+    """A cost for people: "–" where no call had a known price; small ones to six places."""
+    if value is None:
+        return "–"
+    return f"${value:.2f}" if value >= 1 else f"${value:.4f}" if value >= 0.001 else f"${value:.6f}"
+
+
+def run_cost(store: Any, trace_id: str) -> float | None:
+    """The run's priced LLM calls summed, as `traces.cost`; None when none has a price."""
+    return store.sql(
+        "SELECT sum(cost) FROM llm_calls WHERE trace_id = $t", {"t": trace_id}
+    ).fetchall()[0][0]

@@ -20,6 +20,8 @@ from typing import Any
 from rich.text import Text
 from rich.tree import Tree
 from tracegym.store.home import Home, read_json
+from tracegym.store.plumbing import fold, plumbing_spans
+from tracegym.store.pricing import run_cost, usd
 from tracegym.store.steps import DecisiveStep, describe, step_numbers
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.messages import chat_messages
@@ -123,6 +125,8 @@ class Story:
     analyzed_at: str | None  # generated_at of <home>/gaps.json; None: no analysis yet
     findings: list[Finding]
     steps: list[Step]
+    cost: float | None = None  # USD of its priced LLM calls (store/pricing.py)
+    plumbing: frozenset[str] = frozenset()  # framework spans folded without --full
 
 
 def _exception(events: str | None) -> tuple[str | None, str | None]:
@@ -211,6 +215,7 @@ def load_story(store: Any, trace_id: str) -> Story:
         outcome=dict(zip(("success", "reward", "source", "labels"), outcome[0], strict=True))
         if outcome else None,
         analyzed_at=analyzed_at, findings=findings, steps=steps,
+        cost=run_cost(store, trace_id), plumbing=plumbing_spans(store, trace_id),
     )  # fmt: skip
 
 
@@ -507,6 +512,8 @@ def render_story(story: Story, *, full: bool = False) -> Tree:
     facts += [
         f"{n} {k[:-1] if n == 1 else k}" for k, n in story.counts.items() if n or k == "spans"
     ]
+    if story.counts.get("LLM calls"):
+        facts.append(f"cost {usd(story.cost)}")
     head.append("\n" + " · ".join(facts), style="dim")
     head.append("\nrequest: ", style="bold")
     head.append(clip(story.request, LONG, full=full) if story.request else "-")
@@ -548,9 +555,14 @@ def render_story(story: Story, *, full: bool = False) -> Tree:
                     Text(f"  · evidence for {rank}", style="magenta")
                 )
 
+    shown = story.steps if full else fold(story.steps, story.plumbing)
+    if len(shown) < len(story.steps):
+        folded = len(story.steps) - len(shown)
+        tree.add(Text(f"{folded} framework span{'s' if folded != 1 else ''} folded (graph, "
+                      "chain, prompt, turn): --full shows them", style="dim"))  # fmt: skip
     children: dict[str | None, list[Step]] = {}
-    known = {s.span_id for s in story.steps}
-    for step in story.steps:
+    known = {s.span_id for s in shown}
+    for step in shown:
         children.setdefault(step.parent_span_id if step.parent_span_id in known else None,
                             []).append(step)  # fmt: skip
 
