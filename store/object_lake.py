@@ -59,6 +59,8 @@ TABLES = ("spans", "outcomes", "nightly")
 ORPHAN_GRACE_S = 3600.0  # an uncommitted part younger than this may be a live compactor's
 MAX_CONFLICTS = 1000  # each conflict is another compactor's commit: progress, but bounded
 _COMMIT_NAME = re.compile(r"^([0-9]{20})\.json$")
+_CHECKPOINT_NAME = re.compile(r"^([0-9]{20})\.checkpoint\.json$")
+CHECKPOINT_EVERY = 100  # a checkpoint after commits 99, 199, ...: readers read one, not 100
 MISSING_FSSPEC = "the object lake needs fsspec (and s3fs for s3://): pip install 'tracegym[s3]'"
 
 
@@ -247,17 +249,24 @@ class ObjectLake:
 
     # --- the commit log -------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        """Every commit, read once each (they are immutable): what is in the lake now."""
+        """Every commit, read once each (they are immutable): what is in the lake now. The
+        latest checkpoint stands in for the commits it holds (one read, not one per commit)."""
         directory = self.path(COMMITS_DIR)
         try:
             names = self.fs.ls(directory, detail=False, refresh=True)
         except FileNotFoundError:
             names = []
-        seqs = {}
+        seqs, checkpoints = {}, {}
         for name in names:
-            match = _COMMIT_NAME.match(name.rstrip("/").rsplit("/", 1)[-1])
-            if match:
+            base = name.rstrip("/").rsplit("/", 1)[-1]
+            if match := _COMMIT_NAME.match(base):
                 seqs[int(match.group(1))] = name
+            elif match := _CHECKPOINT_NAME.match(base):
+                checkpoints[int(match.group(1))] = name
+        missing = [seq for seq in seqs if seq not in self._commits]
+        usable = [c for c in checkpoints if missing and c >= min(missing) and c in seqs]
+        if usable:
+            self._read_checkpoint(checkpoints[max(usable)])
         new = [name for seq, name in seqs.items() if seq not in self._commits]
         if new:
             for name, data in self.fs.cat(new, on_error="raise").items():
@@ -265,16 +274,44 @@ class ObjectLake:
                 self._commits[commit.seq] = commit
         return Snapshot(tuple(self._commits[s] for s in sorted(seqs)))
 
-    def create_commit(self, commit: Commit) -> bool:
-        """Create `_commits/<seq>.json` unless it exists; whether this call created it."""
-        target = self.path(f"{COMMITS_DIR}/{commit.seq:020d}.json")
-        data = json.dumps(commit.to_dict(), separators=(",", ":")).encode()
+    def _read_checkpoint(self, name: str) -> None:
+        """Take the commits a checkpoint holds; a damaged one is passed over (the commits it
+        copies are all still there, each read on its own instead)."""
+        with contextlib.suppress(ValueError, KeyError, TypeError, OSError):
+            data = json.loads(self.fs.cat_file(name))
+            commits = [Commit.from_dict(c) for c in data["commits"]]
+            if [c.seq for c in commits] == list(range(int(data["seq"]) + 1)):
+                self._commits.update((c.seq, c) for c in commits)
+
+    def write_checkpoint(self, snapshot: Snapshot) -> bool:
+        """`_commits/<seq>.checkpoint.json`: every commit up to the last of `snapshot`, so a
+        new reader reads one object for them. Its content follows from the commits alone, so
+        two compactors writing it write the same; whether this call created it."""
+        if not snapshot.commits or snapshot.commits[-1].seq != len(snapshot.commits) - 1:
+            return False
+        last = snapshot.commits[-1].seq
+        data = json.dumps(
+            {"version": 1, "seq": last, "commits": [c.to_dict() for c in snapshot.commits]},
+            separators=(",", ":"),
+        ).encode()
+        return self._create(self.path(f"{COMMITS_DIR}/{last:020d}.checkpoint.json"), data)
+
+    def _create(self, target: str, data: bytes) -> bool:
+        """Create `target` with `data` unless it exists (a conditional put); whether we did."""
         try:
             if self.local:
                 _link_create(target, data)
             else:
                 self.fs.pipe_file(target, data, mode="create")
         except FileExistsError:
+            return False
+        return True
+
+    def create_commit(self, commit: Commit) -> bool:
+        """Create `_commits/<seq>.json` unless it exists; whether this call created it."""
+        target = self.path(f"{COMMITS_DIR}/{commit.seq:020d}.json")
+        data = json.dumps(commit.to_dict(), separators=(",", ":")).encode()
+        if not self._create(target, data):
             return False
         # Defence in depth for a store that ignored the condition: read our commit back.
         if not self.local and self.fs.cat_file(target) != data:
@@ -413,6 +450,8 @@ def commit_parts(
         commit = Commit(snapshot.next_seq, token, tuple(parts), tuple(stems),
                         socket.gethostname(), time.time_ns())  # fmt: skip
         if lake.create_commit(commit):
+            if (commit.seq + 1) % CHECKPOINT_EVERY == 0:
+                lake.write_checkpoint(Snapshot((*snapshot.commits, commit)))
             return commit
         report.conflicts += 1
     raise CommitConflict(f"gave up committing to {lake.url}: {MAX_CONFLICTS} conflicts")

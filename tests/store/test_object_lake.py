@@ -235,3 +235,30 @@ def test_every_view_and_the_analysis_loading_match_the_local_lake(tmp_path: Path
     assert [(r.success, len(r.steps)) for r in runs_a] == [
         (r.success, len(r.steps)) for r in runs_b
     ]
+
+
+def test_a_checkpoint_stands_in_for_the_commits_it_holds(
+    tmp_path: Path, memory_url: str, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(object_lake, "CHECKPOINT_EVERY", 2)
+    total = write_spool(tmp_path, files=5, spans_per_file=20)
+    report = object_lake.compact(tmp_path, ObjectLake(LakeConfig(memory_url)), batch_files=1)
+    assert report.commits == 5
+    fresh = ObjectLake(LakeConfig(memory_url))
+    names = sorted(p.rsplit("/", 1)[-1] for p in fresh.fs.ls(fresh.path("_commits"), detail=False))
+    assert [n for n in names if "checkpoint" in n] == [
+        f"{1:020d}.checkpoint.json",
+        f"{3:020d}.checkpoint.json",
+    ]
+    read: list[str] = []  # the memory filesystem reads every object through cat_file
+    real_cat_file = fresh.fs.cat_file
+    monkeypatch.setattr(
+        fresh.fs, "cat_file", lambda path, **kw: read.append(path) or real_cat_file(path, **kw)
+    )
+    commits = fresh.snapshot().commits
+    assert [c.seq for c in commits] == [0, 1, 2, 3, 4]
+    assert [p.rsplit("/", 1)[-1] for p in read] == [f"{3:020d}.checkpoint.json", f"{4:020d}.json"]
+    assert counts(tmp_path, memory_url) == (total, total, 0)
+    # a damaged checkpoint is passed over: the commits it copies are read one by one
+    fresh.fs.pipe_file(fresh.path(f"_commits/{3:020d}.checkpoint.json"), b"{cut")
+    assert [c.seq for c in ObjectLake(LakeConfig(memory_url)).snapshot().commits] == [0, 1, 2, 3, 4]
