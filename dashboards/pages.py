@@ -18,6 +18,7 @@ from typing import Any
 from tracegym.dashboards import artifacts, clusters, findings, queries, spanview
 from tracegym.dashboards.db import Database, Result
 from tracegym.store.home import Home
+from tracegym.store.pricing import usd
 from tracegym.store.steps import step_numbers
 from tracegym.tracer import semconv as sc
 from tracegym.tracer.messages import chat_messages
@@ -45,13 +46,6 @@ UNKNOWN_TIME = "unknown time"
 def _when(value: Any, shape: str) -> str:
     """A time as `shape`; a NULL (a garbage row's missing start) as "unknown time", not a 500."""
     return value.strftime(shape) if hasattr(value, "strftime") else UNKNOWN_TIME
-
-
-def usd(value: Any) -> str:
-    """A cost in USD for a page: "–" where no call had a known price (store/pricing.py)."""
-    if value is None:
-        return "–"
-    return f"${value:.2f}" if value >= 1 else f"${value:.4f}"
 
 
 def chat_pretty(text: Any, role: str) -> str:
