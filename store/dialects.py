@@ -73,7 +73,7 @@ returned AS (
     FROM ops LATERAL VIEW posexplode(result_hashes) r AS pos, hash
     WHERE operation = '{sc.OP_MEMORY_SEARCH}'
 ),
-matched AS (  -- the ASOF join: per returned record, the latest write ended before the read
+matched AS (  -- per returned record, the latest write of its content ended before the read
     SELECT r.span_id, r.position, w.w_span, w.w_trace,
            row_number() OVER (PARTITION BY r.span_id, r.position ORDER BY w.end_ns DESC) AS n
     FROM returned r LEFT JOIN writes w
