@@ -189,9 +189,19 @@ def _exists(path: str) -> bool:
 
 def spark_statements(home: str | os.PathLike, exists: Callable[[str], bool] = _exists) -> list[str]:
     """Spark SQL statements creating every view as a temporary view over the lake of `home`
-    (a local path or a URL Spark reads). A lake folder or gaps.json that is not there is an
-    empty view of the same columns, as in DuckDB."""
+    (a local path or a URL Spark reads, laid out as `<home>/lake`). A lake folder or gaps.json
+    that is not there is an empty view of the same columns, as in DuckDB. A home whose lake is
+    on object storage (`tracegym compact --to`) is refused: its readers must list committed
+    parts, not glob (docs/object_storage.md)."""
     home = str(home)
+    if not _is_url(home):
+        from tracegym.store.object_lake import configured
+
+        if configured(Path(home)) is not None:  # its parts count once committed: not a glob
+            raise ValueError(
+                f"{home}'s lake is on object storage (lake.json): Spark reads local lakes "
+                "only so far (docs/lake_engines.md)"
+            )
     lake = _join(home, LAKE_DIR)
     columns = lake_columns()
     schema = ", ".join(f"`{name}` {kind}" for name, kind in columns)

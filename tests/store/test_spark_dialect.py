@@ -66,3 +66,11 @@ def test_spark_statements_read_only_what_is_there(tmp_path: Path):
     assert "_nightly_spans AS SELECT" in joined and "_gaps_doc AS SELECT" in joined  # empty
     url = spark_statements("s3a://bucket/prefix")  # a URL is taken to be there
     assert "OPTIONS (path 's3a://bucket/prefix/lake/nightly'" in "\n".join(url)
+
+
+def test_a_home_whose_lake_is_on_object_storage_is_refused(tmp_path: Path):
+    from tracegym.store.object_lake import LakeConfig, set_lake
+
+    set_lake(tmp_path, LakeConfig("s3://bucket/lake"))
+    with pytest.raises(ValueError, match="object storage"):
+        spark_statements(tmp_path)
