@@ -118,9 +118,10 @@ def register_cost(con: duckdb.DuckDBPyConnection, home: Path) -> Prices:
         con.remove_function(COST_FUNCTION)
     con.create_function(
         COST_FUNCTION,
-        prices.cost,
+        prices.cost_batch,
         ["VARCHAR", "VARCHAR", "BIGINT", "BIGINT"],
         "DOUBLE",
+        type="arrow",
         null_handling="special",
         side_effects=False,
     )

@@ -99,3 +99,24 @@ def test_the_table_rate_is_read_offline_and_knows_the_provider():
     assert table_rate("gpt-4o", "openai") == Rate(GPT4O_IN, GPT4O_OUT)
     assert table_rate("gpt-4o") == Rate(GPT4O_IN, GPT4O_OUT)
     assert table_rate("definitely-not-a-model-name") is None
+
+
+def test_the_batch_function_agrees_with_the_row_function():
+    pa = pytest.importorskip("pyarrow")
+    prices = Prices({"tiered": Rate(1.0, 2.0, tiers=((200_000, 2.0, 4.0),), source="test")})
+    rows = [
+        ("gpt-4o", "openai", 1000, 100),
+        ("tiered", None, 300_000, 10),
+        ("tiered", None, 1000, 10),
+        ("unknown-model-x", None, 1000, 10),
+        (None, None, 5, 5),
+        ("gpt-4o", None, None, None),
+        ("gpt-4o", None, 7, None),
+    ]
+    columns = [pa.array(list(c)) for c in zip(*rows, strict=True)]
+    got = prices.cost_batch(*columns).to_pylist()
+    want = [prices.cost(*row) for row in rows]
+    assert [g is None for g in got] == [w is None for w in want] == [
+        False, False, False, True, True, True, False
+    ]  # fmt: skip
+    assert got == pytest.approx(want)
