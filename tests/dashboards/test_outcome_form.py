@@ -220,3 +220,8 @@ def test_browser_marks_a_run_and_a_form_without_its_token_is_refused(
     assert navigation.value.status == 403
     assert "CSRF" in page.inner_text("body")
     assert [row[:3] for row in _outcomes(home)] == [("priced", True, "bob")]
+
+    page.goto(f"{url}/runs")
+    costs = page.locator("#runs-table td.cost").all_inner_texts()
+    assert sorted(costs) == sorted([f"${RUN_COST:.4f}", "–"])
+    page.screenshot(path=str(artifacts / "runs-cost.png"), full_page=True)
