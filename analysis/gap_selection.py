@@ -70,6 +70,12 @@ class Scored:
     symptoms: list[Symptom] = field(default_factory=list)  # set by `select`
     within_kind: dict[str, Any] | None = None  # the contrast within kinds, when it kept it
     confined: str | None = None  # set by `the_kind_itself`: only failing kinds of request hold it
+    by_rates: dict[str, Any] | None = None  # set by `rules_as_rates`: kept on its two-rate test
+
+    def delta_floor(self, t: Thresholds) -> float:
+        """The delta a contrast within kinds must reach: `min_delta`, or NEAR_ZERO for a rule
+        of rates kept on its Fisher test (`rules_as_rates`)."""
+        return NEAR_ZERO if self.by_rates is not None else t.min_delta
 
 
 def rates(lacking: set[str], failed: Sequence[str], succeeded: Sequence[str]):
@@ -149,7 +155,9 @@ def like_with_like(
       same kind spend as much (the budget the task needs);
     - a *specific behaviour* (`specific`, not a symptom kind) that failed only the contrast
       (its pooled coverage passes) is kept when, within those kinds, its delta and bootstrap
-      stability pass: a cause of one kind of request is diluted by the successes of the others.
+      stability pass: a cause of one kind of request is diluted by the successes of the others;
+    - a *rule of rates* (`rules_as_rates`) that failed only the delta is kept on the one-sided
+      Fisher test of its two rates (lucky successes that break the rule shrink its delta).
 
     Both need MIN_PEERS successful runs of those kinds, the second also MIN_PEERS failed runs
     of the candidate; otherwise the pooled contrast stands. Then, with `kind_itself`, a kept
@@ -167,6 +175,7 @@ def like_with_like(
             kind[r.trace_id] = learnt.name(asked) if asked is not None else kind[r.trace_id]
     if succeeded:
         _spending_and_rescue(scored, failed, succeeded, kind, t)
+        rules_as_rates(scored, failed, succeeded, t)
     if learnt is not None and kind_itself:
         the_kind_itself(scored, runs, learnt, t, spread)
     if succeeded:
@@ -213,6 +222,60 @@ def _spending_and_rescue(
 
 
 NEAR_ZERO = 0.05  # a delta at or under this: successful runs show the behaviour as often
+RULE_P = 0.05  # a rule of rates' pooled one-sided Fisher p, to pass with a delta under min_delta
+
+
+def rule_of_rates(c: Candidate) -> bool:
+    """Whether the candidate is one rule that a detector mined from two rates (every finding
+    carries the rule's Fisher p-value: `wrong_tool_order`'s and `forbidden_action`'s rules of
+    rates), not from every successful run keeping it."""
+    return (c.kind == "finding" and bool(c.findings)
+            and all(f.details.get("p_value") is not None for f in c.findings))  # fmt: skip
+
+
+def rate_stability(
+    lacking: set[str], failed: Sequence[str], succeeded: Sequence[str], t: Thresholds
+) -> int:
+    """Bootstrap resamples (of `t.resamples`) in which coverage >= `min_coverage` and the
+    delta stays above NEAR_ZERO (`stability` with NEAR_ZERO for `min_delta`)."""
+    return stability(lacking, failed, succeeded, replace(t, min_delta=NEAR_ZERO + 1e-9))
+
+
+def rules_as_rates(
+    scored: Sequence[Scored], failed: Sequence[str], succeeded: Sequence[str], t: Thresholds
+) -> None:
+    """Keep a rule of rates (`rule_of_rates`) that failed only `min_delta`: successful runs
+    breaking it by luck (a cancel without the look-up that went through) shrink its delta, not
+    its evidence. It is kept when its coverage passes, MIN_PEERS failed runs break it, its
+    pooled delta is over NEAR_ZERO, the one-sided Fisher exact test of the share of failed runs
+    breaking it against that of successful ones gives p <= RULE_P, and in `min_stability`
+    resamples coverage and a delta over NEAR_ZERO hold (`rate_stability`). The contrast within
+    kinds of request then asks the same floor of it (`Scored.delta_floor`)."""
+    from tracegym.analysis.detectors.tool_order import fisher_greater
+
+    for s in scored:
+        c = s.candidate
+        if s.kept or s.delta is None or not rule_of_rates(c):
+            continue
+        if (s.coverage < t.min_coverage or s.failed_lacking < MIN_PEERS
+                or s.delta <= NEAR_ZERO or s.delta >= t.min_delta):  # fmt: skip
+            continue  # (a delta over min_delta failed on stability: the rates do not rescue it)
+        p = fisher_greater(len(succeeded) - s.succeeded_lacking, len(succeeded),
+                           len(failed) - s.failed_lacking, len(failed))  # fmt: skip
+        stable = rate_stability(c.lacking, failed, succeeded, t)
+        if p > RULE_P or stable < t.min_stability:
+            s.why += (f"; as a rule of rates: one-sided Fisher p {p:.2g} (<= {RULE_P} needed), "
+                      f"delta over {NEAR_ZERO} in {stable}/{t.resamples} resamples")  # fmt: skip
+            continue
+        s.kept, s.stability = True, stable
+        s.by_rates = {"p_value": round(p, 6), "failed": s.failed_lacking,
+                      "of_failed": len(failed), "succeeded": s.succeeded_lacking,
+                      "of_succeeded": len(succeeded), "stability": stable}  # fmt: skip
+        s.why = (f"kept as a rule of rates: {s.failed_lacking}/{len(failed)} failed and "
+                 f"{s.succeeded_lacking}/{len(succeeded)} successful runs break it (delta "
+                 f"{s.delta:.2f} < {t.min_delta}: lucky successes break it too), one-sided "
+                 f"Fisher p {p:.2g} <= {RULE_P}, delta over {NEAR_ZERO} in {stable}/"
+                 f"{t.resamples} resamples")  # fmt: skip
 
 
 def within_kinds_delta(
@@ -323,10 +386,10 @@ def the_kind_itself(
         if not succeeded_k and coverage >= KIND_COVERAGE:
             s.confined = (f"{confined}: no run of that kind succeeded, so nothing tells it from "
                           "the kind of request itself")  # fmt: skip
-        elif len(succeeded_k) >= MIN_PEERS and delta is not None and delta < t.min_delta:
+        elif len(succeeded_k) >= MIN_PEERS and delta is not None and delta < s.delta_floor(t):
             s.kept = False
             s.why = (f"the kind of request itself: {confined}; within the kind delta "
-                     f"{delta:.2f} < {t.min_delta} (successful runs of the kind show it as "
+                     f"{delta:.2f} < {s.delta_floor(t)} (successful runs of the kind show it as "
                      "often)")  # fmt: skip
 
 
@@ -361,10 +424,11 @@ def _across_kinds(
     if (judged + itself) / len(mine) < KIND_SHARE:
         return
     within = total / weight if weight else None
-    if within is not None and within >= t.min_delta:
+    floor = s.delta_floor(t)
+    if within is not None and within >= floor:
         return
     contrast = ("" if within is None else f"; the {judged} in kinds with successful runs: "
-                f"Mantel-Haenszel delta {within:.2f} < {t.min_delta} within them")  # fmt: skip
+                f"Mantel-Haenszel delta {within:.2f} < {floor} within them")  # fmt: skip
     what = (
         f"{itself} of its {len(mine)} failed runs serve kinds of request no run of which "
         f"succeeded{contrast} (pooled delta {s.delta if s.delta is not None else 0:.2f})"
@@ -725,6 +789,14 @@ def describe(s: Scored, name: str, runs: Mapping[str, Run], successes: Sequence[
         if within
         else ""
     )
+    rated = s.by_rates
+    rates_text = (
+        f"Kept as a rule of rates: {rated['failed']}/{rated['of_failed']} failed and "
+        f"{rated['succeeded']}/{rated['of_succeeded']} successful runs break it (lucky successes "
+        f"break it too), one-sided Fisher p {rated['p_value']:.2g}. "
+        if rated
+        else ""
+    )
     folded = (
         "Folded in, as what follows it in the same runs: "
         + ", ".join(f"{x.name} ({x.shared}/{x.failed_runs} runs)" for x in symptoms)
@@ -737,6 +809,7 @@ def describe(s: Scored, name: str, runs: Mapping[str, Run], successes: Sequence[
         f"(coverage {s.coverage:.2f}) {contrast}, stable in {s.stability} of the bootstrap "
         f"resamples. "
         + kind_text
+        + rates_text
         + (f"Confined to failing kinds of request: {s.confined}. " if s.confined else "")
         + (f"Tools involved: {', '.join(tools)}. " if tools else "")
         + (f"Typical calls: {'; '.join(patterns)}. " if patterns else "")

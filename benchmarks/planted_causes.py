@@ -346,7 +346,7 @@ def render(name: str, s: dict[str, Any]) -> str:
 
 def _seeds(text: str) -> list[int]:
     out: list[int] = []
-    for part in text.split(","):
+    for part in filter(None, text.split(",")):  # "" is no seeds
         lo, _, hi = part.partition("-")
         out += list(range(int(lo), int(hi or lo) + 1))
     return out
