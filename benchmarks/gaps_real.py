@@ -15,7 +15,10 @@ from the source files, never given to analysis:
   of its failed member runs that missed some expected action, the share whose missed actions
   include a tool the gap names, and the expected action most often missed by its members, with
   its share among the members against its share among all failed runs (lift > 1: the gap
-  groups the runs that got that action wrong). Per set: the actions failed runs miss most.
+  groups the runs that got that action wrong); and the issue's lift (`lift_missing`): the share
+  of its failed members missing some expected action over that share among all failed runs
+  (at most 1 / that share: where every failed run misses one, no gap can have lift above 1).
+  Per set: the actions failed runs miss most.
 - AgentRx tau-retail (100 runs): the human root-cause labels of 27 of its failed runs
   (`tau_ground_truth.json`, made on the same trajectories in `tau_dataset_failed.json`). Per
   gap: its labelled members' root-cause categories, and how often the gap's finding for a run
@@ -267,6 +270,9 @@ def evaluate_tau2(result: Any, s: RealSet, rows: list[GapRow], gaps: list[Any]) 
               for r in result.failed}  # fmt: skip
     all_counts = Counter(a for names in missed.values() for a in set(names))
     n_failed = len(missed)
+    # the issue's lift: the share of a gap's failed members missing some expected action over
+    # that share among all failed runs (1.0 where every failed run misses one: no lift possible)
+    base_missing = sum(bool(v) for v in missed.values()) / n_failed if n_failed else 0.0
     for row, gap in zip(rows, gaps, strict=True):
         members = [t for t in gap.failed_members if t in missed]
         if not members:
@@ -287,6 +293,8 @@ def evaluate_tau2(result: Any, s: RealSet, rows: list[GapRow], gaps: list[Any]) 
             "top_share": round(share, 2),
             "top_share_all_failed": round(base, 2),
             "lift": round(share / base, 2) if base else None,
+            "lift_missing": round(sum(bool(missed[t]) for t in members) / len(members)
+                                  / base_missing, 2) if base_missing else None,
         }  # fmt: skip
     return {
         "failed_missing_an_action": sum(bool(v) for v in missed.values()),
@@ -468,7 +476,8 @@ def render(r: SetReport) -> str:
     for g in r.gaps:
         ev = g.evaluation
         if "top_missed_action" in ev:
-            text = (f"missing an action {ev['members_missing_an_action']:.0%}, a named tool "
+            text = (f"missing an action {ev['members_missing_an_action']:.0%} (lift "
+                    f"{ev.get('lift_missing')}), a named tool "
                     f"{ev['members_missing_a_named_tool']:.0%}; top {ev['top_missed_action']} "
                     f"{ev['top_share']:.0%} (all failed {ev['top_share_all_failed']:.0%}, "
                     f"lift {ev['lift']})")  # fmt: skip

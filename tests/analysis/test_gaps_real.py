@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from tracegym.benchmarks import gaps_real
@@ -52,3 +53,28 @@ def test_real_sets_name_every_set_and_skip_medagentbench(tmp_path: Path):
         names = [s.name for s in found]
         assert any("pooled" in n and "retail" in n for n in names)
         assert all(s.evaluation == "tau2" for s in found if s.fmt == "tau2-bench")
+
+
+def test_lift_missing_is_the_members_share_missing_an_action_over_all_failed(tmp_path: Path):
+    # four failed simulations: two miss an expected action (a and b), two miss none
+    checks = {"a": [False], "b": [False, True], "c": [True], "d": []}
+    sims = [{"id": k, "reward_info": {"reward": 0.0, "action_checks": [
+        {"action": {"name": "refund"}, "action_match": ok} for ok in v]}}
+        for k, v in checks.items()]  # fmt: skip
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"simulations": sims}))
+
+    def run(sim: str) -> SimpleNamespace:
+        root = SimpleNamespace(attributes={"tracegym.source.simulation_id": sim})
+        return SimpleNamespace(trace_id=f"t-{sim}", root=root)
+
+    result = SimpleNamespace(failed=[run(k) for k in checks], succeeded=[])
+    s = gaps_real.RealSet("x", "tau2-bench", (path,), "tau2")
+    rows = [gaps_real.GapRow(1, "g", "d", 0.5, 0.5, 2, 0, ["refund"], ""),
+            gaps_real.GapRow(2, "h", "d", 0.5, 0.5, 2, 0, [], "")]  # fmt: skip
+    gaps = [SimpleNamespace(failed_members=frozenset({"t-a", "t-b"})),
+            SimpleNamespace(failed_members=frozenset({"t-a", "t-c"}))]  # fmt: skip
+    summary = gaps_real.evaluate_tau2(result, s, rows, gaps)
+    assert summary["failed_missing_an_action"] == 2
+    assert rows[0].evaluation["lift_missing"] == 2.0  # 2/2 of its members, 2/4 of all failed
+    assert rows[1].evaluation["lift_missing"] == 1.0  # 1/2 against 2/4
