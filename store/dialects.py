@@ -157,8 +157,8 @@ def spark_view_sql(name: str) -> str:
     return transpile(VIEW_SQL[name])
 
 
-def lake_columns() -> list[tuple[str, str]]:
-    """The lake's columns as (name, Spark type), asked of DuckDB from the very expression
+def lake_duckdb_columns() -> list[tuple[str, str]]:
+    """The lake's columns as (name, DuckDB type), asked of DuckDB from the very expression
     compaction writes with (store/schema.py), `day` (the partition) included."""
     from tracegym.store.schema import empty_source, row_select
 
@@ -166,7 +166,12 @@ def lake_columns() -> list[tuple[str, str]]:
         described = con.execute(
             f"DESCRIBE SELECT * EXCLUDE (_table) FROM ({row_select(empty_source())})"
         ).fetchall()
-    return [(name, _SPARK_TYPES[kind]) for name, kind, *_ in described]
+    return [(name, kind) for name, kind, *_ in described]
+
+
+def lake_columns() -> list[tuple[str, str]]:
+    """The lake's columns as (name, Spark type)."""
+    return [(name, _SPARK_TYPES[kind]) for name, kind in lake_duckdb_columns()]
 
 
 def _quote(text: str) -> str:
