@@ -132,6 +132,26 @@ def _no_blind_retries(table: Any) -> Any:
     return table.refresh()
 
 
+def _with_lake_columns(table: Any) -> Any:
+    """Add the lake's columns a table made by an older tracegym lacks (schema evolution by
+    name; rows appended before read NULL there). Attributes need none: they are JSON text."""
+    missing = {n for n, _ in _names(iceberg_schema())} - {n for n, _ in _names(table.schema())}
+    if not missing:
+        return table
+    from pyiceberg.exceptions import CommitFailedException
+
+    try:
+        with table.update_schema() as update:
+            update.union_by_name(iceberg_schema())
+    except CommitFailedException:  # another writer evolved it first
+        pass
+    return table.refresh()
+
+
+def _names(schema: Any) -> list[tuple[str, int]]:
+    return [(f.name, f.field_id) for f in schema.fields]
+
+
 def appended(table: Any) -> set[str]:
     """Every part any snapshot of `table` says it appended."""
     names: set[str] = set()
@@ -155,8 +175,17 @@ def _rows(parts: list[Path]) -> Any:
 
 
 def _arrow_for(table: Any, rows: Any) -> Any:
-    """`rows` cast to the table's own Arrow schema (DuckDB may give other string kinds)."""
-    return rows.cast(table.schema().as_arrow())
+    """`rows` in the table's own Arrow schema: its column order and types (DuckDB may give
+    other string kinds), NULL in a column a newer writer added and this lake lacks."""
+    import pyarrow as pa
+
+    schema = table.schema().as_arrow()
+    columns = [
+        rows[f.name].cast(f.type) if f.name in rows.column_names
+        else pa.nulls(rows.num_rows, f.type)
+        for f in schema
+    ]  # fmt: skip
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def publish(home: str | os.PathLike, target: IcebergTarget, writer: str | None = None):
@@ -170,7 +199,7 @@ def publish(home: str | os.PathLike, target: IcebergTarget, writer: str | None =
     report = PublishReport()
     for name in TABLES:
         local = {f"{writer}/{p.relative_to(lake)}": p for p in lake_parts(home, name)}
-        table = _table(catalog, target, name)
+        table = _with_lake_columns(_table(catalog, target, name))
         for attempt in range(TRIES):
             table = table.refresh()
             pending = sorted(set(local) - appended(table))

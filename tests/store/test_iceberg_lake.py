@@ -134,3 +134,23 @@ def test_two_processes_append_concurrently_with_exact_counts(tmp_path: Path):
     assert counts == [(2 * batches * 25, 2 * batches * 25)]
     outcomes = IcebergTarget.sqlite(catalog).load().load_table("tracegym.outcomes")
     assert outcomes.scan().to_arrow().num_rows == 2 * batches
+
+
+def test_a_table_made_by_an_older_tracegym_gains_the_new_column(tmp_path: Path):
+    """Schema evolution: a promoted column the table lacks is added by name; rows appended
+    before read NULL in it, rows appended after carry it."""
+    from pyiceberg.schema import Schema
+
+    target = IcebergTarget.sqlite(tmp_path / "catalog")
+    catalog = target.load()
+    catalog.create_namespace("tracegym")
+    older = Schema(*[f for f in iceberg.iceberg_schema().fields if f.name != "tool"])
+    catalog.create_table("tracegym.spans", schema=older)
+    home = tmp_path / "home"
+    spool(home, "w", 0, 10)
+    lake.compact(home)
+    assert publish(home, target).rows["spans"] == 10
+    table = catalog.load_table("tracegym.spans")
+    assert "tool" in table.schema().column_names
+    tools = table.scan(selected_fields=("tool",)).to_arrow()["tool"].to_pylist()
+    assert tools == ["lookup"] * 10
