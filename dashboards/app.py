@@ -98,6 +98,7 @@ def create_app(
             nav=NAV,
             section=section,
             home=str(home),
+            lake=db.lake,  # where the lake rows come from: every page says when it is remote
             charts=has_charts,
             uses_charts=name in CHART_PAGES,
             request=request,

@@ -4,8 +4,16 @@ The dashboard never compacts (compaction moves files: that is the batch job's bu
 opens the views over the lake and the live spool the way `Store(compact_on_open=False)` does.
 Each connection may only read files under `<home>/lake` and `<home>/spool`, and its
 configuration is locked, so even a SELECT typed into the SQL box cannot read `/etc/passwd`,
-load an extension or turn the sandbox off. One lock per connection: DuckDB connections are not
-safe to share between threads, and every query already uses all cores.
+load an extension or turn the sandbox off.
+
+A home whose lake is on object storage (store/object_lake.py) is read through the readers' own
+part cache: the committed parts are copied to `<home>/cache/lake/` (Python fetches them, not
+DuckDB) and the sandbox allows that folder too, whatever `cache` says in lake.json, since the
+sandbox reads no URL. A lake on a local path is read in place, its root allowed. When the object
+lake cannot be opened, the pages show the spool alone and every page says so (`LakeSource`).
+
+One lock per connection: DuckDB connections are not safe to share between threads, and every
+query already uses all cores.
 
 Another process may compact the spool at any time: a query whose spool files vanished under it
 (an IO error) runs again over freshly listed views, and the views never count a spool file
@@ -17,6 +25,7 @@ nor hold more than a few of the server's threads.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -26,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+from tracegym.store import object_lake
 from tracegym.store.home import Home
+from tracegym.store.object_views import LAKE_CACHE_DIR, ObjectViews
 from tracegym.store.store import ReadOnlyError
 from tracegym.store.views import LiveViews
 
@@ -45,16 +56,74 @@ class Result:
         return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
 
 
+@dataclass(frozen=True)
+class LakeSource:
+    """Which lake the pages read: the local one (`url` None) or an object lake, and when that
+    could not be opened, why (the pages then show the spool alone, and say so)."""
+
+    url: str | None = None
+    error: str | None = None
+
+    @property
+    def remote(self) -> bool:
+        return self.url is not None
+
+    def note(self) -> str | None:
+        """The line every page shows about the lake; None for the local lake."""
+        if self.url is None:
+            return None
+        if self.error:
+            return (
+                f"The lake at {self.url} is not shown ({self.error}): these pages show the "
+                "spool's runs only (not yet compacted)."
+            )
+        return f"Lake on object storage: {self.url} (committed parts, read from local copies)."
+
+
+def _open_lake(home: Path) -> tuple[LakeSource, object_lake.ObjectLake | None]:
+    """The home's object lake, read through the part cache, or None for the local lake."""
+    try:
+        config = object_lake.configured(home)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return LakeSource("lake.json", f"unreadable: {_first_line(exc)}"), None
+    if config is None:
+        return LakeSource(), None
+    try:
+        return LakeSource(config.url), object_lake.ObjectLake(
+            dataclasses.replace(config, cache=True)
+        )
+    except Exception as exc:  # no fsspec, an unknown protocol, a bad storage option
+        return LakeSource(config.url, _first_line(exc)), None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _lake_dirs(home: Path, lake: object_lake.ObjectLake | None) -> list[str]:
+    """The folders besides the spool the sandbox lets DuckDB read for the lake: the local one
+    always (the views list it, empty on an object lake's home), and the object lake's root on a
+    local path or else the part cache."""
+    local = [str(Home.at(home).lake) + "/"]
+    if lake is None:
+        return local
+    return [
+        *local,
+        lake.root + "/" if lake.local else str(Home.at(home).cache / LAKE_CACHE_DIR) + "/",
+    ]
+
+
 class SqlBoxBusy(RuntimeError):
     """The SQL box's queue is full (or its turn did not come in time): try again later."""
 
 
 def _sandboxed(
-    home: Path, memory_limit: str | None, threads: int | None
+    home: Path, memory_limit: str | None, threads: int | None, lake_dirs: list[str]
 ) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
     paths = Home.at(home)
-    allowed = [str(paths.lake) + "/", str(paths.spool) + "/"]
+    allowed = [*lake_dirs, str(paths.spool) + "/"]
     con.execute("SET allowed_directories = $dirs", {"dirs": allowed})
     # the gap_runs view reads gaps.json (that one file, not the rest of the home)
     con.execute("SET allowed_paths = $paths", {"paths": [str(paths.gaps)]})
@@ -78,20 +147,44 @@ class Database:
     ) -> None:
         self.home = Path(home)
         self._lock = threading.Lock()
-        self._con = _sandboxed(self.home, memory_limit, threads)
-        self._views = LiveViews(self._con, self.home)
+        self.lake, lake = _open_lake(self.home)
+        self._con = _sandboxed(self.home, memory_limit, threads, _lake_dirs(self.home, lake))
+        self._views = self._open_views(lake)
         self._refreshed = time.monotonic()
 
+    def _open_views(self, lake: object_lake.ObjectLake | None) -> LiveViews:
+        """The views over the lake and the spool; over the spool alone (the local lake, empty
+        on such a home) when the object lake cannot be listed or its parts fetched."""
+        if lake is not None:
+            try:
+                return ObjectViews(self._con, self.home, lake)
+            except (OSError, ValueError, KeyError, duckdb.Error) as exc:
+                self.lake = LakeSource(lake.url, _first_line(exc))
+        return LiveViews(self._con, self.home)
+
     def _refresh(self) -> None:
-        """Re-read the spool's file list now and then (the lake glob sees new parts itself)."""
+        """Re-read the spool's file list (and an object lake's commits) now and then: the
+        local lake's glob sees new parts itself."""
         if time.monotonic() - self._refreshed > REFRESH_S:
-            self._views.refresh()
+            self._views_refresh()
             self._refreshed = time.monotonic()
+
+    def _views_refresh(self) -> None:
+        """Refresh the views; an object lake that cannot be reached now keeps the last ones."""
+        if not isinstance(self._views, ObjectViews):
+            self._views.refresh()
+            return
+        try:
+            self._views.refresh()
+        except (OSError, ValueError, KeyError) as exc:
+            self.lake = LakeSource(self._views.lake.url, _first_line(exc))
+        else:
+            self.lake = LakeSource(self._views.lake.url)
 
     def refresh(self) -> None:
         """Re-read the spool's file list now (after this process wrote to the spool)."""
         with self._lock:
-            self._views.refresh()
+            self._views_refresh()
             self._refreshed = time.monotonic()
 
     def query(
