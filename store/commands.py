@@ -67,6 +67,11 @@ def _open_store(home: Path, fail: Any, *, compact_on_open: bool = True) -> Any:
         fail(f"cannot open the store under {home}: {exc}")
 
 
+def counted(n: int, noun: str, many: str | None = None) -> str:
+    """'1 run', '2 runs', '0 runs': a count with its noun agreeing."""
+    return f"{n} {noun if n == 1 else many or noun + 's'}"
+
+
 def query_error(exc: BaseException) -> str:
     """DuckDB's error in one line, with what to do when the query names an extension."""
     text = str(exc).strip()
@@ -218,7 +223,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                     print_rows(columns, rows, fmt, Console(file=handle))
                 finally:
                     sys.stdout = saved
-            typer.echo(f"wrote {len(rows)} rows to {output}")
+            typer.echo(f"wrote {counted(len(rows), 'row')} to {output}")
             return
         print_rows(columns, rows, fmt, table_console())
 
@@ -321,14 +326,14 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 1,
             )
         typer.echo(
-            f"compacted {report.files} spool files, {report.spans} spans, {report.parts} parts"
-            f"{f' into {store.lake.url}' if store.lake else ''}"
-            f" under {target}; {len(report.skipped_live)} files still being written"
+            f"compacted {counted(report.files, 'spool file')}, {counted(report.spans, 'span')}, "
+            f"{counted(report.parts, 'part')}{f' into {store.lake.url}' if store.lake else ''}"
+            f" under {target}; {counted(len(report.skipped_live), 'file')} still being written"
         )
         if report.bad_lines or report.truncated_lines:  # skipped, not stored as empty spans
             typer.echo(
-                f"skipped {report.bad_lines} lines that are no span and "
-                f"{report.truncated_lines} lines cut short (see docs/spool.md)",
+                f"skipped {counted(report.bad_lines, 'line')} that are no span and "
+                f"{counted(report.truncated_lines, 'line')} cut short (see docs/spool.md)",
                 err=True,
             )
 
@@ -363,8 +368,10 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         home: HomeOption = None,
     ) -> None:
         """Check the store's files: corrupt lake parts (every row is read), spool files cut
-        mid-line, dead compactions' staging, the quarantine. Exit code 1 while a corrupt part
-        is still in the lake. Writes nothing without --repair."""
+        mid-line, dead compactions' staging, the quarantine; on an object lake, its commits
+        (each read, none missing) and the parts they name (present, footers with the rows the
+        commit says) and this host's copies of them. Exit code 1 while a corrupt part is still
+        in the lake or the object lake has a problem. Writes nothing without --repair."""
         try:
             from tracegym.store.health import examine
             from tracegym.store.health import repair as fix
@@ -376,7 +383,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             health = fix(health)
         for line in doctor_lines(health):
             typer.echo(line)
-        if health.corrupt_in_place:
+        if health.problems:
             raise typer.Exit(1)
 
     @app.command("import")
@@ -423,20 +430,20 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         except (ImportFormatError, ValueError, OSError) as exc:
             fail(f"nothing imported: {exc}")
         typer.echo(
-            f"imported {report.runs} runs ({report.spans} spans) from {report.files} files "
-            f"as {fmt} into {target}"
+            f"imported {counted(report.runs, 'run')} ({counted(report.spans, 'span')}) from "
+            f"{counted(report.files, 'file')} as {fmt} into {target}"
             + (
-                f"; {len(report.already_imported)} files already imported"
+                f"; {counted(len(report.already_imported), 'file')} already imported"
                 if report.already_imported
                 else ""
             )
             + (
-                f"; {report.repeated_runs} runs already in the store"
+                f"; {counted(report.repeated_runs, 'run')} already in the store"
                 if report.repeated_runs
                 else ""
             )
             + (
-                f"; {report.repeated_spans} spans already in the store"
+                f"; {counted(report.repeated_spans, 'span')} already in the store"
                 if report.repeated_spans
                 else ""
             )
@@ -573,13 +580,14 @@ def doctor_lines(health: Any) -> list[str]:
         return str(path.relative_to(health.home)) if path.is_relative_to(health.home) else str(path)
 
     lines = [f"tracegym store: {health.home}"]
-    lines.append(f"lake parts: {health.parts} read whole, {len(health.corrupt)} corrupt")
+    local = "local lake parts" if health.object_lake is not None else "lake parts"
+    lines.append(f"{local}: {health.parts} read whole, {len(health.corrupt)} corrupt")
     for bad in health.corrupt:
         moved = health.moved.get(bad.path)
         fate = f"moved to {rel(moved)}" if moved else "still in the lake (--repair moves it)"
         lines.append(f"  corrupt: {rel(bad.path)}: {bad.reason}; {fate}")
     lines.append(
-        f"spool: {health.spool_files} files ({health.live_files} being written), "
+        f"spool: {counted(health.spool_files, 'file')} ({health.live_files} being written), "
         f"{len(health.cut_tails)} with a cut last line (compaction drops that line)"
     )
     lines.extend(f"  cut last line: {rel(path)}" for path in health.cut_tails)
@@ -588,12 +596,16 @@ def doctor_lines(health: Any) -> list[str]:
     else:
         state = "removed" if health.staging_removed else "--repair removes them"
         lines.append(
-            f"staging: {len(health.staging)} folders left by dead compactions"
+            f"staging: {counted(len(health.staging), 'folder')} left by dead compactions"
             + (f" ({state})" if health.staging else "")
         )
-    lines.append(f"quarantine: {len(health.quarantine)} files")
+    lines.append(f"quarantine: {counted(len(health.quarantine), 'file')}")
     lines.extend(f"  {rel(path)}" for path in health.quarantine)
-    lines.append("status: " + ("corrupt parts in the lake" if health.corrupt_in_place else "ok"))
+    if health.object_lake is not None:
+        from tracegym.store.object_health import object_lake_lines
+
+        lines.extend(object_lake_lines(health.object_lake))
+    lines.append("status: " + ("; ".join(health.problems) or "ok"))
     return lines
 
 
@@ -691,7 +703,8 @@ def register_export(app: typer.Typer, home_of: Any, fail: Any) -> None:
         with output_stream(output) as out:
             report = write_otlp_json(store, runs, out, outcomes=not no_outcomes)
         typer.echo(
-            f"exported {report.runs} runs ({report.spans} spans, {report.outcomes} outcomes)"
+            f"exported {counted(report.runs, 'run')} ({counted(report.spans, 'span')}, "
+            f"{counted(report.outcomes, 'outcome')})"
             f" as OTLP/JSON to {output if output else 'stdout'}",
             err=True,
         )
@@ -754,8 +767,8 @@ def register_export(app: typer.Typer, home_of: Any, fail: Any) -> None:
         with output_stream(output) as out:
             report = write_examples(itertools.chain(*sources), out)
         typer.echo(
-            f"wrote {report.written} examples ({report.runs} from runs, {report.demos} from "
-            f"demonstrations) to {output if output else 'stdout'}; "
+            f"wrote {counted(report.written, 'example')} ({report.runs} from runs, "
+            f"{report.demos} from demonstrations) to {output if output else 'stdout'}; "
             f"skipped {sum(report.skipped.values())}",
             err=True,
         )

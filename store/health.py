@@ -5,6 +5,9 @@ looks at what crashes leave behind: spool files cut mid-line, staging folders of
 that died, parts already moved aside. It writes nothing unless asked to repair: then corrupt
 parts go to the quarantine (never deleted) and dead compactions' staging folders are removed
 (their spool files are still in place: the next compaction redoes them).
+
+A home whose lake is on object storage has its commits and committed parts checked too
+(store/object_health.py); the repair there only deletes damaged local copies of parts.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tracegym.store import object_lake
 from tracegym.store.lake import LOCK_FILE, STAGING_DIR, compaction_lock, lake_dir
+from tracegym.store.object_health import ObjectLakeHealth, examine_object_lake, remove_bad_copies
 from tracegym.store.parts import BadPart, check, lake_parts, move_aside, quarantined
 from tracegym.tracer.spool_files import is_complete, is_locked, spool_dir
 
@@ -35,10 +40,19 @@ class Health:
     quarantine: list[Path] = field(default_factory=list)
     moved: dict[Path, Path] = field(default_factory=dict)  # by the repair
     staging_removed: bool = False
+    object_lake: ObjectLakeHealth | None = None  # the home's lake on object storage, if any
 
     @property
     def corrupt_in_place(self) -> list[BadPart]:
         return [bad for bad in self.corrupt if bad.path not in self.moved]
+
+    @property
+    def problems(self) -> list[str]:
+        """What makes `doctor` exit with 1; empty when the store is fine."""
+        found = ["corrupt parts in the lake"] if self.corrupt_in_place else []
+        if self.object_lake is not None and self.object_lake.failing:
+            found.append("the object lake has problems (listed above)")
+        return found
 
 
 def _compacting(home: Path) -> bool:
@@ -82,6 +96,13 @@ def examine(home: Path) -> Health:
     if staging.is_dir() and not health.compacting:
         health.staging = sorted(staging.iterdir())
     health.quarantine = quarantined(home)
+    try:
+        config = object_lake.configured(home)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        health.object_lake = ObjectLakeHealth("lake.json", error=f"unreadable: {exc}")
+    else:
+        if config is not None:
+            health.object_lake = examine_object_lake(home, config)
     return health
 
 
@@ -93,4 +114,6 @@ def repair(health: Health) -> Health:
             shutil.rmtree(lake_dir(health.home) / STAGING_DIR)
             health.staging_removed = True
     health.quarantine = quarantined(health.home)
+    if health.object_lake is not None:
+        remove_bad_copies(health.object_lake)
     return health

@@ -117,7 +117,7 @@ def test_compact_with_a_truncated_part_compacts_the_rest(store_home: tuple[Path,
     write_spool_file(home, records, "20251201T000000-host-9-00000009")
     proc = tracegym(home, "compact")
     assert proc.returncode == 0, proc.stderr
-    assert "compacted 1 spool files, 1 spans" in proc.stdout
+    assert "compacted 1 spool file, 1 span," in proc.stdout
     assert str(lake.lake_dir(home) / DAMAGED) in proc.stderr
     with Store(home, compact_on_open=False) as store:
         assert store.fetch("SELECT count(*) FROM spans").rows == [(SPANS - rows + 1,)]

@@ -162,5 +162,5 @@ def test_the_compact_command_says_what_it_skipped(tmp_path: Path) -> None:
     done = CliRunner().invoke(app, ["--home", str(tmp_path), "compact"])
 
     assert done.exit_code == 0, done.output
-    assert "compacted 1 spool files, 4 spans" in done.stdout
-    assert f"skipped {bad_lines} lines that are no span and 1 lines cut short" in done.stderr
+    assert "compacted 1 spool file, 4 spans" in done.stdout
+    assert f"skipped {bad_lines} lines that are no span and 1 line cut short" in done.stderr

@@ -54,7 +54,7 @@ def test_doctor_reports_and_writes_nothing(sick_home: Path):
     assert "lake parts: 6 read whole, 1 corrupt" in out
     assert f"corrupt: lake/{DAMAGED}" in out and "still in the lake" in out
     assert "1 with a cut last line" in out and "20251201T000000-host-7-00000007.jsonl" in out
-    assert "staging: 1 folders left by dead compactions" in out
+    assert "staging: 1 folder left by dead compactions" in out
     assert "quarantine: 0 files" in out
     assert snapshot(sick_home) == before
 
@@ -70,7 +70,7 @@ def test_doctor_repair_moves_the_bad_part_aside_and_clears_dead_staging(sick_hom
     again = runner.invoke(app, ["doctor", "--home", str(sick_home)])
     assert again.exit_code == 0, again.output
     assert "lake parts: 5 read whole, 0 corrupt" in again.output
-    assert f"quarantine: 1 files\n  lake/quarantine/{DAMAGED}" in again.output
+    assert f"quarantine: 1 file\n  lake/quarantine/{DAMAGED}" in again.output
     assert "status: ok" in again.output
 
 
@@ -79,6 +79,6 @@ def test_doctor_on_a_healthy_store(tmp_path: Path):
     result = runner.invoke(app, ["doctor", "--home", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "lake parts: 0 read whole, 0 corrupt" in result.output
-    assert "spool: 1 files (0 being written), 0 with a cut last line" in result.output
+    assert "spool: 1 file (0 being written), 0 with a cut last line" in result.output
     assert not lake.lake_dir(tmp_path).exists()  # nothing written, no lake made
     assert os.listdir(tmp_path) == ["spool"]

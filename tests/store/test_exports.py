@@ -260,9 +260,9 @@ def test_export_cli_where_params_and_errors(tmp_path: Path):
     home = ["--home", str(tmp_path)]
     result = cli("export", "otlp-json", *home, "--where", "agent = $a", "-p", "a=billing")
     assert result.exit_code == 0, result.output
-    assert "exported 1 runs (2 spans, 1 outcomes)" in result.output
+    assert "exported 1 run (2 spans, 1 outcome)" in result.output
     result = cli("export", "otlp-json", *home, "--where", "spans > $n", "-p", "n=3")
-    assert "exported 1 runs" in result.output  # `3` is bound as a number
+    assert "exported 1 run (" in result.output  # `3` is bound as a number
     result = cli("export", "otlp-json", *home, "nope")
     assert result.exit_code == 2 and "no run" in result.output
     result = cli("export", "otlp-json", *home, "-p", "a=1")

@@ -647,7 +647,7 @@ def test_swe_agent_cli_names_the_skipped_file(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["--home", str(tmp_path / "h"), "import", "swe-agent",
                                       str(tmp_path)])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "imported 1 runs" in result.output
+    assert "imported 1 run (" in result.output
     assert f"skipped {tmp_path / 'demo.traj'}: a demonstration" in result.output
 
 

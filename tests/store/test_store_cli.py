@@ -110,7 +110,7 @@ def test_traces_and_show(home: Path):
 
 def test_compact_moves_the_spool(home: Path):
     done = _run(home, "compact")
-    assert done.exit_code == 0 and "compacted 1 spool files, 4 spans" in done.stdout
+    assert done.exit_code == 0 and "compacted 1 spool file, 4 spans" in done.stdout
     assert not list((home / "spool").glob("*.jsonl"))
     assert _run(home, "sql", "SELECT count(*) FROM spans", "-f", "csv").stdout.split() == [
         "count_star()", "3"
@@ -127,7 +127,7 @@ def test_import_command(tmp_path: Path):
     home = tmp_path / "home"
     done = _run(home, "import", "openai-chat", str(source))
     assert done.exit_code == 0, done.output
-    assert "imported 1 runs" in done.stdout
+    assert "imported 1 run (" in done.stdout
     again = _run(home, "import", "openai-chat", str(source))
     assert "already imported" in again.stdout
     assert _run(home, "import", "nonsense", str(source)).exit_code == 2
