@@ -55,7 +55,10 @@ def render_summary(
     # The dashboard's overview counts the same way: spans plus outcome records.
     recorded = summary["outcomes"]["recorded"]
     overview.add_row(
-        "records", f"{summary['spans']} ({summary['spans'] - recorded} spans + {recorded} outcomes)"
+        "records",
+        f"{summary['spans']} ({summary['spans'] - recorded} span"
+        f"{'' if summary['spans'] - recorded == 1 else 's'} + {recorded} outcome"
+        f"{'' if recorded == 1 else 's'})",
     )
     overview.add_row("traces", str(summary["traces"]))
     overview.add_row("runs", str(summary["runs"]))

@@ -430,7 +430,8 @@ class JudgePlan:
     def describe(self) -> str:
         shown = f"{self.failed_shown} failed run{'' if self.failed_shown == 1 else 's'}"
         return (f"judge: {self.calls} calls (1 to propose from {shown}, "
-                f"{self.labellers} labellers x {self.runs} runs), about {self.tokens:,} tokens "
+                f"{self.labellers} labeller{'' if self.labellers == 1 else 's'} x "
+                f"{self.runs} run{'' if self.runs == 1 else 's'}), about {self.tokens:,} tokens "
                 f"({self.prompt_tokens:,} prompt, {self.reply_tokens:,} reply; an estimate at "
                 f"{CHARS_PER_TOKEN:g} characters a token)")  # fmt: skip
 

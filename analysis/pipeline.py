@@ -179,7 +179,7 @@ def analyze(
             store.close()
     timings["load"] = time.perf_counter() - clock
 
-    say(f"running the detectors on {len(runs)} runs")
+    say(f"running the detectors on {len(runs)} run{'' if len(runs) == 1 else 's'}")
     clock = time.perf_counter()
     findings, errors = run_detectors(
         detectors if detectors is not None else default_detector_set(), runs

@@ -312,7 +312,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
             return
         console = table_console()
         console.print(render_markdown(rows), markup=False, highlight=False)
-        console.print(f"routing accuracy: {routing.accuracy} over {routing.n} tasks")
+        tasks = f"{routing.n} task{'' if routing.n == 1 else 's'}"
+        console.print(f"routing accuracy: {routing.accuracy} over {tasks}")
 
     group = typer.Typer(help="The trained LoRA adapters: list, show, export.", no_args_is_help=True)
     app.add_typer(group, name="adapters")

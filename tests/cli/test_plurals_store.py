@@ -78,3 +78,17 @@ def test_compact_and_sql_output_of_one(tmp_path: Path):
     assert code == 0 and f"wrote 1 row to {tmp_path / 'x.csv'}" in out, out
     code, out = _run(home, "sql", "SELECT * FROM range(2)", "-o", str(tmp_path / "y.csv"))
     assert code == 0 and "wrote 2 rows to" in out, out
+
+
+def test_summary_and_the_judge_plan_count_one_in_the_singular(tmp_path: Path):
+    from tracegym.analysis.judge import JudgePlan
+
+    home = tmp_path / "home"
+    _run(home, "import", "openai-chat", str(_chats(tmp_path / "one.json", 1)))
+    code, out = _run(home, "summary")
+    assert code == 0, out
+    assert re.search(r"records\W+\d+ \(\d+ spans \+ 1 outcome\)", out), out
+    plan = JudgePlan(failed_shown=1, runs=1, labellers=1, prompt_tokens=10, reply_tokens=5)
+    assert "1 to propose from 1 failed run, 1 labeller x 1 run)" in plan.describe()
+    plan = JudgePlan(failed_shown=2, runs=4, labellers=3, prompt_tokens=10, reply_tokens=5)
+    assert "from 2 failed runs, 3 labellers x 4 runs)" in plan.describe()
