@@ -294,9 +294,9 @@ def base_settings(source: Path, config: DemoConfig) -> tuple[list[Any], dict[str
     (the source weights, the mix, the settings and the demonstrations' seeds)."""
     demo_tasks = base_demos(config)
     train = {"steps": config.base_steps, "batch_size": 4, "max_length": MAX_LENGTH, "lr": 1e-3,
-             "layers": upper_layers(source)}  # fmt: skip
+             "layers": upper_layers(source), "precision": "auto"}  # fmt: skip
     if config.tiny_model:
-        train["lr"] = 1e-2
+        train.update(lr=1e-2, precision="fp32")
     train.update(config.base_train)
     key = _hash({"base": weights_hash(source), "mix": config.mix, "train": train,
                  "demos": [t.seed for t in demo_tasks]})  # fmt: skip
@@ -336,12 +336,15 @@ def prepare_model(home: Path, config: DemoConfig, progress: Progress | None = No
 # The agent, through `tracegym serve` -------------------------------------------------------------
 def local_backend(policy: Any, home: Path, config: DemoConfig, slots: int) -> Any:
     """The backend `tracegym serve` answers the agent from: the policy in process, batched
-    (the demo's tests put a scripted one here)."""
+    (the demo's tests put a scripted one here). Its forward passes take the run's torch threads
+    (`torch_threads`): the agents wait on the engine while it steps, so no core is left idle for
+    them (serve's own default keeps one back)."""
+    import torch
     from tracegym.serving.local import LocalBackend
 
     return LocalBackend(
         policy.model, policy.chat_format, home=home, slots=slots,
-        max_tokens=config.max_new_tokens, name=policy.name,
+        max_tokens=config.max_new_tokens, name=policy.name, threads=torch.get_num_threads(),
     )  # fmt: skip
 
 
