@@ -192,32 +192,61 @@ def _exists(path: str) -> bool:
     return _is_url(path) or os.path.exists(path)
 
 
+def spark_url(url: str) -> str:
+    """A URL as Spark's Hadoop filesystems name it: `s3://` is `s3a://` there."""
+    return "s3a://" + url[len("s3://") :] if url.startswith("s3://") else url
+
+
+def _glob_literal(name: str) -> str:
+    """`name` matching only itself in a Hadoop glob (its special characters escaped)."""
+    return "".join("\\" + c if c in "{}[]*?,\\" else c for c in name)
+
+
+def _object_lake(home: Path) -> dict[str, tuple[str, list[str]]] | None:
+    """For a home whose lake is on object storage (docs/object_storage.md): per lake folder,
+    (its URL, the URLs of the parts committed in it now), as Spark names them. A part is in the
+    lake once a commit names it, so Spark is given those files, never a glob. None for a local
+    lake."""
+    from tracegym.store.object_lake import open_lake
+
+    lake = open_lake(home)
+    if lake is None:
+        return None
+    snapshot = lake.snapshot()
+
+    def url(relative: str) -> str:
+        return spark_url(lake.fs.unstrip_protocol(lake.path(relative)))
+
+    return {
+        folder: (url(folder), [url(p.path) for p in snapshot.parts(folder)])
+        for _, folder in BASE_VIEWS
+    }
+
+
 def spark_statements(home: str | os.PathLike, exists: Callable[[str], bool] = _exists) -> list[str]:
     """Spark SQL statements creating every view as a temporary view over the lake of `home`
     (a local path or a URL Spark reads, laid out as `<home>/lake`). A lake folder or gaps.json
     that is not there is an empty view of the same columns, as in DuckDB. A home whose lake is
-    on object storage (`tracegym compact --to`) is refused: its readers must list committed
-    parts, not glob (docs/object_storage.md)."""
+    on object storage (`tracegym compact --to`) is read through the parts committed when the
+    statements are made (file lists, not globs: an uncommitted part is never read)."""
     home = str(home)
-    if not _is_url(home):
-        from tracegym.store.object_lake import configured
-
-        if configured(Path(home)) is not None:  # its parts count once committed: not a glob
-            raise ValueError(
-                f"{home}'s lake is on object storage (lake.json): Spark reads local lakes "
-                "only so far (docs/lake_engines.md)"
-            )
-    lake = _join(home, LAKE_DIR)
     columns = lake_columns()
     schema = ", ".join(f"`{name}` {kind}" for name, kind in columns)
     empty = ", ".join(f"CAST(NULL AS {kind}) AS `{name}`" for name, kind in columns)
+    object_lake = None if _is_url(home) else _object_lake(Path(home))
     statements = []
     for view, folder in BASE_VIEWS:
-        path = _join(lake, folder)
-        if exists(path):
+        if object_lake is not None:
+            base, files = object_lake[folder]
+            listed = base + "/{" + ",".join(_glob_literal(f[len(base) + 1 :]) for f in files) + "}"
+            source = f"path {_quote(listed)}, basePath {_quote(base)}" if files else ""
+        else:
+            path = _join(_join(home, LAKE_DIR), folder)
+            source = f"path {_quote(path)}" if exists(path) else ""
+        if source:
             statements.append(
                 f"CREATE OR REPLACE TEMPORARY VIEW {view} ({schema}) USING parquet "
-                f"OPTIONS (path {_quote(path)}, pathGlobFilter '*.parquet')"
+                f"OPTIONS ({source}, pathGlobFilter '*.parquet')"
             )
         else:
             statements.append(f"CREATE OR REPLACE TEMPORARY VIEW {view} AS SELECT {empty} LIMIT 0")
