@@ -501,7 +501,9 @@ def render_story(story: Story, *, full: bool = False) -> Tree:
     """The story as a tree: the run, its request and findings, then its spans in order."""
     head = Text()
     head.append(f"run {clean(story.run_id or story.trace_id)}", style="bold")
-    head.append(f" (trace {story.trace_id}): ")
+    # the trace id only where it is not the run's name already (as `traces` lists it)
+    own = story.run_id and story.run_id != story.trace_id
+    head.append(f" (trace {story.trace_id}): " if own else ": ")
     head.append_text(_verdict(story.outcome))
     facts = [clean(x) for x in (story.agent and f"agent {story.agent}",
                                  story.service and f"service {story.service}") if x]  # fmt: skip
