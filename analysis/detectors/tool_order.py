@@ -350,8 +350,9 @@ class WrongToolOrder(Detector):
 
     name = WRONG_TOOL_ORDER
     description = (
-        "Calls tools in an order successful runs never use: an action before the lookup or "
-        "check that successful runs always make first"
+        "Calls tools in an order successful runs never use, or use far more rarely than failed "
+        "runs do (lucky successes use it too): an action before the lookup or check that "
+        "successful runs make first"
     )
 
     def __init__(
