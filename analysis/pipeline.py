@@ -28,7 +28,7 @@ from tracegym.analysis.gap_selection import (
     score,
     select,
 )
-from tracegym.analysis.runs import Run, load_runs
+from tracegym.analysis.runs import BATCH_ROWS, Run, load_runs
 from tracegym.analysis.signatures import failure_signature
 from tracegym.store.home import Home
 from tracegym.tracer import internal
@@ -157,12 +157,15 @@ def analyze(
     write: bool = True,
     extra_candidates: Callable[[Sequence[Run]], Sequence[Candidate]] | None = None,
     progress: Callable[[str], None] | None = None,
+    batch_rows: int = BATCH_ROWS,
 ) -> Analysis:
     """Analyse the runs under `home` (or an open `store`) and write `<home>/gaps.json`.
     `extra_candidates`, given the loaded runs, adds candidates (an optional LLM judge's:
     `analysis.judge.judge_hook`) scored and selected like the detectors' and clusters'.
     `progress`, if given, is told each stage as it starts (the CLI shows it: a cold analysis
-    spends most of its time loading and running the embedding model)."""
+    spends most of its time loading and running the embedding model). `batch_rows`: span rows
+    fetched from the store at a time while loading (`runs.iter_runs`); results do not depend
+    on it."""
     from tracegym.store.store import Store  # duckdb: only when analysing a home
 
     say = progress or (lambda _stage: None)
@@ -173,7 +176,7 @@ def analyze(
     own = store is None
     store = store or Store(home)
     try:
-        runs = load_runs(store, where)
+        runs = load_runs(store, where, batch_rows)
     finally:
         if own:
             store.close()

@@ -1,8 +1,9 @@
 """Runs as analysis sees them: one `Run` per trace, its spans as ordered `Step`s.
 
-Loaded from the store's `spans`/`traces` views in one query and grouped in Python: analysis
-works on a few thousand runs of a few dozen steps, where plain objects are simpler than frames
-and fast enough. `runs_frame` gives the same data as a Polars DataFrame for feature work.
+Loaded from the store's `spans`/`traces` views in one query whose rows arrive ordered by run
+and are fetched in batches (`iter_runs`), so loading holds one batch of rows at a time, not the
+lake as Python rows. Runs are plain objects: detectors walk them step by step, which frames do
+not make simpler. `runs_frame` gives the same data as a Polars DataFrame for feature work.
 """
 
 from __future__ import annotations
@@ -186,6 +187,42 @@ def _subtasks(steps: Sequence[Step]) -> None:
             step.subtask = parent.attributes.get(sc.SUBTASK_NAME, parent.name) if parent else None
 
 
+def _build_run(trace: Mapping[str, Any], rows: list[dict[str, Any]]) -> Run:
+    """One run from its `traces` row and its span rows (any order: sorted here)."""
+    rows.sort(key=lambda r: (r["start_ns"], r["step_index"] if r["step_index"] is not None
+                             else -1, r["span_id"]))  # fmt: skip
+    steps = []
+    for position, row in enumerate(rows):
+        attributes = row["attributes"]
+        steps.append(Step(
+            position=position,
+            trace_id=row["trace_id"], span_id=row["span_id"],
+            parent_span_id=row["parent_span_id"], name=row["name"],
+            operation=row["operation"], agent=row["agent"], step_index=row["step_index"],
+            tool=row["tool"], call_id=row["call_id"], input=row["input"],
+            output=row["output"], status=row["status"] or "UNSET",
+            error_type=row["error_type"], start_ns=row["start_ns"] or 0,
+            end_ns=row["end_ns"] or 0, duration_ms=row["duration_ms"] or 0.0,
+            input_tokens=row["input_tokens"], output_tokens=row["output_tokens"],
+            memory_store=row["memory_store"], memory_record=row["memory_record"],
+            memory_content_hash=row["memory_content_hash"],
+            memory_result_hashes=list(row["memory_result_hashes"] or []),
+            subtask=None,
+            attributes=json.loads(attributes) if isinstance(attributes, str)
+            else dict(attributes or {}),
+            source_write_span_ids=list(row.get("source_write_span_ids") or []),
+            status_message=row.get("status_message"),
+        ))  # fmt: skip
+    _subtasks(steps)
+    labels = parse_json(trace.get("outcome_labels"))
+    return Run(
+        trace_id=trace["trace_id"], run_id=trace.get("run_id"), agent=trace.get("agent"),
+        success=trace.get("success"), reward=trace.get("reward"),
+        labels=labels if isinstance(labels, dict) else ({"labels": labels} if labels else {}),
+        source=trace.get("outcome_source"), steps=steps,
+    )  # fmt: skip
+
+
 def build_runs(
     step_rows: Iterable[dict[str, Any]], trace_rows: Iterable[dict[str, Any]]
 ) -> list[Run]:
@@ -193,58 +230,49 @@ def build_runs(
     grouped: dict[str, list[dict[str, Any]]] = {}
     for row in step_rows:
         grouped.setdefault(row["trace_id"], []).append(row)
-    runs = []
-    for trace in trace_rows:
-        rows = grouped.get(trace["trace_id"], [])
-        rows.sort(key=lambda r: (r["start_ns"], r["step_index"] if r["step_index"] is not None
-                                 else -1, r["span_id"]))  # fmt: skip
-        steps = []
-        for position, row in enumerate(rows):
-            attributes = row["attributes"]
-            steps.append(Step(
-                position=position,
-                trace_id=row["trace_id"], span_id=row["span_id"],
-                parent_span_id=row["parent_span_id"], name=row["name"],
-                operation=row["operation"], agent=row["agent"], step_index=row["step_index"],
-                tool=row["tool"], call_id=row["call_id"], input=row["input"],
-                output=row["output"], status=row["status"] or "UNSET",
-                error_type=row["error_type"], start_ns=row["start_ns"] or 0,
-                end_ns=row["end_ns"] or 0, duration_ms=row["duration_ms"] or 0.0,
-                input_tokens=row["input_tokens"], output_tokens=row["output_tokens"],
-                memory_store=row["memory_store"], memory_record=row["memory_record"],
-                memory_content_hash=row["memory_content_hash"],
-                memory_result_hashes=list(row["memory_result_hashes"] or []),
-                subtask=None,
-                attributes=json.loads(attributes) if isinstance(attributes, str)
-                else dict(attributes or {}),
-                source_write_span_ids=list(row.get("source_write_span_ids") or []),
-                status_message=row.get("status_message"),
-            ))  # fmt: skip
-        _subtasks(steps)
-        labels = parse_json(trace.get("outcome_labels"))
-        runs.append(Run(
-            trace_id=trace["trace_id"], run_id=trace.get("run_id"), agent=trace.get("agent"),
-            success=trace.get("success"), reward=trace.get("reward"),
-            labels=labels if isinstance(labels, dict) else ({"labels": labels} if labels else {}),
-            source=trace.get("outcome_source"), steps=steps,
-        ))  # fmt: skip
-    return runs
+    return [_build_run(trace, grouped.get(trace["trace_id"], [])) for trace in trace_rows]
 
 
-def load_runs(store: Any, where: str = "") -> list[Run]:
-    """Every run in `store` (a `tracegym.store.store.Store`), optionally filtered by a SQL
-    condition over the `traces` view (e.g. "agent = 'support'")."""
+BATCH_ROWS = 20_000  # span rows fetched from the store at a time by `iter_runs`
+
+
+def iter_runs(store: Any, where: str = "", batch_rows: int = BATCH_ROWS) -> Iterator[Run]:
+    """Every run in `store` (a `tracegym.store.store.Store`), one at a time, in the order of
+    `load_runs`; optionally filtered by a SQL condition over the `traces` view (e.g.
+    "agent = 'support'"). One query whose rows arrive ordered by run, `batch_rows` at a time:
+    the process holds a batch of rows and the run being built, never every span as rows (the
+    lake's size in Python tuples and dicts, what loading with one `fetchall` costs at 10k+
+    runs)."""
     trace_filter = f"WHERE {where}" if where else ""
     traces = store.sql(
         "SELECT trace_id, run_id, agent, success, reward, outcome_source, outcome_labels "
         f"FROM traces {trace_filter} ORDER BY start_time, trace_id"
     )
-    trace_rows = [dict(zip(traces.columns, row, strict=True)) for row in traces.fetchall()]
+    trace_columns = traces.columns
+    trace_rows = [dict(zip(trace_columns, row, strict=True)) for row in traces.fetchall()]
     columns = ", ".join(f"s.{c}" for c in _STEP_COLUMNS)
     steps = store.sql(
-        f"SELECT {columns}, m.source_write_span_ids FROM spans s "
+        f"SELECT {columns}, m.source_write_span_ids, t.n AS run_order FROM spans s "
+        "JOIN (SELECT trace_id, row_number() OVER (ORDER BY start_time, trace_id) AS n "
+        f"      FROM traces {trace_filter}) t ON t.trace_id = s.trace_id "
         "LEFT JOIN memory_ops m ON m.span_id = s.span_id AND m.trace_id = s.trace_id "
-        f"WHERE s.trace_id IN (SELECT trace_id FROM traces {trace_filter})"
+        "ORDER BY t.n"
     )
-    step_rows = (dict(zip(steps.columns, row, strict=True)) for row in steps.fetchall())
-    return build_runs(step_rows, trace_rows)
+    at = 0  # trace_rows[at] is the next run to build (row_number is 1-based: run_order - 1)
+    pending: list[dict[str, Any]] = []
+    for batch in steps.to_arrow_reader(max(1, batch_rows)):
+        for row in batch.to_pylist():
+            order = row.pop("run_order") - 1
+            while at < order:  # the run in hand is complete; runs without spans are empty
+                yield _build_run(trace_rows[at], pending)
+                pending, at = [], at + 1
+            pending.append(row)
+    while at < len(trace_rows):
+        yield _build_run(trace_rows[at], pending)
+        pending, at = [], at + 1
+
+
+def load_runs(store: Any, where: str = "", batch_rows: int = BATCH_ROWS) -> list[Run]:
+    """Every run in `store` (a `tracegym.store.store.Store`), optionally filtered by a SQL
+    condition over the `traces` view (e.g. "agent = 'support'"); `iter_runs` one at a time."""
+    return list(iter_runs(store, where, batch_rows))

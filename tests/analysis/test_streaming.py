@@ -1,0 +1,106 @@
+"""Loading runs in batches (`runs.iter_runs`): the same runs, steps and gaps whatever the batch
+size, with batches small enough that runs straddle them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from tracegym.analysis.pipeline import analyze
+from tracegym.analysis.runs import _STEP_COLUMNS, build_runs, iter_runs, load_runs
+from tracegym.store.records import outcome_record, span_record, stable_id, write_spool_file
+from tracegym.store.store import Store
+from tracegym.tests.fixtures import planted as pl
+from tracegym.tests.fixtures.hash_embedder import HashEmbedder
+
+ONE_BATCH = 10**9
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("planted")
+    pl.generate(home, 0)
+    return home
+
+
+def _runs(home: Path, batch_rows: int, where: str = "") -> list[dict]:
+    with Store(home) as store:
+        return [dataclasses.asdict(r) for r in load_runs(store, where, batch_rows)]
+
+
+def _document(result) -> dict:
+    doc = json.loads(json.dumps(result.gaps_document().to_dict(), default=str))
+    doc.pop("generated_at")
+    return doc
+
+
+def _fetched_at_once(home: Path) -> list[dict]:
+    """Runs the way loading worked before batches: every row in one `fetchall`, then grouped."""
+    with Store(home) as store:
+        traces = store.sql("SELECT trace_id, run_id, agent, success, reward, outcome_source, "
+                           "outcome_labels FROM traces ORDER BY start_time, trace_id")  # fmt: skip
+        trace_rows = [dict(zip(traces.columns, r, strict=True)) for r in traces.fetchall()]
+        steps = store.sql(f"SELECT {', '.join('s.' + c for c in _STEP_COLUMNS)}, "
+                          "m.source_write_span_ids FROM spans s LEFT JOIN memory_ops m "
+                          "ON m.span_id = s.span_id AND m.trace_id = s.trace_id")  # fmt: skip
+        rows = [dict(zip(steps.columns, r, strict=True)) for r in steps.fetchall()]
+        return [dataclasses.asdict(r) for r in build_runs(rows, trace_rows)]
+
+
+def test_runs_are_the_same_in_any_batch_size(planted: Path):
+    whole = _runs(planted, ONE_BATCH)
+    assert whole == _fetched_at_once(planted)
+    assert len(whole) > 60 and sum(len(r["steps"]) for r in whole) > 7 * len(whole)
+    for batch_rows in (1, 7, 50):  # a row a batch; runs straddling batches; a few runs a batch
+        assert _runs(planted, batch_rows) == whole
+    filtered = _runs(planted, 5, where="success = false")
+    assert filtered == [r for r in whole if r["success"] is False] and filtered
+
+
+def test_runs_without_spans_and_order_kept(tmp_path: Path):
+    """A run whose outcome arrived but none of its spans is an empty run in its place."""
+    records = []
+    for i in range(5):
+        trace = stable_id("t", i)
+        start = 1_764_460_800_000_000_000 + i * 10**9
+        if i != 2:
+            root = stable_id("t", i, "root", width=16)
+            records.append(
+                span_record(
+                    trace_id=trace,
+                    span_id=root,
+                    name="invoke_agent a",
+                    start_ns=start,
+                    end_ns=start + 10,
+                    attributes={"gen_ai.operation.name": "invoke_agent"},
+                )
+            )
+            for j in range(3):
+                records.append(span_record(
+                    trace_id=trace, span_id=stable_id("t", i, j, width=16), parent_span_id=root,
+                    name="execute_tool x", start_ns=start + 3 - j, end_ns=start + 5,
+                    attributes={"gen_ai.operation.name": "execute_tool",
+                                "gen_ai.tool.name": f"x{j}"}))  # fmt: skip
+        records.append(outcome_record(trace, time_ns=start + 20, success=i % 2 == 0))
+    write_spool_file(tmp_path, records, "t")
+    with Store(tmp_path) as store:
+        whole = [dataclasses.asdict(r) for r in load_runs(store, batch_rows=ONE_BATCH)]
+        streamed = [dataclasses.asdict(r) for r in iter_runs(store, batch_rows=2)]
+    assert streamed == whole
+    assert [len(r["steps"]) for r in whole].count(0) == (len(whole) - 4)
+    ordered = next(r for r in whole if r["steps"])
+    assert [s["tool"] for s in ordered["steps"][1:]] == ["x2", "x1", "x0"]  # by start time
+
+
+def test_analysis_gaps_are_the_same_streamed_and_not(planted: Path):
+    whole = analyze(planted, embedder=HashEmbedder(planted / "cache"), write=False,
+                    batch_rows=ONE_BATCH)  # fmt: skip
+    streamed = analyze(planted, embedder=HashEmbedder(planted / "cache"), write=False,
+                       batch_rows=7)  # fmt: skip
+    assert whole.gaps, "the planted set has gaps to compare"
+    assert _document(streamed) == _document(whole)
+    assert {k: [f.to_dict() for f in v] for k, v in streamed.findings.items()} == {
+        k: [f.to_dict() for f in v] for k, v in whole.findings.items()
+    }
