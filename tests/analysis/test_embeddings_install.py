@@ -98,15 +98,19 @@ def test_the_installed_requirement_tree_has_no_cuda_stack():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_pip_resolves_no_cuda_stack(tmp_path: Path):
     """pip's resolution from the index as a new user's `pip install -e '.[analysis,dashboard]'`
-    would see it (--ignore-installed: nothing this venv holds counts)."""
+    would see it (--ignore-installed: nothing this venv holds counts). About 75 s on 2 cores."""
     report = tmp_path / "report.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-         "--report", str(report), f".[{','.join(LIGHT_EXTRAS)}]"],
-        cwd=ROOT, capture_output=True, text=True, timeout=280,
-    )  # fmt: skip
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+             "--report", str(report), f".[{','.join(LIGHT_EXTRAS)}]"],
+            cwd=ROOT, capture_output=True, text=True, timeout=840,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.skip("the package index did not answer within 14 minutes")
     if done.returncode != 0 and OFFLINE.search(done.stderr):
         pytest.skip(f"no package index reachable: {done.stderr.strip().splitlines()[-1]}")
     assert done.returncode == 0, done.stderr
