@@ -1,0 +1,247 @@
+"""Analysis and the store at scale: 1k, 10k (and 100k) runs of real tau2 traces.
+
+The runs are the tau2-bench runs of `../shared/data/tau2-retail-telecom` (all files, about
+800 runs), imported once into a seed home and replicated with fresh trace and run ids until
+each size is reached (the planted synthetic generator of `analysis_speed.py` when the data is
+absent). Per size this prints:
+
+- compaction: spool JSON lines -> Parquet lake, spans/s;
+- analyze cold (no embedding cache) and warm, each in a fresh process: seconds, the pipeline's
+  own stage timings, and the process's peak RSS (getrusage of the child, so the figure is the
+  whole process, model and interpreter included);
+- a typical query (failed runs per agent and tool, through the `tool_calls` and `traces`
+  views) against raw DuckDB over the same Parquet files, best of 5.
+
+    nice -n 15 .venv/bin/python benchmarks/scale.py [--sizes 1000,10000] [--batch-rows 2000]
+
+Goal on a 2-core machine: 100k runs analysed within 10 minutes under 4 GB peak, memory flat in
+the number of runs. Homes are kept under `--work` (default /tmp/tracegym-scale) so a second
+invocation does not regenerate them; delete the folder to start over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TAU2 = ROOT / ".." / "shared" / "data" / "tau2-retail-telecom"
+LINES_PER_FILE = 200_000  # spool lines per generated file
+
+
+def seed_lines(work: Path) -> list[dict]:
+    """The spool records of every tau2 file, imported once into `<work>/seed`."""
+    seed = work / "seed"
+    marker = seed / ".imported"
+    if not marker.exists():
+        from tracegym.store.importers import import_path
+
+        seed.mkdir(parents=True, exist_ok=True)
+        files = sorted(TAU2.glob("*.json"))
+        if files:
+            for path in files:
+                import_path("tau2-bench", path, seed)
+        else:  # no shared data: the synthetic generator of analysis_speed.py
+            sys.path.insert(0, str(ROOT.parent))
+            from tracegym.benchmarks.analysis_speed import synthetic_runs
+
+            synthetic_runs(seed, 1000)
+        marker.write_text("")
+    records = []
+    for path in sorted((seed / "spool").glob("*.jsonl")):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line]
+    return records
+
+
+def _runs_of(records: list[dict]) -> list[list[dict]]:
+    """Records grouped by run: a trace's spans, then the outcome records that target its run id
+    (an outcome is a trace of its own, naming the run by `tracegym.outcome.target`)."""
+    by_trace: dict[str, list[dict]] = {}
+    outcomes: dict[str, list[dict]] = {}
+    for r in records:
+        target = (r.get("attributes") or {}).get("tracegym.outcome.target")
+        if r["name"] == "tracegym.outcome" and isinstance(target, str):
+            outcomes.setdefault(target, []).append(r)
+        else:
+            by_trace.setdefault(r["trace_id"], []).append(r)
+    runs = []
+    for spans in by_trace.values():
+        run_ids = {(s.get("attributes") or {}).get("tracegym.run.id") for s in spans}
+        runs.append(spans + [o for rid in sorted(run_ids - {None}) for o in outcomes.get(rid, [])])
+    return runs
+
+
+def replicate(runs: list[list[dict]], total: int) -> Iterator[str]:
+    """Spool lines for `total` runs: copy k of run i gets fresh trace and span ids (hashes of k
+    and the originals) and run id (`<id>/x<k>`), everything else as recorded."""
+    from tracegym.store.records import stable_id
+
+    dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+    for n in range(total):
+        k, i = divmod(n, len(runs))
+        for record in runs[i]:
+            out = dict(record)
+            if k:  # span ids are unique in the lake too: the spans view keeps one of each
+                out["trace_id"] = stable_id("scale", k, record["trace_id"])
+                out["span_id"] = stable_id("scale", k, record["span_id"], width=16)
+                if record.get("parent_span_id"):
+                    out["parent_span_id"] = stable_id("scale", k, record["parent_span_id"],
+                                                      width=16)  # fmt: skip
+            attrs = dict(record.get("attributes") or {})
+            for key in ("tracegym.run.id", "tracegym.outcome.target"):
+                if k and isinstance(attrs.get(key), str):
+                    attrs[key] = f"{attrs[key]}/x{k}"
+            out["attributes"] = attrs
+            yield dumps(out)
+
+
+def generate(work: Path, size: int) -> Path:
+    """`<work>/runs-<size>` with `size` replicated runs, compacted (timed: the marker file keeps
+    the spans and seconds, so a later invocation reports the first compaction)."""
+    home = work / f"runs-{size}"
+    marker = home / ".generated"
+    if marker.exists():
+        return home
+    runs = _runs_of(seed_lines(work))
+    spool = home / "spool"
+    spool.mkdir(parents=True, exist_ok=True)
+    batch: list[str] = []
+    files = 0
+
+    def flush() -> None:
+        nonlocal files, batch
+        (spool / f"scale-{files:04d}.jsonl").write_text("\n".join(batch) + "\n")
+        files, batch = files + 1, []
+
+    for line in replicate(runs, size):
+        batch.append(line)
+        if len(batch) >= LINES_PER_FILE:
+            flush()
+    if batch:
+        flush()
+    from tracegym.store import lake
+
+    start = time.perf_counter()
+    report = lake.compact(home)
+    marker.write_text(json.dumps({"spans": report.spans,
+                                  "seconds": time.perf_counter() - start}))  # fmt: skip
+    return home
+
+
+_CHILD = """
+import json, resource, sys, time
+from tracegym.analysis.pipeline import analyze
+home, batch = sys.argv[1], int(sys.argv[2])
+start = time.perf_counter()
+result = analyze(home, write=False, **({"batch_rows": batch} if batch else {}))
+elapsed = time.perf_counter() - start
+print(json.dumps({"seconds": elapsed, "timings": result.timings, "runs": len(result.runs),
+                  "failed": len(result.failed), "gaps": [g.name for g in result.gaps],
+                  "embedded": result.embedded,
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def analyze_once(home: Path, batch: int) -> dict:
+    """`analyze` in a fresh process: its result summary and peak RSS."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(home), str(batch)],
+        capture_output=True, text=True, env=env, check=True, cwd=ROOT.parent,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+QUERY = """
+SELECT t.agent, c.tool, count(*) AS calls, count(DISTINCT c.trace_id) AS runs
+FROM {tools} c JOIN {traces} t ON t.trace_id = c.trace_id
+WHERE t.success = false GROUP BY ALL ORDER BY calls DESC
+"""
+
+
+def best_of(n: int, fn) -> float:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def query_ratio(home: Path) -> tuple[float, float]:
+    """The typical query through the views, and the same on raw DuckDB over the same lake
+    files: tool calls are spans whose `operation` is execute_tool, a run's outcome the latest
+    outcome record naming its run id (what the views do, less their other columns)."""
+    import duckdb
+    from tracegym.store.store import Store
+
+    with Store(home) as store:
+        ours = best_of(5, lambda: store.sql(QUERY.format(tools="tool_calls",
+                                                         traces="traces")).fetchall())  # fmt: skip
+    lake = home / "lake"
+    raw = duckdb.connect()
+    for name, folder in (("s", "spans"), ("o", "outcomes")):
+        parts = sorted(str(p) for p in (lake / folder).rglob("*.parquet"))
+        raw.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({parts!r}, "
+                    "union_by_name=true)")  # fmt: skip
+    raw.execute("CREATE VIEW rt AS SELECT trace_id, tool FROM s WHERE operation = 'execute_tool'")
+    raw.execute(
+        "CREATE VIEW ro AS SELECT r.trace_id, r.agent, arg_max(json_extract_string(o.attributes, "
+        "'$.\"tracegym.outcome.success\"') = 'true', o.start_ns) AS success FROM s r "
+        "LEFT JOIN o ON json_extract_string(o.attributes, '$.\"tracegym.outcome.target\"') "
+        "= r.run_id WHERE r.parent_span_id IS NULL GROUP BY ALL"
+    )
+    base = best_of(5, lambda: raw.sql(QUERY.format(tools="rt", traces="ro")).fetchall())
+    return ours, base
+
+
+def measure(work: Path, size: int, batch: int) -> None:
+    start = time.perf_counter()
+    home = generate(work, size)
+    made = time.perf_counter() - start
+    compaction = json.loads((home / ".generated").read_text())
+    compaction = (f"{compaction['spans']:,} spans in {compaction['seconds']:.1f} s = "
+                  f"{compaction['spans'] / compaction['seconds']:,.0f}/s")  # fmt: skip
+    print(f"{size:,} runs (generated in {made:.1f} s): compaction {compaction}", flush=True)
+    cache = home / "cache"
+    for phase in ("cold", "warm"):
+        if phase == "cold":
+            for f in cache.glob("embeddings*"):
+                f.unlink()
+        r = analyze_once(home, batch)
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in r["timings"].items())
+        print(
+            f"  analyze {phase}: {r['seconds']:.1f} s ({stages}; {r['embedded']} embedded), "
+            f"peak {r['peak_mb']:,.0f} MB; {r['runs']} runs, {r['failed']} failed, "
+            f"{len(r['gaps'])} gaps",
+            flush=True,
+        )
+    ours, base = query_ratio(home)
+    print(f"  query: views {ours * 1e3:.1f} ms, raw DuckDB {base * 1e3:.1f} ms, "
+          f"ratio {ours / base:.2f}", flush=True)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1000,10000")
+    parser.add_argument(
+        "--batch-rows", type=int, default=20_000, help="span rows fetched at a time (0: default)"
+    )
+    parser.add_argument("--work", type=Path, default=Path("/tmp/tracegym-scale"))
+    args = parser.parse_args()
+    print(f"load averages {os.getloadavg()}, {os.cpu_count()} CPUs", flush=True)
+    for size in (int(s) for s in args.sizes.split(",")):
+        measure(args.work, size, args.batch_rows)
+    print(f"load averages {os.getloadavg()}; this process peak "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
