@@ -300,6 +300,15 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 "into from now on, kept in the home's lake.json (docs/object_storage.md).",
             ),
         ] = None,
+        iceberg: Annotated[
+            Path | None,
+            typer.Option(
+                "--iceberg",
+                help="Then append the lake's new parts to Iceberg tables in a SQL catalog kept "
+                "in this folder (catalog.db and warehouse/; the iceberg extra; "
+                "docs/lake_engines.md). Many homes may publish into one catalog at once.",
+            ),
+        ] = None,
         home: HomeOption = None,
     ) -> None:
         """Move complete spool files into the Parquet lake (queries also do this first)."""
@@ -336,6 +345,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 f"{counted(report.truncated_lines, 'line')} cut short (see docs/spool.md)",
                 err=True,
             )
+        if iceberg is not None:
+            _publish_iceberg(target, iceberg, fail)
 
     @app.command()
     def views(
@@ -540,6 +551,29 @@ class CollectLimits:
     max_body_bytes: int
     max_buffered_bytes: int
     body_deadline_s: float
+
+
+def _publish_iceberg(home: Path, catalog_dir: Path, fail: Any) -> None:
+    """`compact --iceberg DIR`: the home's lake parts no snapshot names yet, appended to the
+    Iceberg tables of the SQL catalog in DIR (store.iceberg: exactly once across writers)."""
+    try:
+        from tracegym.store.iceberg import IcebergTarget, publish
+    except ImportError as exc:
+        fail(f"--iceberg needs the iceberg extra (pip install 'tracegym[iceberg]'): {exc}")
+    try:
+        report = publish(home, IcebergTarget.sqlite(catalog_dir))
+    except ImportError as exc:
+        fail(f"--iceberg needs the iceberg extra (pip install 'tracegym[iceberg]'): {exc}")
+    except (OSError, RuntimeError, ValueError) as exc:
+        fail(f"could not publish {home}'s lake to the Iceberg catalog in {catalog_dir}: {exc}", 1)
+    rows = sum(report.rows.values())
+    parts = sum(report.parts.values())
+    tables = ", ".join(f"{name} {n}" for name, n in sorted(report.rows.items())) or "nothing new"
+    typer.echo(
+        f"published {counted(rows, 'row')} from {counted(parts, 'part')} to the Iceberg catalog "
+        f"in {catalog_dir} ({tables}; {counted(report.conflicts, 'commit')} lost to other "
+        "writers and retried)"
+    )
 
 
 def parse_size(option: str, text: str, fail: Any) -> int:

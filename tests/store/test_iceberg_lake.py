@@ -154,3 +154,20 @@ def test_a_table_made_by_an_older_tracegym_gains_the_new_column(tmp_path: Path):
     assert "tool" in table.schema().column_names
     tools = table.scan(selected_fields=("tool",)).to_arrow()["tool"].to_pylist()
     assert tools == ["lookup"] * 10
+
+
+def test_compact_iceberg_publishes_once_from_the_cli(tmp_path: Path):
+    from tracegym.cli import app
+    from typer.testing import CliRunner
+
+    home, catalog = tmp_path / "home", tmp_path / "catalog"
+    spool(home, "cli", 0, 10)
+    runner = CliRunner()
+    first = runner.invoke(app, ["--home", str(home), "compact", "--iceberg", str(catalog)])
+    assert first.exit_code == 0, first.output
+    assert "published 11 rows from 3 parts" in first.output
+    again = runner.invoke(app, ["--home", str(home), "compact", "--iceberg", str(catalog)])
+    assert again.exit_code == 0, again.output
+    assert "published 0 rows from 0 parts" in again.output
+    spans = IcebergTarget.sqlite(catalog).load().load_table("tracegym.spans").scan().to_arrow()
+    assert spans.num_rows == 10
