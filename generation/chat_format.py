@@ -227,10 +227,21 @@ def _strip(text: str, family: str) -> str:
     return text
 
 
+def _without_cut_close(text: str, close: str = "</tool_call>") -> str:
+    """`text` less a closing tag the token limit cut short at its very end (`</tool_call`):
+    the call before it is whole, and a reply stopped by `max_tokens` keeps it."""
+    for n in range(len(close) - 1, 1, -1):
+        if text.endswith(close[:n]):
+            return text[:-n]
+    return text
+
+
 def parse_hermes(text: str) -> Reply:
-    """Hermes/Qwen: any number of `<tool_call>{json}</tool_call>` blocks, text around them."""
+    """Hermes/Qwen: any number of `<tool_call>{json}</tool_call>` blocks, text around them (the
+    last one's closing tag may be missing or cut short: a reply stopped at its token limit)."""
     if "<tool_call>" not in text:
         return Reply(text or None)
+    text = _without_cut_close(text)
     calls = []
     for block in _TOOL_CALL_RE.findall(text):
         try:

@@ -249,3 +249,18 @@ def test_hermes_schema_and_fallback_agree() -> None:
     fmt = ChatFormat(tiny_family_policy(CHATML).tokenizer)
     for text in [*HERMES.values(), '<tool_call>{"foo": 1}</tool_call>', "a <tool_call>"]:
         assert fmt.parse_reply(text) == parse_hermes(text.removesuffix("<|im_end|>"))
+
+
+def test_a_call_whose_closing_tag_the_token_limit_cut_is_still_a_call() -> None:
+    """`max_tokens` stopped the reply inside `</tool_call>`: the call before it is whole."""
+    fmt = ChatFormat(tiny_family_policy(CHATML).tokenizer)
+    arguments = '{"appointment_id": "A9", "slot_id": "S6"}'
+    call = f'<tool_call>\n{{"name": "reschedule", "arguments": {arguments}}}\n'
+    for cut in ("</tool_call", "</tool_", "</", ""):
+        reply = fmt.parse_reply(call + cut)
+        assert reply.tool_calls == [
+            ToolCall("reschedule", {"appointment_id": "A9", "slot_id": "S6"})
+        ]
+        assert reply.content is None
+    # a call cut inside its JSON stays text: nothing is guessed
+    assert fmt.parse_reply(call[:-12]).tool_calls == []
