@@ -4,7 +4,6 @@ asks to run `tracegym analyze` again; before any analysis it still does."""
 
 from __future__ import annotations
 
-import asyncio
 import html
 import json
 import re
@@ -13,30 +12,16 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.asgi import asgi_get
+
 pytest.importorskip("starlette")
 pytest.importorskip("duckdb")
 
 
 def _get(asgi: Any, path: str) -> tuple[int, str]:
-    """One GET through the dashboard's ASGI app (no server: the page reads files)."""
-    sent: list[dict[str, Any]] = []
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
-        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-        "root_path": "", "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }  # fmt: skip
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    asyncio.run(asgi(scope, receive, send))
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    body = b"".join(m.get("body", b"") for m in sent if m.get("body")).decode()
-    text = re.sub(r"<[^>]+>", "", body)  # the words a reader sees, <code> and all
+    """One GET, its body as the words a reader sees (tags dropped, <code> and all)."""
+    status, body = asgi_get(asgi, path)
+    text = re.sub(r"<[^>]+>", "", body)
     return status, html.unescape(re.sub(r"\s+", " ", text))
 
 

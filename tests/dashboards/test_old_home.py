@@ -6,7 +6,6 @@ shows a note rather than taking its page down.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -14,32 +13,12 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.asgi import asgi_get
+
 pytest.importorskip("starlette")
 pytest.importorskip("duckdb")
 
 OLD_HOME = Path(__file__).resolve().parents[1] / "fixtures" / "home_before_typed_documents"
-
-
-def _get(app: Any, path: str) -> tuple[int, str]:
-    """One GET through the dashboard's ASGI app (no server: these pages read files)."""
-    sent: list[dict[str, Any]] = []
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
-        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-        "root_path": "", "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }  # fmt: skip
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    asyncio.run(app(scope, receive, send))
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return status, body.decode()
 
 
 def _raw(path: Path) -> Any:
@@ -65,7 +44,7 @@ def test_old_home_pages_show_its_gaps_environments_adapters_and_nights(old_home:
     pages: dict[str, str] = {}
     paths = ["/", "/gaps", "/environments", "/adapters", "/runs", "/sessions"]
     for path in paths + [f"/environments/{e['env_id']}" for e in envs]:
-        status, body = _get(app, path)
+        status, body = asgi_get(app, path)
         assert status == 200, (path, body[:500])
         assert 'class="error"' not in body, (path, body)
         pages[path] = body
@@ -115,7 +94,7 @@ def test_a_damaged_gaps_file_is_a_note_not_a_crash(old_home: Path, damage: str):
     (old_home / "gaps.json").write_bytes(damage.encode("latin-1"))
     document, note = artifacts.gaps_document(old_home)
     assert not document.gaps and note and "gaps.json" in note
-    status, body = _get(create_app(old_home), "/gaps")
+    status, body = asgi_get(create_app(old_home), "/gaps")
     assert status == 200 and 'class="note"' in body and "no gaps" in body
 
 
@@ -136,7 +115,7 @@ def test_an_adapter_whose_metadata_is_damaged_is_left_out(old_home: Path):
 
     damaged, kept = sorted((old_home / "adapters").glob("*/meta.json"))
     damaged.write_text('{"adapter_id": "x"')
-    status, body = _get(create_app(old_home), "/adapters")
+    status, body = asgi_get(create_app(old_home), "/adapters")
     assert status == 200
     assert _raw(kept)["adapter_id"] in body and damaged.parent.name not in body
 
@@ -171,7 +150,7 @@ def test_a_damaged_evaluation_row_leaves_the_rest_of_the_night(old_home: Path):
     assert kept
     report["evaluation"][0] = {**damaged, "base": "not a rate"}
     write_json(path, report)
-    status, body = _get(create_app(old_home), "/")
+    status, body = asgi_get(create_app(old_home), "/")
     assert status == 200
     assert f"{damaged['adapter_id']}: " not in body
     assert all(f"{row['adapter_id']}: " in body for row in kept)

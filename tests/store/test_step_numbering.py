@@ -4,7 +4,6 @@ whose gap evidence is a tool call and whose attribution is the model call that a
 
 from __future__ import annotations
 
-import asyncio
 import html
 import json
 import re
@@ -19,6 +18,8 @@ from tracegym.cli import app
 from tracegym.store.records import outcome_record, span_record, write_spool_file
 from tracegym.store.steps import decisions, describe, step_numbers
 from typer.testing import CliRunner
+
+from tests.fixtures.asgi import asgi_get
 
 runner = CliRunner()
 BASE = 1_764_460_800_000_000_000
@@ -93,27 +94,6 @@ def _line(text: str, needle: str) -> str:
     return next(line for line in text.splitlines() if needle in line)
 
 
-def _get(asgi: Any, path: str) -> tuple[int, str]:
-    """One GET through the dashboard's ASGI app (no server)."""
-    sent: list[dict[str, Any]] = []
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
-        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-        "root_path": "", "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }  # fmt: skip
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    asyncio.run(asgi(scope, receive, send))
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    return status, b"".join(m.get("body", b"") for m in sent if m.get("body")).decode()
-
-
 def test_show_attribute_and_the_run_page_name_the_same_step(home: Path):
     pytest.importorskip("sklearn")
     pytest.importorskip("starlette")
@@ -140,7 +120,7 @@ def test_show_attribute_and_the_run_page_name_the_same_step(home: Path):
     asgi = create_app(home)
     assert asgi.app.state.ctx.findings.wait(120)  # the detectors fitted: a settled page
     for path in (f"/run/{TRACE}", f"/runs/{TRACE}"):  # the page answers under both
-        status, body = _get(asgi, path)
+        status, body = asgi_get(asgi, path)
         assert status == 200, body[:300]
         text = html.unescape(re.sub(r"\s+", " ", body))
         assert f"Decisive step {DECISIVE}" in text

@@ -11,7 +11,6 @@ a detector no family serves (its name an HTML payload), and a record naming no d
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,8 @@ from tracegym.synthesis.fixtures import gap, shop_traces
 from tracegym.synthesis.pipeline import StopStage, last_synthesis, synthesize
 from tracegym.synthesis.spec import infer_catalog
 from tracegym.synthesis.validity import Check, ValidityReport
+
+from tests.fixtures.asgi import asgi_get
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -217,25 +218,7 @@ def _get(home: Path, path: str) -> tuple[int, str]:
     pytest.importorskip("duckdb")
     from tracegym.dashboards.app import create_app
 
-    app = create_app(home)
-    sent: list[dict[str, Any]] = []
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
-        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-        "root_path": "", "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }  # fmt: skip
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    asyncio.run(app(scope, receive, send))
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return status, body.decode()
+    return asgi_get(create_app(home), path)
 
 
 def test_the_environments_page_lists_them_escaped(synthesized):
