@@ -19,45 +19,18 @@ pytest.importorskip("starlette")
 pytest.importorskip("duckdb")
 
 import tracegym as tg
-from opentelemetry.sdk.trace import TracerProvider
 from tracegym.store.store import Store
-from tracegym.tracer.operations import state
+
+from tests.fixtures.priced_home import priced_home
 
 LOCAL = ("127.0.0.1", 50000)
 # genai-prices' gpt-4o: $2.50 / $10 per million tokens; two calls of 1000 in, 100 out.
 RUN_COST = 2 * (1000 * 2.5 + 100 * 10.0) / 1e6
 
 
-def _home(home: Path) -> Path:
-    saved = state.tracer, state.settings
-    tg.init(home=home, provider=TracerProvider(), flush_interval_s=0.05)
-
-    @tg.llm(model="gpt-4o", usage=lambda _r: (1000, 100))
-    def think() -> str:
-        return "ok"
-
-    @tg.llm(model="in-house-model", usage=lambda _r: (1000, 100))
-    def think_locally() -> str:
-        return "ok"
-
-    @tg.agent(name="support", run_id=lambda task: task)
-    def run(task: str) -> None:
-        if task == "priced":
-            think()
-            think()
-        else:
-            think_locally()
-
-    run("priced")
-    run("unpriced")
-    tg.shutdown()
-    state.tracer, state.settings = saved
-    return home
-
-
 @pytest.fixture
 def home(tmp_path: Path) -> Iterator[Path]:
-    yield _home(tmp_path)
+    yield priced_home(tmp_path, calls=2)
     tg.shutdown()  # the pipeline the form's recording started
 
 

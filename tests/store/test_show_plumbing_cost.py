@@ -14,11 +14,11 @@ import pytest
 pytest.importorskip("duckdb")
 
 import tracegym as tg
-from opentelemetry.sdk.trace import TracerProvider
 from tracegym.cli import app
 from tracegym.tracer import integrations
-from tracegym.tracer.operations import state
 from typer.testing import CliRunner
+
+from tests.fixtures.priced_home import priced_home
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "250"}
@@ -121,31 +121,8 @@ def test_show_keeps_a_failing_framework_span(tmp_path: Path):
     assert "ok-node" not in shown and "broken-node" in shown and "step mine" in shown
 
 
-def _priced_home(home: Path) -> Path:
-    saved = state.tracer, state.settings
-    tg.init(home=home, provider=TracerProvider(), flush_interval_s=0.05)
-
-    @tg.llm(model="gpt-4o", usage=lambda _r: (1000, 100))
-    def think() -> str:
-        return "ok"
-
-    @tg.llm(model="in-house-model", usage=lambda _r: (1000, 100))
-    def think_locally() -> str:
-        return "ok"
-
-    @tg.agent(name="support", run_id=lambda task: task)
-    def run(task: str) -> None:
-        think() if task == "priced" else think_locally()
-
-    run("priced")
-    run("unpriced")
-    tg.shutdown()
-    state.tracer, state.settings = saved
-    return home
-
-
 def test_traces_and_show_print_the_cost(tmp_path: Path):
-    home = _priced_home(tmp_path)
+    home = priced_home(tmp_path)
     listed = _cli(home, "traces")
     assert "cost" in listed.splitlines()[1]  # the header row, under the table's top border
     assert "$0.0035" in listed  # gpt-4o: 1000 in at $2.50/M, 100 out at $10/M
@@ -157,7 +134,7 @@ def test_the_prices_option_overrides_the_table(tmp_path: Path, monkeypatch: pyte
     from tracegym.store.pricing import PRICES_ENV
 
     monkeypatch.setenv(PRICES_ENV, "")  # the option sets it in this process: undone after
-    home = _priced_home(tmp_path)
+    home = priced_home(tmp_path)
     prices = tmp_path / "my-prices.json"
     prices.write_text(json.dumps({"models": {"in-house-*": {"input": 1000, "output": 0}}}))
     assert "cost $1.00" in _cli(home, "--prices", str(prices), "show", "unpriced")
