@@ -20,32 +20,22 @@ from tracegym.analysis.gap_selection import (
     score,
     select,
 )
-from tracegym.analysis.runs import ROLE, Run, Step
+from tracegym.analysis.runs import ROLE, Run
 from tracegym.cli import app
 from typer.testing import CliRunner
 
-
-def _step(trace: str, i: int, **fields) -> Step:
-    base = dict(position=i, trace_id=trace, span_id=f"{trace}-{i}", parent_span_id=None,
-                name=fields.get("tool") or "message", operation="execute_tool", agent="a",
-                step_index=i, tool=None, call_id=None, input="{}", output="{}", status="OK",
-                error_type=None, start_ns=i, end_ns=i, duration_ms=0.0, input_tokens=None,
-                output_tokens=None, memory_store=None, memory_record=None,
-                memory_content_hash=None, memory_result_hashes=[], subtask=None,
-                attributes={})  # fmt: skip
-    base.update(fields)
-    return Step(**base)
+from tests.fixtures.analysis_steps import make_step
 
 
 def _run(trace: str, success: bool, request: str, tools: list[str], *, reply: str = "",
          args: dict | None = None) -> Run:  # fmt: skip
     """A run: the user's request, the tool calls (each with `args`), then the agent's reply."""
-    steps = [_step(trace, 0, operation="chat", input=request, output=None,
+    steps = [make_step(trace, 0, operation="chat", input=request, output=None,
                    attributes={ROLE: "user"})]  # fmt: skip
     given = json.dumps(args or {})
-    steps += [_step(trace, i, tool=tool, input=given) for i, tool in enumerate(tools, 1)]
+    steps += [make_step(trace, i, tool=tool, input=given) for i, tool in enumerate(tools, 1)]
     if reply:
-        steps.append(_step(trace, len(steps), operation="chat", input=None, output=reply,
+        steps.append(make_step(trace, len(steps), operation="chat", input=None, output=reply,
                            attributes={ROLE: "assistant"}))  # fmt: skip
     return Run(trace, trace, "a", success, None, {}, None, steps)
 
@@ -111,7 +101,7 @@ def test_what_the_successful_runs_breaking_a_rule_do_instead_is_no_break():
     runs = _cancel_runs()
     for r in runs:  # the lucky successes and most failures search their notes instead
         if r.trace_id in {"s10", "s11", "s12", "s13", "s14", "f01", "f02", "f03"}:
-            r.steps.insert(1, _step(r.trace_id, 1, operation="search_memory",
+            r.steps.insert(1, make_step(r.trace_id, 1, operation="search_memory",
                                     name="search_memory notes"))  # fmt: skip
             for i, step in enumerate(r.steps):
                 step.position = i
@@ -127,7 +117,7 @@ def test_a_rule_both_sides_break_as_often_is_no_rule():
     runs = _cancel_runs()
     for r in runs:  # failed runs look up as often as successful ones
         if not r.success and r.trace_id in {"f01", "f02", "f03", "f04", "f05"}:
-            r.steps.insert(1, _step(r.trace_id, 1, tool="get_order"))
+            r.steps.insert(1, make_step(r.trace_id, 1, tool="get_order"))
             for i, step in enumerate(r.steps):
                 step.position = i
     successes = [r for r in runs if r.success]
@@ -139,9 +129,9 @@ def _cancel_with_lookup(trace: str, success: bool, order: str, status: str) -> R
     run = _run(trace, success, CANCEL.format(n=int(order[1:])), [])
     args = json.dumps({"order_id": order})
     run.steps += [
-        _step(trace, 1, tool="get_order", input=args,
+        make_step(trace, 1, tool="get_order", input=args,
               output=json.dumps({"order_id": order, "status": status})),
-        _step(trace, 2, tool="cancel_order", input=args, output=json.dumps({"ok": True})),
+        make_step(trace, 2, tool="cancel_order", input=args, output=json.dumps({"ok": True})),
     ]  # fmt: skip
     return run
 

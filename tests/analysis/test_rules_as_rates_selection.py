@@ -16,27 +16,17 @@ from tracegym.analysis.gap_selection import (
     rule_of_rates,
     score,
 )
-from tracegym.analysis.runs import ROLE, Run, Step
+from tracegym.analysis.runs import ROLE, Run
+
+from tests.fixtures.analysis_steps import make_step
 
 KEY = "wrong_tool_order:get_order>cancel_order"
 
 
-def _step(trace: str, i: int, **fields) -> Step:
-    base = dict(position=i, trace_id=trace, span_id=f"{trace}-{i}", parent_span_id=None,
-                name=fields.get("tool") or "message", operation="execute_tool", agent="a",
-                step_index=i, tool=None, call_id=None, input="{}", output="{}", status="OK",
-                error_type=None, start_ns=i, end_ns=i, duration_ms=0.0, input_tokens=None,
-                output_tokens=None, memory_store=None, memory_record=None,
-                memory_content_hash=None, memory_result_hashes=[], subtask=None,
-                attributes={})  # fmt: skip
-    base.update(fields)
-    return Step(**base)
-
-
 def _run(trace: str, success: bool) -> Run:
-    asked = _step(trace, 0, operation="chat", input="Please cancel my order, thanks.",
+    asked = make_step(trace, 0, operation="chat", input="Please cancel my order, thanks.",
                   output=None, attributes={ROLE: "user"})  # fmt: skip
-    steps = [asked, _step(trace, 1, tool="cancel_order", input=json.dumps({"order_id": trace}))]
+    steps = [asked, make_step(trace, 1, tool="cancel_order", input=json.dumps({"order_id": trace}))]
     return Run(trace, trace, "a", success, None, {}, None, steps)
 
 
