@@ -62,7 +62,7 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
