@@ -111,5 +111,7 @@ def test_training_with_the_shared_prefix_learns_the_same_and_runs_fewer_position
     shared, shared_lora, shared_positions = _train(shared_prefix=True)
     assert shared == pytest.approx(whole, rel=1e-4)
     for name, weight in whole_lora.items():
-        assert torch.allclose(weight, shared_lora[name], atol=1e-5), name
+        # Adam divides by the gradient's running size, so float reordering in an element whose
+        # gradient is near zero shows as a fraction of a step: 1e-4 is 1% of one (lr 1e-2)
+        assert torch.allclose(weight, shared_lora[name], atol=1e-4), name
     assert shared_positions < 0.75 * whole_positions

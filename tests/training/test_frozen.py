@@ -43,7 +43,9 @@ def test_the_prefix_gives_the_whole_forward_pass_loss_and_runs_once_per_example(
     assert split == pytest.approx(whole, rel=1e-4)
     assert whole_lora.keys() == split_lora.keys() and whole_lora
     for name, weight in whole_lora.items():
-        assert torch.allclose(weight, split_lora[name], atol=1e-5), name
+        # Adam divides by the gradient's running size, so float reordering in an element whose
+        # gradient is near zero shows as a fraction of a step: 1e-4 is 1% of one (lr 1e-2)
+        assert torch.allclose(weight, split_lora[name], atol=1e-4), name
     assert layers == 4  # the model is whole again after training
 
 
