@@ -171,10 +171,13 @@ class Wave:
         min_prefix: int = 16,
         adapters: Sequence[str | None] | None = None,
         draft_budget: int = DRAFT_BUDGET,
+        split_prefill: bool = True,
     ) -> None:
         import torch
 
         self.policy = policy
+        # a step's prefill as several forwards when that pads less (`_prefill_plan`)
+        self.split_prefill = split_prefill
         self.size = size
         self.temperature = temperature
         self.compact = compact
@@ -403,6 +406,53 @@ class Wave:
         self.stats["shared"] += shared * (len(self._slots) - len(distinct))
         return shared
 
+    def _prefill(self, news: dict[int, list[int]], shared: int = 0) -> Any:
+        """Feed each row's new tokens (after the `shared` ones), left-padded to the longest;
+        returns the last column's logits, one row per `_slots` entry."""
+        width = max(1, max(len(news.get(s, [])) - shared for s in self._slots))
+        chunk, chunk_mask = [], []
+        for slot in self._slots:
+            new = news.get(slot, [])
+            self._consumed[slot].extend(new)
+            new = new[shared:]
+            pad = width - len(new)
+            chunk.append([self.pad_id] * pad + new)
+            chunk_mask.append([0] * pad + [1] * len(new))
+        return self._forward(chunk, chunk_mask, self._names(self._slots))[:, -1]
+
+    def _prefill_plan(self, news: dict[int, list[int]]) -> list[list[int]]:
+        """The rows' prefill as one forward, or as several when their new tokens differ so much
+        in length that padding the short ones to the long ones costs more (a new conversation's
+        prompt beside tool results; `prefill_groups`)."""
+        if not self.split_prefill or not self.compact or len(self._slots) < 2:
+            return [list(self._slots)]
+        lengths = {s: len(news.get(s, [])) for s in self._slots}
+        if min(lengths.values()) == 0:  # a row with nothing to feed keeps the one-forward path
+            return [list(self._slots)]
+        return prefill_groups(lengths, PREFILL_OVERHEAD)
+
+    def _prefill_apart(self, news: dict[int, list[int]], groups: list[list[int]]) -> Any:
+        """`_prefill` one group of rows at a time, the others parked, then every row back in
+        the batch; returns the logits in the order of `_slots` as it is then."""
+        import torch
+
+        everyone = set(self._slots)
+        idle = self._idle
+        self._idle = idle | everyone  # rows outside the group sit parked, not dropped
+        last: dict[int, Any] = {}
+        try:
+            for group in groups:
+                if self._cache is None:
+                    self._slots = sorted(group)
+                else:
+                    self._regroup(set(group))
+                logits = self._prefill(news)
+                last.update({s: logits[i] for i, s in enumerate(self._slots)})
+        finally:
+            self._idle = idle
+        self._regroup(everyone)
+        return torch.stack([last[s] for s in self._slots])
+
     def _pick(self, logits: Any, rows: dict[int, int]) -> dict[int, int]:
         """The next token of each lane in `rows` (slot -> row of `logits`)."""
         import torch
@@ -529,15 +579,11 @@ class Wave:
                 else:
                     self._regroup(set(pending))
             shared = self._prefill_shared(news)
-            width = max(1, max(len(news.get(s, [])) - shared for s in self._slots))
-            chunk, chunk_mask = [], []
-            for slot in self._slots:
-                new = news.get(slot, [])
-                self._consumed[slot].extend(new)
-                new = new[shared:]
-                pad = width - len(new)
-                chunk.append([self.pad_id] * pad + new)
-                chunk_mask.append([0] * pad + [1] * len(new))
+            groups = self._prefill_plan(news) if not shared else [list(self._slots)]
+            if len(groups) == 1:
+                logits = self._prefill(news, shared)
+            else:
+                logits = self._prefill_apart(news, groups)
             out: dict[int, list[int]] = {slot: [] for slot in pending}
             full: dict[int, bool] = {slot: False for slot in pending}
             running = set(pending)
@@ -545,7 +591,6 @@ class Wave:
                 if len(self._consumed[slot]) >= self.max_length:
                     full[slot] = True
                     running.discard(slot)
-            logits = self._forward(chunk, chunk_mask, self._names(self._slots))[:, -1]
             drafts: dict[int, list[int]] = {}
             while running:
                 rows = {s: i for i, s in enumerate(self._slots) if s in running}
@@ -572,6 +617,33 @@ class Wave:
                     logits = logits[:, -1]
         # the last token of each reply is not in the cache yet: the lane's next request feeds it
         return {slot: (out[slot], full[slot]) for slot in pending}
+
+
+# A forward pass's fixed cost in fed tokens, for splitting a prefill (`prefill_groups`): on
+# SmolLM2-135M on 2 CPU cores a forward of a few rows costs about what 16 more tokens do.
+PREFILL_OVERHEAD = 16
+
+
+def prefill_groups(lengths: dict[int, int], overhead: int = PREFILL_OVERHEAD) -> list[list[int]]:
+    """Rows (slot -> new tokens to feed) split into prefill forwards, longest first. A forward
+    costs its rows times its longest row's tokens (the rest is padding) plus `overhead`; the
+    split of the rows sorted by length that minimises the sum is found exactly."""
+    order = sorted(lengths, key=lambda s: (-lengths[s], s))
+    n = len(order)
+    best = [0] + [0] * n
+    start = [0] * (n + 1)
+    for j in range(1, n + 1):
+        best[j] = -1
+        for i in range(j):
+            cost = best[i] + (j - i) * lengths[order[i]] + overhead
+            if best[j] < 0 or cost < best[j]:
+                best[j], start[j] = cost, i
+    parts: list[list[int]] = []
+    j = n
+    while j > 0:
+        parts.append(order[start[j] : j])
+        j = start[j]
+    return parts[::-1]
 
 
 def _empty_row(slot: int, like: _Rows) -> _Rows:

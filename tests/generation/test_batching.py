@@ -254,3 +254,57 @@ def test_step_slots_serves_a_subset_and_keeps_idle_lanes_caches(policy):
     wave.truncate(1, shared)
     other = wave.step_slots({1: (prompts[2], 10, encoder.end_id)}, idle=[0])
     assert other[1][0] == alone(prompts[2])
+
+
+def test_prefill_groups_split_only_where_padding_costs_more_than_a_forward():
+    from tracegym.generation.batching import prefill_groups
+
+    assert prefill_groups({0: 5, 1: 6, 2: 4}, overhead=16) == [[1, 0, 2]]
+    # a new conversation's prompt beside two tool results: fed apart
+    assert prefill_groups({0: 8, 1: 300, 2: 10}, overhead=16) == [[1], [2, 0]]
+    assert prefill_groups({0: 8, 1: 300, 2: 10}, overhead=10_000) == [[1, 2, 0]]
+    assert prefill_groups({3: 7}) == [[3]]
+
+
+def test_a_long_new_prompt_beside_short_turns_is_fed_apart_with_the_same_replies(policy):
+    """A serving step where one lane starts a long conversation while two others continue with
+    a short tool result: fed as separate forwards it pads far less, and every reply is still
+    the one the model gives alone."""
+    from tracegym.generation.batching import Wave
+
+    encoder = ChatML(policy.tokenizer)
+    prompts = [
+        encoder.message("user", text)[0] + encoder.header("assistant")
+        for text in ["hi there", "press the button twice please"]
+    ]
+    long_prompt = (
+        encoder.message("system", "You are a careful shop agent; check the order first. " * 8)[0]
+        + encoder.message("user", "cancel my order")[0]
+        + encoder.header("assistant")
+    )
+
+    def alone(ids):
+        session = Session(policy)
+        session.feed(ids)
+        return session.generate(8, encoder.end_id)[0]
+
+    def serve(split):
+        wave = Wave(policy, 3, split_prefill=split, draft_budget=0)
+        first = wave.step_slots({i: (p, 8, encoder.end_id) for i, p in enumerate(prompts)})
+        follows = {
+            i: (
+                prompts[i] + first[i][0] + encoder.message("tool", "ok")[0]
+                + encoder.header("assistant"), 8, encoder.end_id,
+            )
+            for i in (0, 1)
+        }  # fmt: skip
+        before = wave.stats["tokens"]
+        second = wave.step_slots({**follows, 2: (long_prompt, 8, encoder.end_id)})
+        return follows, second, wave.stats["tokens"] - before
+
+    follows, together, fed_together = serve(split=False)
+    _, apart, fed_apart = serve(split=True)
+    assert apart == together
+    assert apart[2][0] == alone(long_prompt)
+    assert all(apart[i][0] == alone(follows[i][0]) for i in (0, 1))
+    assert fed_apart < fed_together
