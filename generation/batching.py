@@ -629,16 +629,21 @@ def prefill_groups(lengths: dict[int, int], overhead: int = PREFILL_OVERHEAD) ->
     costs its rows times its longest row's tokens (the rest is padding) plus `overhead`; the
     split of the rows sorted by length that minimises the sum is found exactly."""
     order = sorted(lengths, key=lambda s: (-lengths[s], s))
+    return contiguous_split(order, lambda i, j: (j - i) * lengths[order[i]] + overhead)
+
+
+def contiguous_split(order: list[T], cost: Callable[[int, int], float]) -> list[list[T]]:
+    """`order` cut into consecutive parts minimising the sum of `cost(i, j)` over each part
+    `order[i:j]`, exactly (dynamic programming over the cut points, n^2 calls of `cost`)."""
     n = len(order)
-    best = [0] + [0] * n
+    best = [0.0] + [float("inf")] * n
     start = [0] * (n + 1)
     for j in range(1, n + 1):
-        best[j] = -1
         for i in range(j):
-            cost = best[i] + (j - i) * lengths[order[i]] + overhead
-            if best[j] < 0 or cost < best[j]:
-                best[j], start[j] = cost, i
-    parts: list[list[int]] = []
+            total = best[i] + cost(i, j)
+            if total < best[j]:
+                best[j], start[j] = total, i
+    parts: list[list[T]] = []
     j = n
     while j > 0:
         parts.append(order[start[j] : j])

@@ -33,7 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tracegym.generation.batching import Lane, Wave, _common_prefix, run_waves
+from tracegym.generation.batching import (
+    Lane,
+    Wave,
+    _common_prefix,
+    contiguous_split,
+    run_waves,
+)
 from tracegym.generation.model import Policy, save_policy, weights_hash
 
 T = TypeVar("T")
@@ -287,21 +293,12 @@ def _buckets(lengths: list[int], tail: int, step_rows: float = 8.0) -> list[list
     row-costs (a CPU step's fixed cost is about 8 rows' on SmolLM2); the split minimising the
     sum is found exactly over the lengths in order."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    n = len(order)
-    best = [0.0] + [float("inf")] * n
-    start = [0] * (n + 1)
-    for j in range(1, n + 1):
-        for i in range(j):
-            spread = lengths[order[j - 1]] - lengths[order[i]]
-            cost = best[i] + (spread + tail) * (step_rows + j - i)
-            if cost < best[j]:
-                best[j], start[j] = cost, i
-    parts: list[list[int]] = []
-    j = n
-    while j > 0:
-        parts.append(order[start[j] : j])
-        j = start[j]
-    return parts[::-1]
+
+    def cost(i: int, j: int) -> float:
+        spread = lengths[order[j - 1]] - lengths[order[i]]
+        return (spread + tail) * (step_rows + j - i)
+
+    return contiguous_split(order, cost)
 
 
 def map_batched(
