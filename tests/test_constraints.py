@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from tests.fixtures.requirements import base_requirements, extra_requirements
 
 ROOT = Path(__file__).resolve().parents[1]
 # The extras `make install` and .ci/run install (Makefile's LOCK_EXTRAS).
@@ -30,23 +31,8 @@ def _pins() -> dict[str, str]:
 
 
 def _requirements(extras: tuple[str, ...]) -> list[Requirement]:
-    """The project's requirements for those extras, following `tracegym[...]` self-references."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    optional = project["optional-dependencies"]
-    found = [Requirement(r) for r in project["dependencies"]]
-    pending, seen = list(extras), set()
-    while pending:
-        extra = pending.pop()
-        if extra in seen:
-            continue
-        seen.add(extra)
-        for text in optional[extra]:
-            req = Requirement(text)
-            if canonicalize_name(req.name) == "tracegym":
-                pending.extend(req.extras)
-            else:
-                found.append(req)
-    return found
+    """The project's requirements and those of the extras."""
+    return base_requirements() + extra_requirements(extras)
 
 
 def test_every_locked_requirement_is_pinned_within_its_range() -> None:

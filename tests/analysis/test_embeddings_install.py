@@ -15,11 +15,12 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-import tomllib
 
 packaging = pytest.importorskip("packaging")
 from packaging.requirements import Requirement  # noqa: E402
 from packaging.utils import canonicalize_name  # noqa: E402
+
+from tests.fixtures.requirements import extra_requirements  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 LIGHT_EXTRAS = ("analysis", "dashboard")
@@ -34,25 +35,6 @@ def heavy(name: str) -> bool:
     """A package of the CUDA torch stack, or one that requires torch."""
     name = canonicalize_name(name)
     return name in {"torch", "triton", "sentence-transformers"} or name.startswith("nvidia-")
-
-
-def extra_requirements(extras: tuple[str, ...]) -> list[Requirement]:
-    """The extras' requirements from pyproject.toml, `tracegym[...]` self-references expanded."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    own, table = canonicalize_name(project["name"]), project["optional-dependencies"]
-    todo, seen, out = list(extras), set(), []
-    while todo:
-        extra = todo.pop()
-        if extra in seen:
-            continue
-        seen.add(extra)
-        for line in table[extra]:
-            req = Requirement(line)
-            if canonicalize_name(req.name) == own:
-                todo.extend(req.extras)
-            else:
-                out.append(req)
-    return out
 
 
 def requirement_tree(roots: list[Requirement]) -> tuple[dict[str, str], set[str]]:
