@@ -4,13 +4,16 @@ Agglomerative clustering (average linkage, cosine distance, a distance threshold
 cluster count) rather than HDBSCAN: it is deterministic by construction (no seed to fix), works
 on the handful of failures a small project has (HDBSCAN needs a minimum cluster size and calls
 much of a small population noise), and its one knob reads directly as "how different may two
-failures be and still be the same problem".
+failures be and still be the same problem". Signatures are masked text, so many failed runs
+share one: the distinct vectors are clustered, weighted by their counts (`analysis.linkage`),
+which gives the same clusters as clustering every run in memory bounded by the distinct ones.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from sklearn.cluster import AgglomerativeClustering
+from sklearn.metrics.pairwise import cosine_distances
+from tracegym.analysis.linkage import average_linkage_labels, distinct_rows
 
 
 def cluster(vectors: np.ndarray, distance_threshold: float = 0.35) -> np.ndarray:
@@ -20,12 +23,11 @@ def cluster(vectors: np.ndarray, distance_threshold: float = 0.35) -> np.ndarray
         return np.zeros(0, dtype=int)
     if n == 1:
         return np.zeros(1, dtype=int)
-    model = AgglomerativeClustering(
-        n_clusters=None, metric="cosine", linkage="average", distance_threshold=distance_threshold
-    )
-    raw = model.fit_predict(vectors)
-    order: dict[int, int] = {}
-    return np.array([order.setdefault(int(label), len(order)) for label in raw])
+    distinct, index, counts = distinct_rows(np.asarray(vectors))
+    distances = np.clip(cosine_distances(distinct), 0.0, None)
+    np.fill_diagonal(distances, 0.0)
+    # the distinct rows come in order of first appearance, so their labels do too
+    return average_linkage_labels(distances, counts, distance_threshold)[index]
 
 
 def assign(vectors: np.ndarray, centroids: np.ndarray, distance_threshold: float) -> np.ndarray:

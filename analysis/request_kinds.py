@@ -14,8 +14,10 @@ values ("What is the status of my shipment #SH43087?"). So:
    `signatures.mask`), and words seen in fewer than `min_df` requests (names, item names) drop
    out of the vocabulary;
 4. TF-IDF (words and word pairs, sublinear counts) and agglomerative clustering (average
-   linkage, cosine distance, a distance threshold, no cluster count): deterministic, and fast
-   (hundreds of requests in a fraction of a second; no sentence embedder).
+   linkage, cosine distance, a distance threshold, no cluster count) of the distinct masked
+   requests, each weighted by how many runs sent it (`analysis.linkage`: the same kinds as
+   clustering every run, in memory bounded by the templates, not the runs): deterministic and
+   fast (no sentence embedder).
 
 No domain word is written down. A run without request text has no kind (None), and neither
 does any run when there are fewer than two requests.
@@ -28,10 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from sklearn.cluster import AgglomerativeClustering
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.metrics.pairwise import cosine_distances
 from tracegym.analysis.detectors.unserved import request_text
+from tracegym.analysis.linkage import average_linkage_labels
 from tracegym.analysis.runs import Run
 from tracegym.analysis.signatures import mask
 
@@ -111,7 +113,7 @@ class RequestKinds:
             labels = np.zeros(len(docs), dtype=int)
             words: list[str] = []
         else:
-            labels = _cluster(matrix, self.distance)
+            labels = _cluster(matrix, docs, self.distance)
             words = list(vectorizer.get_feature_names_out())
         order: dict[int, int] = {}
         for i, label in zip(have, labels, strict=True):
@@ -147,15 +149,19 @@ class RequestKinds:
         return out
 
 
-def _cluster(matrix, threshold: float) -> np.ndarray:
-    """Average-linkage clusters under a cosine distance; requests with no word left (all of
-    theirs are boilerplate or rare) are one kind together."""
-    n = matrix.shape[0]
-    distances = cosine_distances(matrix)
-    empty = np.asarray(matrix.getnnz(axis=1) == 0)
+def _cluster(matrix, docs: Sequence[str], threshold: float) -> np.ndarray:
+    """Average-linkage clusters under a cosine distance, one label per doc; requests with no
+    word left (all of theirs are boilerplate or rare) are one kind together. Equal docs have
+    equal rows: the distinct ones are clustered, weighted by their counts."""
+    first: dict[str, int] = {}  # distinct doc -> its first row
+    for i, doc in enumerate(docs):
+        first.setdefault(doc, i)
+    position = {doc: j for j, doc in enumerate(first)}
+    index = np.array([position[doc] for doc in docs])
+    rows = matrix[list(first.values())]
+    distances = cosine_distances(rows)
+    empty = np.asarray(rows.getnnz(axis=1) == 0)
     distances[np.ix_(empty, empty)] = 0.0
     np.fill_diagonal(distances, 0.0)
-    model = AgglomerativeClustering(
-        n_clusters=None, metric="precomputed", linkage="average", distance_threshold=threshold
-    )
-    return model.fit_predict(np.clip(distances, 0.0, None)) if n > 1 else np.zeros(n, dtype=int)
+    counts = np.bincount(index, minlength=len(first))
+    return average_linkage_labels(np.clip(distances, 0.0, None), counts, threshold)[index]
