@@ -50,21 +50,11 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
 def build(arch: str, folder: Path, device: str) -> float:
     """Write the architecture with random bf16 weights and the family's tokenizer to `folder`."""
     import torch
-    from tracegym.generation.tiny_families import tiny_family_tokenizer
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        MistralConfig,
-        MistralForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
+    from tracegym.generation.tiny_families import family_classes, tiny_family_tokenizer
 
     family, shape = ARCHS[arch]
     tokenizer = tiny_family_tokenizer(family)
-    config_cls, model_cls = {"chatml": (Qwen2Config, Qwen2ForCausalLM),
-                             "llama3": (LlamaConfig, LlamaForCausalLM),
-                             "mistral": (MistralConfig, MistralForCausalLM)}[family]  # fmt: skip
+    config_cls, model_cls = family_classes(family)
     config = config_cls(**shape, max_position_embeddings=4096, torch_dtype="bfloat16",
                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                         bos_token_id=tokenizer.bos_token_id)  # fmt: skip

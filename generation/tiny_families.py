@@ -87,10 +87,8 @@ def tiny_family_tokenizer(family: str, vocab_size: int = 384) -> Any:
     return fast
 
 
-def tiny_family_policy(family: str, seed: int = 0, hidden: int = 64, layers: int = 2) -> Any:
-    """A tiny random model of the family's architecture with its tokenizer (a Policy)."""
-    import torch
-    from tracegym.generation.model import Policy
+def family_classes(family: str) -> tuple[Any, Any]:
+    """The transformers config and causal-LM classes of the family's reference architecture."""
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
@@ -100,12 +98,20 @@ def tiny_family_policy(family: str, seed: int = 0, hidden: int = 64, layers: int
         Qwen2ForCausalLM,
     )
 
-    tokenizer = tiny_family_tokenizer(family)
-    config_cls, model_cls = {
+    return {
         CHATML: (Qwen2Config, Qwen2ForCausalLM),
         LLAMA3: (LlamaConfig, LlamaForCausalLM),
         MISTRAL: (MistralConfig, MistralForCausalLM),
     }[family]
+
+
+def tiny_family_policy(family: str, seed: int = 0, hidden: int = 64, layers: int = 2) -> Any:
+    """A tiny random model of the family's architecture with its tokenizer (a Policy)."""
+    import torch
+    from tracegym.generation.model import Policy
+
+    tokenizer = tiny_family_tokenizer(family)
+    config_cls, model_cls = family_classes(family)
     config = config_cls(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -135,4 +141,4 @@ def tiny_family_model(family: str, seed: int = 0, *, target: str | Path) -> Path
     return target
 
 
-__all__ = ["tiny_family_model", "tiny_family_policy", "tiny_family_tokenizer"]
+__all__ = ["family_classes", "tiny_family_model", "tiny_family_policy", "tiny_family_tokenizer"]
