@@ -9,8 +9,11 @@ the one the sentence-transformers embedder stored its vectors under.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from tracegym.analysis.minilm import MiniLM
 from tracegym.store.home import EMBEDDINGS_FILE
 
 MODEL_NAME = "all-MiniLM-L6-v2"
+log = logging.getLogger(__name__)
 
 
 def _key(text: str) -> str:
@@ -60,9 +64,25 @@ class Embedder:
         return np.stack([self._cache[k] for k in keys])
 
     def _save(self) -> None:
+        """Write the cache to a temporary file of this writer's own, then rename it over the
+        cache. Analyses sharing a cache folder at once each leave a whole file (the last one's:
+        a vector only the other computed is computed again next time); with one temporary name
+        for all, the second rename found the first had taken its file, and its analysis died.
+        A cache that cannot be written costs time, never the analysis: it is logged."""
         if self.cache_path is None:
             return
-        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache_path.with_suffix(".tmp.npz")
-        np.savez(tmp, **self._cache)
-        os.replace(tmp, self.cache_path)
+        folder = self.cache_path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f"{self.cache_path.stem}.", suffix=".tmp.npz",
+                                       dir=folder)  # fmt: skip
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    np.savez(out, **self._cache)
+                os.replace(tmp, self.cache_path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError as error:
+            log.warning("embedding cache not written to %s: %s", self.cache_path, error)
