@@ -11,6 +11,11 @@ for that action, not for the kind of task). `detect` flags a run whose request h
 that made another write and never called T without an error: key ``missed_request:<tool>``,
 decisive step the run's final action (where it stopped without acting), confidence 0.5. Nothing
 about any domain is hard-coded.
+
+A write successful runs only ever make alone (`standalone_writes`: a hand-off to a person ends
+the run, so no receipt follows it) carries no request out: a run whose only write is one is not
+among the runs that acted otherwise, in `fit` or in `detect`. Counted among them, successful
+hand-offs asked for a receipt broke the receipt's rule (6 of 8 instead of 8 of 8).
 """
 
 from __future__ import annotations
@@ -51,6 +56,13 @@ def done(run: Run) -> frozenset[str]:
     return frozenset(s.tool or s.name for s in run.steps if is_write(s) and not s.failed)
 
 
+def standalone_writes(done_sets: Sequence[frozenset[str]]) -> frozenset[str]:
+    """The writes made in some of these runs and never beside another write."""
+    made = frozenset().union(*done_sets) if done_sets else frozenset()
+    beside = frozenset().union(*(ts for ts in done_sets if len(ts) > 1)) if done_sets else made
+    return made - beside
+
+
 def mine_asked(
     runs: Sequence[Run],
     *,
@@ -60,11 +72,12 @@ def mine_asked(
 ) -> list[AskedAction]:
     """Request words after which successful runs call a write (see the module docstring)."""
     successes = [(request_words(r), done(r)) for r in runs if r.success is True]
+    alone = standalone_writes([ts for _, ts in successes])
     tools = sorted({t for _, ts in successes for t in ts})
     rules = []
     for tool in tools:
         # the runs that acted otherwise: the request was carried out, so was this part of it?
-        acting = [(words, tool in ts) for words, ts in successes if ts - {tool}]
+        acting = [(words, tool in ts) for words, ts in successes if ts - {tool} - alone]
         with_word: dict[str, int] = defaultdict(int)
         called: dict[str, int] = defaultdict(int)
         for words, did in acting:
@@ -102,8 +115,10 @@ class MissedRequest(Detector):
         self.min_confidence = min_confidence
         self.max_other_share = max_other_share
         self.rules_: list[AskedAction] = []
+        self.standalone_: frozenset[str] = frozenset()
 
     def fit(self, runs: Sequence[Run]) -> MissedRequest:
+        self.standalone_ = standalone_writes([done(r) for r in runs if r.success is True])
         self.rules_ = mine_asked(
             runs,
             min_support=self.min_support,
@@ -123,8 +138,8 @@ class MissedRequest(Detector):
         for rule in self.rules_:
             if rule.tool in tools or rule.tool in findings or rule.word not in words:
                 continue
-            if not tools - {rule.tool}:
-                continue  # it did nothing: not this detector's case (unserved, premature ...)
+            if not tools - {rule.tool} - self.standalone_:
+                continue  # it did nothing, or handed off: not this detector's case (premature)
             findings[rule.tool] = Finding(
                 detector=self.name, key=f"{self.name}:{rule.tool}", trace_id=run.trace_id,
                 **step_ref(final), span_ids=(final.span_id,), confidence=0.5,

@@ -1209,3 +1209,27 @@ def test_missed_request_learns_the_users_word_for_an_action() -> None:
     )
     assert detector.detect(run(True, True, success=False, n=98)) == []
     assert detector.detect(run(False, False, success=False, n=97)) == []
+
+
+def test_missed_request_counts_no_hand_off_as_carrying_the_request_out() -> None:
+    from tracegym.analysis.detectors.missed_request import MissedRequest, standalone_writes
+
+    def run(n: int, writes: tuple[str, ...], receipt: bool = True, success: bool = True) -> Run:
+        b = RunBuilder("refund", success=success)
+        b.user(f"Please refund order OR-{n}." + (" And the receipt." if receipt else ""))
+        for tool in writes:
+            b.tool(tool, {"order_id": f"OR-{n}"}, {"ok": True})
+        return b.build()
+
+    served = [run(i, ("refund_order", "send_confirmation")) for i in range(5)]
+    # successful runs that handed the request to a person (their only write) sent no receipt:
+    # counted as acting, they would make "receipt" -> send_confirmation 5 of 8 (< 0.9)
+    handed = [run(20 + i, ("transfer_to_human",)) for i in range(3)]
+    plain = [run(40 + i, ("refund_order",), receipt=False) for i in range(4)]
+    assert standalone_writes([frozenset({"a", "b"}), frozenset({"c"}), frozenset({"a"})]) == {"c"}
+    detector = MissedRequest().fit(served + handed + plain)
+    assert detector.standalone_ == {"transfer_to_human"}
+    assert ("receipt", "send_confirmation") in {(r.word, r.tool) for r in detector.rules_}
+    [finding] = detector.detect(run(99, ("refund_order",), success=False))
+    assert finding.key == "missed_request:send_confirmation"
+    assert detector.detect(run(98, ("transfer_to_human",), success=False)) == []
