@@ -13,9 +13,10 @@ decisive step the run's final action (where it stopped without acting), confiden
 about any domain is hard-coded.
 
 A write successful runs only ever make alone (`standalone_writes`: a hand-off to a person ends
-the run, so no receipt follows it) carries no request out: a run whose only write is one is not
-among the runs that acted otherwise, in `fit` or in `detect`. Counted among them, successful
-hand-offs asked for a receipt broke the receipt's rule (6 of 8 instead of 8 of 8).
+the run, so no receipt follows it) carries no request out: in `fit`, a successful run whose only
+write is one is not among the runs that acted otherwise (counted among them, successful
+hand-offs asked for a receipt broke the receipt's rule: 6 of 8 instead of 8 of 8). A failed run
+that handed off instead of what its request asked for is still flagged: it left that undone.
 """
 
 from __future__ import annotations
@@ -115,10 +116,8 @@ class MissedRequest(Detector):
         self.min_confidence = min_confidence
         self.max_other_share = max_other_share
         self.rules_: list[AskedAction] = []
-        self.standalone_: frozenset[str] = frozenset()
 
     def fit(self, runs: Sequence[Run]) -> MissedRequest:
-        self.standalone_ = standalone_writes([done(r) for r in runs if r.success is True])
         self.rules_ = mine_asked(
             runs,
             min_support=self.min_support,
@@ -138,8 +137,8 @@ class MissedRequest(Detector):
         for rule in self.rules_:
             if rule.tool in tools or rule.tool in findings or rule.word not in words:
                 continue
-            if not tools - {rule.tool} - self.standalone_:
-                continue  # it did nothing, or handed off: not this detector's case (premature)
+            if not tools - {rule.tool}:
+                continue  # it did nothing: not this detector's case (unserved, premature ...)
             findings[rule.tool] = Finding(
                 detector=self.name, key=f"{self.name}:{rule.tool}", trace_id=run.trace_id,
                 **step_ref(final), span_ids=(final.span_id,), confidence=0.5,

@@ -1212,7 +1212,7 @@ def test_missed_request_learns_the_users_word_for_an_action() -> None:
 
 
 def test_missed_request_counts_no_hand_off_as_carrying_the_request_out() -> None:
-    from tracegym.analysis.detectors.missed_request import MissedRequest, standalone_writes
+    from tracegym.analysis.detectors.missed_request import MissedRequest, done, standalone_writes
 
     def run(n: int, writes: tuple[str, ...], receipt: bool = True, success: bool = True) -> Run:
         b = RunBuilder("refund", success=success)
@@ -1227,9 +1227,12 @@ def test_missed_request_counts_no_hand_off_as_carrying_the_request_out() -> None
     handed = [run(20 + i, ("transfer_to_human",)) for i in range(3)]
     plain = [run(40 + i, ("refund_order",), receipt=False) for i in range(4)]
     assert standalone_writes([frozenset({"a", "b"}), frozenset({"c"}), frozenset({"a"})]) == {"c"}
-    detector = MissedRequest().fit(served + handed + plain)
-    assert detector.standalone_ == {"transfer_to_human"}
+    runs = served + handed + plain
+    assert standalone_writes([done(r) for r in runs if r.success]) == {"transfer_to_human"}
+    detector = MissedRequest().fit(runs)
     assert ("receipt", "send_confirmation") in {(r.word, r.tool) for r in detector.rules_}
     [finding] = detector.detect(run(99, ("refund_order",), success=False))
     assert finding.key == "missed_request:send_confirmation"
-    assert detector.detect(run(98, ("transfer_to_human",), success=False)) == []
+    # a failed run that handed off instead still left the receipt undone
+    [handed_off] = detector.detect(run(98, ("transfer_to_human",), success=False))
+    assert handed_off.key == "missed_request:send_confirmation"
