@@ -26,7 +26,7 @@ def average_linkage_labels(
     m = len(distances)
     if m <= 1:
         return np.zeros(m, dtype=int)
-    merges = _nn_chain(np.array(distances, dtype=np.float64), np.asarray(weights, float))
+    merges = _nn_chain(np.array(distances, dtype=np.float64), np.array(weights, dtype=float))
     parent = np.arange(m)
 
     def root(i: int) -> int:
@@ -46,9 +46,10 @@ def average_linkage_labels(
 
 
 def _nn_chain(d: np.ndarray, size: np.ndarray) -> list[tuple[float, int, int]]:
-    """The M - 1 merges (distance, kept index, merged index) of average linkage; `d` is
-    overwritten. The chain follows nearest neighbours until two are each other's, merges them
-    (keeping the lower-numbered one's index), and goes on from what is left of the chain."""
+    """The M - 1 merges (distance, kept index, merged index) of average linkage; `d` and
+    `size` are overwritten (the caller passes copies). The chain follows nearest neighbours
+    until two are each other's, merges them (keeping the lower-numbered one's index), and goes
+    on from what is left of the chain."""
     m = len(d)
     np.fill_diagonal(d, np.inf)
     alive = np.ones(m, dtype=bool)

@@ -59,9 +59,8 @@ def done(run: Run) -> frozenset[str]:
 
 def standalone_writes(done_sets: Sequence[frozenset[str]]) -> frozenset[str]:
     """The writes made in some of these runs and never beside another write."""
-    made = frozenset().union(*done_sets) if done_sets else frozenset()
-    beside = frozenset().union(*(ts for ts in done_sets if len(ts) > 1)) if done_sets else made
-    return made - beside
+    made = frozenset().union(*done_sets)
+    return made - frozenset().union(*(ts for ts in done_sets if len(ts) > 1))
 
 
 def mine_asked(

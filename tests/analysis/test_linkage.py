@@ -38,7 +38,9 @@ def test_the_counts_decide_a_merge_that_the_distinct_points_alone_would_not():
     # unweighted: d({a, b}, c) = (0.5 + 0.9) / 2 = 0.7 < 0.72, so all three are one cluster
     assert average_linkage_labels(d, np.array([1, 1, 1]), 0.72).tolist() == [0, 0, 0]
     # b ten times: (0.5 + 10 * 0.9) / 11 = 0.86, so c stays apart, as with ten copies of b
-    assert average_linkage_labels(d, np.array([1, 10, 1]), 0.72).tolist() == [0, 0, 1]
+    weights = np.array([1.0, 10.0, 1.0])
+    assert average_linkage_labels(d, weights, 0.72).tolist() == [0, 0, 1]
+    assert weights.tolist() == [1.0, 10.0, 1.0] and d[0, 1] == 0.4  # the caller's arrays kept
     expanded = np.array([0] + [1] * 10 + [2])
     full = d[np.ix_(expanded, expanded)]
     model = AgglomerativeClustering(
