@@ -74,8 +74,11 @@ class Scored:
 
     def delta_floor(self, t: Thresholds) -> float:
         """The delta a contrast within kinds must reach: `min_delta`, or NEAR_ZERO for a rule
-        of rates kept on its Fisher test (`rules_as_rates`)."""
-        return NEAR_ZERO if self.by_rates is not None else t.min_delta
+        of rates (`rule_of_rates`), whatever its pooled delta: lucky successes of the kind
+        break it too, and its evidence is its Fisher test, not its delta."""
+        return (
+            NEAR_ZERO if self.by_rates is not None or rule_of_rates(self.candidate) else t.min_delta
+        )
 
 
 def rates(lacking: set[str], failed: Sequence[str], succeeded: Sequence[str]):
@@ -244,22 +247,21 @@ def rate_stability(
 def rules_as_rates(
     scored: Sequence[Scored], failed: Sequence[str], succeeded: Sequence[str], t: Thresholds
 ) -> None:
-    """Keep a rule of rates (`rule_of_rates`) that failed only `min_delta`: successful runs
-    breaking it by luck (a cancel without the look-up that went through) shrink its delta, not
-    its evidence. It is kept when its coverage passes, MIN_PEERS failed runs break it, its
-    pooled delta is over NEAR_ZERO, the one-sided Fisher exact test of the share of failed runs
-    breaking it against that of successful ones gives p <= RULE_P, and in `min_stability`
-    resamples coverage and a delta over NEAR_ZERO hold (`rate_stability`). The contrast within
-    kinds of request then asks the same floor of it (`Scored.delta_floor`)."""
+    """Keep a rule of rates (`rule_of_rates`) that failed `min_delta` or its stability:
+    successful runs breaking it by luck (a cancel without the look-up that went through) shrink
+    its delta, not its evidence. It is kept when its coverage passes, MIN_PEERS failed runs
+    break it, its pooled delta is over NEAR_ZERO, the one-sided Fisher exact test of the share
+    of failed runs breaking it against that of successful ones gives p <= RULE_P, and in
+    `min_stability` resamples coverage and a delta over NEAR_ZERO hold (`rate_stability`). The
+    contrast within kinds of request then asks the same floor of it (`Scored.delta_floor`)."""
     from tracegym.analysis.detectors.tool_order import fisher_greater
 
     for s in scored:
         c = s.candidate
         if s.kept or s.delta is None or not rule_of_rates(c):
             continue
-        if (s.coverage < t.min_coverage or s.failed_lacking < MIN_PEERS
-                or s.delta <= NEAR_ZERO or s.delta >= t.min_delta):  # fmt: skip
-            continue  # (a delta over min_delta failed on stability: the rates do not rescue it)
+        if s.coverage < t.min_coverage or s.failed_lacking < MIN_PEERS or s.delta <= NEAR_ZERO:
+            continue  # (a delta over min_delta that failed on stability is judged the same way)
         p = fisher_greater(len(succeeded) - s.succeeded_lacking, len(succeeded),
                            len(failed) - s.failed_lacking, len(failed))  # fmt: skip
         stable = rate_stability(c.lacking, failed, succeeded, t)
@@ -271,9 +273,11 @@ def rules_as_rates(
         s.by_rates = {"p_value": round(p, 6), "failed": s.failed_lacking,
                       "of_failed": len(failed), "succeeded": s.succeeded_lacking,
                       "of_succeeded": len(succeeded), "stability": stable}  # fmt: skip
+        missed = (f"delta {s.delta:.2f} < {t.min_delta}" if s.delta < t.min_delta
+                  else f"delta {s.delta:.2f} not stable at {t.min_delta}")  # fmt: skip
         s.why = (f"kept as a rule of rates: {s.failed_lacking}/{len(failed)} failed and "
-                 f"{s.succeeded_lacking}/{len(succeeded)} successful runs break it (delta "
-                 f"{s.delta:.2f} < {t.min_delta}: lucky successes break it too), one-sided "
+                 f"{s.succeeded_lacking}/{len(succeeded)} successful runs break it ({missed}: "
+                 f"lucky successes break it too), one-sided "
                  f"Fisher p {p:.2g} <= {RULE_P}, delta over {NEAR_ZERO} in {stable}/"
                  f"{t.resamples} resamples")  # fmt: skip
 

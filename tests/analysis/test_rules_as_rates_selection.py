@@ -91,3 +91,23 @@ def test_weak_rates_are_not_kept(broken_failed, broken_succeeded, failed, succee
 def test_a_delta_at_or_under_near_zero_is_never_rescued():
     s, _ = _scored(3, 6, 0.001, failed=30, succeeded=60)  # 0.10 - 0.10: no contrast
     assert s.delta is not None and s.delta <= NEAR_ZERO and not s.kept
+
+
+def test_a_rule_whose_delta_passes_but_is_unstable_is_judged_by_its_rates():
+    # delta 0.21 >= min_delta, but resamples often fall under it: the stability at min_delta
+    # failed; judged by its rates (Fisher p, a delta over NEAR_ZERO in the resamples) it holds
+    s, _ = _scored(13, 5, p_value=0.01, failed=40, succeeded=45)
+    assert s.delta is not None and s.delta >= Thresholds().min_delta
+    assert s.kept and s.by_rates is not None
+    assert "not stable at 0.2" in s.why and "rule of rates" in s.why
+    exact, _ = _scored(13, 5, p_value=None, failed=40, succeeded=45)
+    assert not exact.kept and "stable in" in exact.why  # an exact rule: min_delta's stability
+
+
+def test_the_floor_within_kinds_is_near_zero_for_any_rule_of_rates():
+    t = Thresholds()
+    _, f, s = _population(10, 10)
+    rule = score(_candidate(f[:7] + s[:2], 0.01), f, s, t)
+    exact = score(_candidate(f[:7] + s[:2], None), f, s, t)
+    assert rule.by_rates is None and rule.delta_floor(t) == NEAR_ZERO
+    assert exact.delta_floor(t) == t.min_delta
