@@ -24,7 +24,9 @@ runs gives p <= `max_p` (0.05). Its findings say the rates and the p-value
 (`details["p_value"]`, `failed_rate`), with 0.1 less confidence. What the successful runs that
 break it do in its place (a memory search instead of the policy look-up: done before B in 80%
 of them, 0.3 more often than by those that follow it) is a substitute: a run doing it does not
-break the rule.
+break the rule. A write too few successful runs make for a test of its own (2 to 4) is tested
+against the record's look-up as a whole: where successful runs call A before 90% of their calls
+of the writes on A's record, its failed calls without A are tested against those.
 
 `detect` looks at each rule's B in the run (its first call) and flags
 
@@ -84,6 +86,9 @@ class Rule:
     substitutes: tuple[str, ...] = ()
     broken_failed: int = 0  # (rates) failed runs breaking it, among those no exact rule explains
     broken_succeeded: int = 0  # ... and successful ones
+    # a thin write's rule (`rate_rules`): (calls made after A, calls) by successful runs, pooled
+    # over the writes A looks the record up for, which its test is made against
+    pooled: tuple[int, int] | None = None
 
     @property
     def key(self) -> str:
@@ -293,6 +298,18 @@ def _read_before_write(a: str, b: str) -> bool:
     return is_read_tool(a) and not is_read_tool(b) and not is_answer_tool(b)
 
 
+LOOK_UP_SHARE = 0.9  # of the successful calls of the writes on A's record, made after A
+
+
+def record_look_up(s: _Counts, successes: Sequence[Run], a: str) -> tuple[int, int]:
+    """(Calls made after A, calls) by the `successes`, pooled over the writes B that A looks
+    the record up for (`_read_before_write`, `same_record`): how firmly A is *the* look-up
+    before acting on its record, whatever the write."""
+    writes = [b for b in s.calls if _read_before_write(a, b) and s.ordered[a, b]]
+    writes = [b for b in writes if same_record(successes, a, b)]
+    return sum(s.ordered[a, b] for b in writes), sum(s.calls[b] for b in writes)
+
+
 def rate_rules(
     successes: Sequence[Run],
     failures: Sequence[Run],
@@ -312,27 +329,45 @@ def rate_rules(
     in `explained`), at least `min_failed` failed runs break it (`breaks`) and the one-sided
     Fisher exact test of the share of failed runs breaking it against that of successful runs
     gives p <= `max_p`. Pairs in `known` are skipped. The rule's `confidence` is the share of
-    successful runs calling B that call A first, `failed_rate` that of failed runs."""
+    successful runs calling B that call A first, `failed_rate` that of failed runs.
+
+    A *thin* write, one that 2 to `min_support` - 1 successful runs call (at least `min_rate`
+    of them after A, all of them allowed), is judged against the record's look-up as a whole
+    (`record_look_up`): where successful runs make `min_support` or more calls of A's writes
+    and LOOK_UP_SHARE of them after A, the failed runs calling B that break the rule are tested
+    (one-sided Fisher, `Rule.pooled`) against the successful calls of those writes made
+    without A first. A rare write is looked up like every other write on the record."""
     s, f = _count(successes), _count(failures)
     succeeded = [r for r in successes if r.trace_id not in explained]
     failed = [r for r in failures if r.trace_id not in explained]
+    look_ups: dict[str, tuple[int, int]] = {}
     rules = []
     for (a, b), _ in sorted(s.both.items()):
         n_s = s.calls[b]
-        if (a, b) in known or n_s < min_support or not _read_before_write(a, b):
+        if (a, b) in known or n_s < 2 or not _read_before_write(a, b):
             continue
         rate = s.ordered[a, b] / n_s
-        if rate < min_rate or rate >= 1.0 or not same_record(successes, a, b):
+        thin = n_s < min_support
+        if rate < min_rate or (rate >= 1.0 and not thin) or not same_record(successes, a, b):
             continue
+        pooled = None
+        if thin:
+            pooled = look_ups.setdefault(a, record_look_up(s, successes, a))
+            if pooled[1] < min_support or pooled[0] < LOOK_UP_SHARE * pooled[1]:
+                continue
         n_f = f.calls[b]
         rule = Rule(a, b, n_s, round(rate, 4), True,
                     round(f.ordered[a, b] / n_f, 4) if n_f else None, n_f,
-                    substitutes=substitutes(successes, a, b))  # fmt: skip
+                    substitutes=substitutes(successes, a, b), pooled=pooled)  # fmt: skip
         broken_f = sum(breaks(r, rule) is not None for r in failed)
         if broken_f < min_failed:
             continue
         broken_s = sum(breaks(r, rule) is not None for r in succeeded)
-        p = fisher_greater(broken_f, len(failed), broken_s, len(succeeded))
+        if pooled is None:
+            p = fisher_greater(broken_f, len(failed), broken_s, len(succeeded))
+        else:
+            calling = sum(rule.after in first_calls(r) for r in failed)
+            p = fisher_greater(broken_f, calling, pooled[1] - pooled[0], pooled[1])
         if p <= max_p:
             rules.append(replace(rule, p_value=p, broken_failed=broken_f,
                                  broken_succeeded=broken_s))  # fmt: skip
@@ -446,7 +481,10 @@ class WrongToolOrder(Detector):
                 confidence = round(confidence - 0.1, 3)
                 how = "before" if a else "without"
                 tail = "" if a else " before it"
-                message = (f"{rule.after} was called {how} {rule.before}{tail}; "
+                pooled = ("" if rule.pooled is None else
+                          f"successful runs call {rule.before} before {rule.pooled[0]} of "
+                          f"{rule.pooled[1]} calls of the writes on its record; ")  # fmt: skip
+                message = (f"{rule.after} was called {how} {rule.before}{tail}; {pooled}"
                            f"{rule.confidence:.0%} of {rule.support} successful runs calling "
                            f"{rule.after} call {rule.before} first, {rule.failed_rate or 0:.0%} "
                            f"of {rule.failed_support} failed ones; {rule.broken_failed} failed "

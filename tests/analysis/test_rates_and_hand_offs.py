@@ -125,6 +125,57 @@ def test_a_rule_both_sides_break_as_often_is_no_rule():
     assert rate_rules(successes, failures) == []
 
 
+REFUND = "My order #W{n:05d} arrived broken, please refund it."
+
+
+def _thin_cancels(refunds: int = 20, refunds_looked_up: int = 20) -> list[Run]:
+    """Four successful cancels (two without the look-up, lucky), nine failed ones (one looked
+    up); and `refunds` successful refunds, `refunds_looked_up` of them after the look-up."""
+    runs = []
+    for i in range(refunds):
+        tools = ["get_order", "refund_order"] if i < refunds_looked_up else ["refund_order"]
+        runs.append(_run(f"r{i:02d}", True, REFUND.format(n=i), tools, reply="Refunded.",
+                         args={"order_id": f"W{30000 + i}"}))  # fmt: skip
+    for i in range(4):
+        tools = ["get_order", "cancel_order"] if i < 2 else ["cancel_order"]
+        runs.append(_run(f"s{i:02d}", True, CANCEL.format(n=i), tools, reply="Done.",
+                         args={"order_id": f"W{10000 + i}"}))  # fmt: skip
+    for i in range(9):
+        tools = ["get_order", "cancel_order"] if i == 0 else ["cancel_order"]
+        runs.append(_run(f"f{i:02d}", False, CANCEL.format(n=100 + i), tools, reply="Done.",
+                         args={"order_id": f"W{20000 + i}"}))  # fmt: skip
+    return runs
+
+
+def test_a_rare_write_is_held_to_the_look_up_every_write_on_its_record_gets():
+    runs = _thin_cancels()
+    successes = [r for r in runs if r.success]
+    failures = [r for r in runs if not r.success]
+    # 4 successful cancels, 2 of them blind, are too few and too mixed for a test of their own
+    assert fisher_greater(8, 9, 2, 4) > 0.05
+    [rule] = rate_rules(successes, failures)
+    assert (rule.before, rule.after, rule.support, rule.confidence) == (
+        "get_order",
+        "cancel_order",
+        4,
+        0.5,
+    )
+    # ... but 22 of the 24 successful writes on an order came after its look-up
+    assert rule.pooled == (22, 24) and (rule.broken_failed, rule.broken_succeeded) == (8, 2)
+    assert rule.p_value == pytest.approx(fisher_greater(8, 9, 2, 24))
+    [finding] = WrongToolOrder().fit(runs).detect(failures[1])
+    assert "before 22 of 24 calls of the writes on its record" in finding.message
+
+
+@pytest.mark.parametrize("refunds, looked_up", [(0, 0), (3, 3), (20, 14)])
+def test_a_rare_write_is_not_judged_by_a_look_up_that_is_no_habit(refunds, looked_up):
+    # no other write on the record (4 calls in all); or a look-up the writes skip too often
+    # (5 of 7 calls after it; 16 of 24)
+    runs = _thin_cancels(refunds, looked_up)
+    successes = [r for r in runs if r.success]
+    assert rate_rules(successes, [r for r in runs if not r.success]) == []
+
+
 def _cancel_with_lookup(trace: str, success: bool, order: str, status: str) -> Run:
     run = _run(trace, success, CANCEL.format(n=int(order[1:])), [])
     args = json.dumps({"order_id": order})
