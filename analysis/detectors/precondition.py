@@ -53,6 +53,7 @@ from dataclasses import dataclass, replace
 from math import comb
 from typing import Any
 
+import numpy as np
 from tracegym.analysis.detector_names import FORBIDDEN_ACTION
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.state import Read, acted_run, show_number
@@ -217,6 +218,28 @@ class _Bounds:
         p = fisher_greater(k, m, lucky, acted)
         return p if p <= self.max_chance else None
 
+    def together(
+        self,
+        allowed: set[str],
+        forbidden: frozenset[str],
+        left: Counter[str],
+        acted: list[frozenset[str]],
+        in_failed: list[frozenset[str]],
+    ) -> frozenset[str]:
+        """States forbidden together, each too rare to be alone ("cancel only while booked or
+        processing": in transit and shipped are both forbidden): the values successful runs
+        left alone (on some record) and never acted in, that failed runs acted in. They are
+        forbidden, with those already, when at least `min_failed` of the records failed runs
+        acted on hold one of them and a permutation test (`outside_states_p`: the acted records'
+        outcomes shuffled, the set chosen again each time) gives p <= `max_chance`."""
+        seen = {v for vs in in_failed for v in vs}
+        joint = {v for v in seen if v not in allowed and left[v] > 0} - forbidden
+        union = joint | forbidden
+        if not joint or sum(1 for vs in in_failed if vs & union) < self.min_failed:
+            return frozenset()
+        p = outside_states_p(acted, in_failed, {v for v, c in left.items() if c > 0})
+        return frozenset(joint) if p <= self.max_chance else frozenset()
+
     def field(self, acted: int, present: int, records: int) -> bool:
         """Whether a path is a state field: on enough acted records and on most records."""
         return acted >= self.min_support and present >= self.min_presence * records
@@ -235,6 +258,35 @@ class _Bounds:
             return True
         k, m = failed
         return k >= self.min_failed and comb(m, k) / comb(m + acted, k) <= self.max_chance
+
+
+PERMUTATIONS = 2000  # shuffles of `outside_states_p` (seeded: the same runs give the same rules)
+
+
+def outside_states_p(
+    acted: list[frozenset[str]], in_failed: list[frozenset[str]], left_alone: set[str]
+) -> float:
+    """The permutation p-value of k, the records failed runs acted on that hold a value no
+    record successful runs acted on holds and successful runs left alone somewhere (in
+    `left_alone`): the acted records' outcomes are shuffled PERMUTATIONS times (seed 0), and the
+    set of values is chosen again from each shuffle's successful records, so that a field with
+    many values, where any few records miss most of them, gives no rule."""
+    values = sorted({v for vs in acted + in_failed for v in vs})
+    bit = {v: 1 << i for i, v in enumerate(values)}
+    masks = np.array([sum(bit[v] for v in vs) for vs in acted + in_failed], dtype=np.int64)
+    eligible = sum(bit[v] for v in values if v in left_alone)
+    n = len(acted)
+
+    def outside(succ: np.ndarray, failed: np.ndarray) -> np.ndarray:
+        held = np.bitwise_or.reduce(succ, axis=-1)
+        return ((failed & ~held[..., None] & eligible) != 0).sum(axis=-1)
+
+    k = int(outside(masks[:n], masks[n:]))
+    rng = np.random.default_rng(0)
+    order = rng.permuted(np.tile(np.arange(len(masks)), (PERMUTATIONS, 1)), axis=1)
+    shuffled = masks[order]
+    as_extreme = int((outside(shuffled[:, :n], shuffled[:, n:]) >= k).sum())
+    return (1 + as_extreme) / (1 + PERMUTATIONS)
 
 
 def _enum_rules(
@@ -266,6 +318,8 @@ def _enum_rules(
             for v, c in left.items()
             if v not in allowed and bounds.unlikely(c, records, n, in_failed_runs(v))
         )
+        acted = [r.enums[path] for r in positives if path in r.enums]
+        forbidden |= bounds.together(allowed, forbidden, left, acted, in_failed)
         if forbidden:
             count = sum(1 for r in abstained if r.enums.get(path, frozenset()) & forbidden)
             rules.append(Precondition(tool, read_tool, path, forbidden, None, None, n, count,

@@ -5,6 +5,7 @@ what `analyze` says when it keeps no gap."""
 from __future__ import annotations
 
 import json
+from math import comb
 from pathlib import Path
 
 import numpy as np
@@ -204,6 +205,58 @@ def test_a_state_lucky_successes_acted_in_is_still_forbidden_by_rates():
     assert finding.key == "forbidden_action:cancel_order"
     assert finding.details["p_value"] == rule.p_value and "Fisher" in finding.message
     assert detector.detect(bad[5]) == [] and detector.detect(ok[0]) == []
+
+
+def _look_up_only(trace: str, order: str, status: str, colour: str = "red") -> Run:
+    """A successful run that read the order and left it alone."""
+    run = _run(trace, True, CANCEL.format(n=int(order[1:])), [])
+    output = json.dumps({"order_id": order, "status": status, "colour": colour})
+    run.steps.append(make_step(trace, 1, tool="get_order", input=json.dumps({"order_id": order}),
+                               output=output))  # fmt: skip
+    return run
+
+
+def _with_colour(run: Run, colour: str) -> Run:
+    read = run.steps[1]
+    read.output = json.dumps({**json.loads(read.output), "colour": colour})
+    return run
+
+
+def test_states_too_rare_to_forbid_alone_are_forbidden_together():
+    from tracegym.analysis.detectors.precondition import ForbiddenAction, mine_preconditions
+
+    ok = [_cancel_with_lookup(f"s{i:02d}", True, f"W{10000 + i}", status)
+          for i, status in enumerate(["pending"] * 3 + ["processing"] * 3)]  # fmt: skip
+    statuses = ["shipped"] * 3 + ["in_transit"] * 3 + ["delivered"] * 4
+    left = [_look_up_only(f"l{i:02d}", f"W{11000 + i}", status)
+            for i, status in enumerate(statuses)]  # fmt: skip
+    bad = [_cancel_with_lookup(f"f{i}", False, f"W2000{i}", status)
+           for i, status in enumerate(["shipped"] * 3 + ["in_transit"] * 3)]  # fmt: skip
+    runs = ok + left + bad
+    # each alone is no rule: 3 of the 6 failed records hold it, against 6 acted records
+    # (chance C(6, 3) / C(12, 3) = 0.09), and 3 of 16 records successful runs read (0.29)
+    assert comb(6, 3) / comb(12, 3) > 0.05 and (1 - 3 / 16) ** 6 > 0.05
+    [rule] = [r for r in mine_preconditions(runs) if r.path == "status"]
+    assert rule.forbidden == frozenset({"shipped", "in_transit"}) and rule.p_value is None
+    detector = ForbiddenAction().fit(runs)
+    assert [f.key for f in detector.detect(bad[4])] == ["forbidden_action:cancel_order"]
+    assert "never with status in {in_transit, shipped}" in detector.detect(bad[0])[0].message
+    assert detector.detect(ok[0]) == []
+
+
+def test_a_field_whose_every_record_differs_forbids_nothing_together():
+    from tracegym.analysis.detectors.precondition import mine_preconditions
+
+    colours = ["red", "blue", "green", "cyan", "teal", "gold", "pink", "grey", "plum", "rust"]
+    ok = [_with_colour(_cancel_with_lookup(f"s{i}", True, f"W1000{i}", "pending"), colours[i])
+          for i in range(3)]  # fmt: skip
+    left = [_look_up_only(f"l{i}", f"W1100{i}", "shipped", colours[i]) for i in range(10)]
+    bad = [_with_colour(_cancel_with_lookup(f"f{i}", False, f"W2000{i}", "pending"), colours[3 + i])
+           for i in range(7)]  # fmt: skip
+    # the 7 failed records hold colours no successful record does (an unshuffled test would
+    # say chance 1 / C(10, 7) = 0.008), but so would any 7 records against any 3: the
+    # shuffled outcomes find as many
+    assert not [r for r in mine_preconditions(ok + left + bad) if r.path == "colour"]
 
 
 # Acting versus handing off ------------------------------------------------------------------
