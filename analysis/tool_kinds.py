@@ -36,6 +36,11 @@ READ_VERBS = frozenset(
         "resolve",
         "estimate",
         "preview",
+        "browse",
+        "scan",
+        "explore",
+        "verify",
+        "validate",
     ]
 )
 # Write tools that are the agent's channel to the user: calling one is giving the final answer.

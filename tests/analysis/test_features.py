@@ -131,3 +131,13 @@ def test_thousand_runs_of_thirty_steps_in_under_a_second() -> None:
     elapsed = time.perf_counter() - started
     assert frame.height == 1000 and frame["steps"].to_list() == [30] * 1000
     assert elapsed < 1.0, f"{elapsed:.2f} s"
+
+
+def test_browsing_and_checking_tools_are_reads_not_writes() -> None:
+    from tracegym.analysis.tool_kinds import is_read_tool
+
+    # a side task's browse counted as a write made a hand-off look like acting beside a write
+    reads = ["browse_products", "scanInventory", "explore_catalog", "verify_identity",
+             "validate_address", "get_order"]  # fmt: skip
+    assert all(is_read_tool(n) for n in reads)
+    assert not any(is_read_tool(n) for n in ["cancel_order", "transfer_to_human_agents"])
