@@ -261,6 +261,7 @@ class _Bounds:
 
 
 PERMUTATIONS = 2000  # shuffles of `outside_states_p` (seeded: the same runs give the same rules)
+SHUFFLED_CELLS = 2_000_000  # records x shuffles held at once (16 MB of masks)
 
 
 def outside_states_p(
@@ -283,9 +284,12 @@ def outside_states_p(
 
     k = int(outside(masks[:n], masks[n:]))
     rng = np.random.default_rng(0)
-    order = rng.permuted(np.tile(np.arange(len(masks)), (PERMUTATIONS, 1)), axis=1)
-    shuffled = masks[order]
-    as_extreme = int((outside(shuffled[:, :n], shuffled[:, n:]) >= k).sum())
+    rows = max(1, min(PERMUTATIONS, SHUFFLED_CELLS // len(masks)))  # memory bounded per chunk
+    as_extreme = 0
+    for start in range(0, PERMUTATIONS, rows):
+        chunk = min(rows, PERMUTATIONS - start)
+        shuffled = masks[rng.permuted(np.tile(np.arange(len(masks)), (chunk, 1)), axis=1)]
+        as_extreme += int((outside(shuffled[:, :n], shuffled[:, n:]) >= k).sum())
     return (1 + as_extreme) / (1 + PERMUTATIONS)
 
 

@@ -396,3 +396,14 @@ def test_analyze_says_why_nothing_was_kept(tmp_path: Path, monkeypatch: pytest.M
     assert any(s.startswith("--judge-url") for s in empty["next_steps"])
     written = json.loads((tmp_path / "gaps.json").read_text())
     assert "nothing_kept" not in written  # the explanation is the command's, not gaps.json's
+
+
+def test_the_permutation_test_gives_the_same_p_in_bounded_chunks(monkeypatch):
+    from tracegym.analysis.detectors import precondition
+
+    acted = [frozenset({v}) for v in "abcabc"]
+    failed = [frozenset({v}) for v in "abdedeca"]
+    whole = precondition.outside_states_p(acted, failed, set("abcde"))
+    monkeypatch.setattr(precondition, "SHUFFLED_CELLS", 30)  # 2 shuffles of 14 records a chunk
+    assert precondition.outside_states_p(acted, failed, set("abcde")) == whole
+    assert 0 < whole < 1
