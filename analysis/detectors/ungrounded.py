@@ -437,9 +437,19 @@ def _stem(token: str) -> str:
     )
 
 
+_JOINERS = str.maketrans("", "", "-/.")
+
+
+def _is_word(token: str) -> bool:
+    """Alphabetic, of >= 4 letters, counting a compound's parts together ("osl-ber", a route
+    of two 3-letter codes, is one word; "ord-1017" is an id, not a word)."""
+    letters = token.translate(_JOINERS)
+    return len(letters) >= 4 and letters.isalpha()
+
+
 def _words(texts: Iterable[str]) -> set[str]:
-    """Words (alphabetic tokens of >= 4 letters, plural 's' dropped) of some texts."""
-    return {_stem(t) for text in texts for t in tokens(text) if len(t) >= 4 and t.isalpha()}
+    """Words (`_is_word`, plural 's' dropped) of some texts."""
+    return {_stem(t) for text in texts for t in tokens(text) if _is_word(t)}
 
 
 def _record_lists(value: Any, depth: int = 0) -> Iterator[list[dict[str, Any]]]:

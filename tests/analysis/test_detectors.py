@@ -277,6 +277,19 @@ def test_unsupported_choice_is_an_early_wrong_assumption() -> None:
     assert UngroundedArgument(choices=False).detect(run) == []
 
 
+def test_a_choice_named_by_a_compound_of_short_codes_is_judged() -> None:
+    # routes of two 3-letter codes: "OSL-BER" is one word of the request, not two short ones
+    b = RunBuilder("Hi, this is pia@example.com. Please cancel my booking for the OSL-BER.")
+    bookings = [{"id": "BG-51783", "route": "BOS-ORD"}, {"id": "BG-76595", "route": "OSL-BER"},
+                {"id": "BG-54921", "route": "LHR-DUB"}]  # fmt: skip
+    b.tool("search_passengers", {"email": "pia@example.com"}, {"bookings": bookings})
+    b.tool("lookup_booking", {"id": "BG-54921"})  # the most recent, whatever was asked
+    [finding] = UngroundedArgument().detect(b.build())
+    assert finding.key == "ungrounded_argument:choice:lookup_booking.id"
+    assert finding.details["better_match"] == ["osl-ber"]
+    assert finding.details["chosen"] == ["lhr-dub"]
+
+
 def test_vocabulary_learned_from_successful_runs() -> None:
     def run(success: bool) -> Run:
         b = RunBuilder("a task", success=success)
