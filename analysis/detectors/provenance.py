@@ -42,6 +42,7 @@ both: "took `amount` from `get_order.total`; successful runs take it from
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -174,11 +175,56 @@ def _element_texts(element: Any) -> set[str]:
     return out
 
 
-def _selectors(leaf: _Leaf, told: str, others: set[str]) -> list[str]:
+class _ReadIndex:
+    """A read's leaves by loose text and by amount (in cents), and its list elements' texts:
+    finding the leaves equal to a value (`_same`) is a look-up, not a pass over every leaf
+    for every argument of every write."""
+
+    def __init__(self, read: Read) -> None:
+        self.leaves = list(_leaves(read.parsed))
+        self.numbers = [parse_number(leaf.value) for leaf in self.leaves]
+        self.by_text: dict[str, list[int]] = defaultdict(list)
+        self.by_cents: dict[int, list[int]] = defaultdict(list)
+        for i, (leaf, number) in enumerate(zip(self.leaves, self.numbers, strict=True)):
+            self.by_text[words(str(leaf.value))].append(i)
+            if number is not None and math.isfinite(number):
+                self.by_cents[round(number * 100)].append(i)
+        self._texts: dict[int, set[str]] = {}
+
+    def same(self, value: Any) -> list[_Leaf]:
+        """The leaves `_same` as `value`, in the read's order."""
+        if isinstance(value, bool) or value is None:
+            return []
+        number = parse_number(value)
+        found = set()
+        if number is not None and math.isfinite(number):
+            cents = round(number * 100)
+            for i in (*self.by_cents.get(cents - 1, ()), *self.by_cents.get(cents, ()),
+                      *self.by_cents.get(cents + 1, ())):  # fmt: skip
+                if _same(self.leaves[i].value, value):
+                    found.add(i)
+        for i in self.by_text.get(words(str(value)), ()):
+            both_numbers = number is not None and self.numbers[i] is not None
+            if not both_numbers or (isinstance(value, str) and isinstance(self.leaves[i].value,
+                                                                          str)):  # fmt: skip
+                found.add(i)  # (numbers, not both texts, compare as numbers: above)
+        return [self.leaves[i] for i in sorted(found)]
+
+    def element_texts(self, element: Any) -> set[str]:
+        """`_element_texts`, once per element."""
+        key = id(element)
+        if key not in self._texts:
+            self._texts[key] = _element_texts(element)
+        return self._texts[key]
+
+
+def _selectors(leaf: _Leaf, told: str, others: set[str],
+               index: _ReadIndex | None = None) -> list[str]:  # fmt: skip
     """How the element holding `leaf` can have been chosen (see the module docstring)."""
     elements = leaf.owner or []
-    mine = _element_texts(elements[leaf.index])
-    shared = set.intersection(*(_element_texts(e) for e in elements)) if elements else set()
+    texts = index.element_texts if index is not None else _element_texts
+    mine = texts(elements[leaf.index])
+    shared = set.intersection(*(texts(e) for e in elements)) if elements else set()
     found = []
     if any(f" {t} " in told for t in mine - shared):
         found.append("named")
@@ -195,10 +241,11 @@ def _selectors(leaf: _Leaf, told: str, others: set[str]) -> list[str]:
 
 
 def origins_of(value: Any, earlier: Sequence[Read], told: str, others: set[str],
-               min_number: float = 10) -> dict[str, Origin]:  # fmt: skip
+               min_number: float = 10,
+               indexes: dict[int, _ReadIndex] | None = None) -> dict[str, Origin]:  # fmt: skip
     """Every origin of `value` (see the module docstring): `earlier` the reads before the call,
     `told` what the user said (`choice.user_text`), `others` the call's other argument values
-    (`words` texts)."""
+    (`words` texts); `indexes` keeps each read's `_ReadIndex` between calls (by `id`)."""
     found: dict[str, Origin] = {}
     if not _traceable(value, min_number):
         return found
@@ -206,17 +253,19 @@ def origins_of(value: Any, earlier: Sequence[Read], told: str, others: set[str],
     if said and f" {said} " in told:
         found["user"] = Origin("user", 2)
     amount = amount_of(value)
+    indexes = {} if indexes is None else indexes
     for read in earlier:
-        for leaf in _leaves(read.parsed):
-            if not _same(leaf.value, value):
-                continue
+        index = indexes.get(id(read))
+        if index is None:
+            index = indexes[id(read)] = _ReadIndex(read)
+        for leaf in index.same(value):
             if leaf.owner is None:
                 text = f"{read.tool}.{leaf.path}"
                 found[text] = Origin(text, 2, read)
                 continue
             text = f"{read.tool}.{leaf.path.replace('{}', '[*]')}"
             found.setdefault(text, Origin(text, 1, read))
-            for selector in _selectors(leaf, told, others):
+            for selector in _selectors(leaf, told, others, index):
                 text = f"{read.tool}.{leaf.path.replace('{}', f'[{selector}]')}"
                 found.setdefault(text, Origin(text, 4 if selector in CHOSEN else 3, read))
         if amount is not None and (not float(amount).is_integer() or abs(amount) >= min_number):
@@ -233,6 +282,7 @@ def write_calls(run: Run, min_number: float = 10) -> Iterator[Call]:
     """Every scalar argument of the run's writes, with its origins (list elements of one
     argument: the origins all of them share)."""
     all_reads: list[Read] | None = None
+    indexes: dict[int, _ReadIndex] = {}  # (the reads live as long as this generator)
     for step in run.steps:
         if not is_write(step):
             continue
@@ -254,7 +304,7 @@ def write_calls(run: Run, min_number: float = 10) -> Iterator[Call]:
                       if amount_of(v) is None}  # fmt: skip
             shared: dict[str, Origin] | None = None
             for value in values:
-                found = origins_of(value, earlier, told, others - {""}, min_number)
+                found = origins_of(value, earlier, told, others - {""}, min_number, indexes)
                 shared = found if shared is None else {k: o for k, o in shared.items()
                                                        if k in found}  # fmt: skip
             if shared:
