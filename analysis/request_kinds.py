@@ -75,6 +75,21 @@ def _common_prefix(texts: Sequence[str]) -> str:
     return low[:n]
 
 
+def _heaviest(words: list[str], weight: np.ndarray, n: int) -> list[str]:
+    """The `n` words of most weight (at 9 decimals), at equal weight the longer (more telling)
+    word or pair first, then by the word; of positive weight. Sorts only the words of the kind
+    (a few), not the whole vocabulary once per kind."""
+    rounded = np.round(weight, 9)
+    ranked = sorted(np.flatnonzero(rounded > 0).tolist(),
+                    key=lambda j: (-rounded[j], -len(words[j]), words[j]))[:n]  # fmt: skip
+    if len(ranked) < n:  # then words rounded to 0 come next, tiny positive weights among them
+        rest = sorted(
+            np.flatnonzero(rounded <= 0).tolist(), key=lambda j: (-len(words[j]), words[j])
+        )
+        ranked += [j for j in rest[: n - len(ranked)] if weight[j] > 0]
+    return [words[j] for j in ranked]
+
+
 @dataclass
 class RequestKinds:
     """Cluster runs by their request text; `fit(runs)`, then `kind_of(run)`.
@@ -124,12 +139,7 @@ class RequestKinds:
             top = []
             if rows is not None and rows.shape[0]:
                 weight = np.asarray(rows.mean(axis=0)).ravel()
-                # heaviest first; at equal weight the longer (more telling) word or pair
-                best = sorted(
-                    range(len(words)),
-                    key=lambda j: (-round(weight[j], 9), -len(words[j]), words[j]),
-                )
-                top = [words[j] for j in best[:3] if weight[j] > 0]
+                top = _heaviest(words, weight, 3)
             self.names_[f"k{k}"] = f"k{k} ({' / '.join(top)})" if top else f"k{k}"
         return self
 

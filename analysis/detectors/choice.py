@@ -131,12 +131,19 @@ def _collections(value: Any, depth: int = 0) -> Iterator[list[tuple[str | None, 
             yield from _collections(item, depth + 1)
 
 
-def candidate_sets(earlier: Sequence[Read]) -> list[list[Candidate]]:
-    """Every set of records a choice could be made among, from the reads before a call."""
+def candidate_sets(
+    earlier: Sequence[Read], memo: dict[tuple[str, int], Any] | None = None
+) -> list[list[Candidate]]:
+    """Every set of records a choice could be made among, from the reads before a call.
+    `memo` keeps each read's candidates (by `id`) for the next call of the same run."""
+    memo = {} if memo is None else memo
     sets: list[list[Candidate]] = []
     for read in earlier:
-        for collection in _collections(read.parsed):
-            sets.append([_candidate(record, read, key) for key, record in collection])
+        key = ("lists", id(read))
+        if key not in memo:
+            memo[key] = [[_candidate(record, read, k) for k, record in collection]
+                         for collection in _collections(read.parsed)]  # fmt: skip
+        sets.extend(memo[key])
     by_tool: dict[str, dict[str, Read]] = defaultdict(dict)
     for read in earlier:  # the latest read of each record, per read tool
         if isinstance(read.parsed, dict):
@@ -146,7 +153,9 @@ def candidate_sets(earlier: Sequence[Read]) -> list[list[Candidate]]:
             continue
         group = []
         for read in records.values():
-            found = _candidate(read.parsed, read, None)
+            if ("whole", id(read)) not in memo:
+                memo["whole", id(read)] = _candidate(read.parsed, read, None)
+            found = memo["whole", id(read)]
             args = parse_json(read.step.input)
             ids = {words(str(v)) for _, v in flatten(args) if isinstance(v, (str, int))}
             group.append(Candidate(found.identity | {i for i in ids if i}, found.values,
@@ -261,6 +270,7 @@ def choices(
     """The choices of a run's writes (see the module docstring); `never`: (tool, arg, flag)
     states no rival may have; `common`: words users say whatever they want ("yes")."""
     all_reads = reads(run)
+    memo: dict[tuple[str, int], Any] = {}  # each read's candidates (the reads outlive it)
     previous = -1  # the request a write serves: what the user said since the previous write
     acted = {  # every record some write of the run names: the user's words about it are served
         text for s in run.steps if is_write(s) for _, text, _ in _scalars(parse_json(s.input))
@@ -279,7 +289,7 @@ def choices(
         told = user_text(run, step.position, since)
         tool = step.tool or step.name
         seen: set[tuple[str, str]] = set()
-        for candidates in candidate_sets(earlier):
+        for candidates in candidate_sets(earlier, memo):
             start = min(c.read.step.position for c in candidates)
             same = {c.read.key for c in candidates} | {c.read.tool for c in candidates[1:2]}
             before = [r for r in earlier if r.step.position < start

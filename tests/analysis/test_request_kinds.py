@@ -132,3 +132,18 @@ def test_hundreds_of_runs_fit_well_under_a_second():
     clock = time.perf_counter()
     RequestKinds().fit(runs)
     assert time.perf_counter() - clock < 1.0
+
+
+def test_a_kinds_name_is_its_heaviest_words_as_a_full_sort_would_rank_them() -> None:
+    import numpy as np
+    from tracegym.analysis.request_kinds import _heaviest
+
+    rng = np.random.default_rng(3)
+    vocabulary = [f"w{i}" + "x" * int(rng.integers(0, 4)) for i in range(300)]
+    for zeros in (0.5, 0.995):  # most words of the kind absent; or all but one or two
+        weight = np.round(rng.random(300), 2) * (rng.random(300) > zeros)
+        weight[rng.integers(0, 300)] = 1e-12  # positive, but 0 at 9 decimals
+        full = sorted(range(300), key=lambda j: (-round(weight[j], 9), -len(vocabulary[j]),
+                                                 vocabulary[j]))  # fmt: skip
+        expected = [vocabulary[j] for j in full[:3] if weight[j] > 0]
+        assert _heaviest(vocabulary, weight, 3) == expected
