@@ -54,8 +54,10 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from tracegym.analysis.detector_names import WRONG_TOOL_ORDER
@@ -169,12 +171,32 @@ def named_prerequisites(
     return named
 
 
+_memo = threading.local()  # `remembering_first_calls`' runs, per thread
+
+
+@contextmanager
+def remembering_first_calls() -> Iterator[None]:
+    """Within it, `first_calls` works each run out once: fitting and detecting ask for a run's
+    first calls once per rule. The runs must not change inside it."""
+    outer = getattr(_memo, "firsts", None)
+    _memo.firsts = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _memo.firsts = outer
+
+
 def first_calls(run: Run) -> dict[str, Step]:
-    """Each tool's first call in the run."""
+    """Each tool's first call in the run (do not change the dict: it may be remembered)."""
+    firsts: dict[int, tuple[Run, dict[str, Step]]] | None = getattr(_memo, "firsts", None)
+    if firsts is not None and (known := firsts.get(id(run))) is not None and known[0] is run:
+        return known[1]
     first: dict[str, Step] = {}
     for step in run.steps:
         if is_agent_call(step):
             first.setdefault(step.tool or step.name, step)
+    if firsts is not None:
+        firsts[id(run)] = (run, first)  # (the run is held, so its id is not reused meanwhile)
     return first
 
 
@@ -407,6 +429,10 @@ class WrongToolOrder(Detector):
         self.tools_: set[str] = set()
 
     def fit(self, runs: Sequence[Run]) -> WrongToolOrder:
+        with remembering_first_calls():
+            return self._fit(runs)
+
+    def _fit(self, runs: Sequence[Run]) -> WrongToolOrder:
         successes = [r for r in runs if r.success is True]
         self.rules_ = mine_rules(successes, self.min_support, self.min_confidence)
         if self.by_rate:
@@ -456,6 +482,10 @@ class WrongToolOrder(Detector):
         return list(findings.values())
 
     def detect(self, run: Run) -> list[Finding]:
+        with remembering_first_calls():
+            return self._detect(run)
+
+    def _detect(self, run: Run) -> list[Finding]:
         named = self._named_fixes(run)
         if not self.rules_:
             return named

@@ -1249,3 +1249,19 @@ def test_missed_request_counts_no_hand_off_as_carrying_the_request_out() -> None
     # a failed run that handed off instead still left the receipt undone
     [handed_off] = detector.detect(run(98, ("transfer_to_human",), success=False))
     assert handed_off.key == "missed_request:send_confirmation"
+
+
+def test_first_calls_are_remembered_only_inside_the_scope() -> None:
+    from tracegym.analysis.detectors.tool_order import first_calls, remembering_first_calls
+
+    run = shop_run()
+    assert first_calls(run) is not first_calls(run)  # outside: worked out each time
+    with remembering_first_calls():
+        remembered = first_calls(run)
+        assert first_calls(run) is remembered
+        with remembering_first_calls():  # nested: the same memory
+            assert first_calls(run) is remembered
+        other = shop_run()
+        assert first_calls(other) is not remembered and first_calls(other) == remembered
+    run.steps = [s for s in run.steps if s.tool != "get_order"]
+    assert "get_order" not in first_calls(run)  # after the scope the run is read again
