@@ -91,20 +91,40 @@ def run_detectors(
     detectors: Sequence[Detector], runs: Sequence[Run]
 ) -> tuple[dict[str, list[Finding]], dict[str, str]]:
     """Fit every detector on all runs (each learns its statistics from the successful ones,
-    and memory provenance may reach into runs without an outcome), then detect on all; a
-    failing detector is reported (and skipped), never fatal."""
+    and memory provenance may reach into runs without an outcome), then detect run by run,
+    every detector on one run in turn (what several of them work out from a run, its reads,
+    is worked out once: `state.remembering_reads`); a failing detector is reported (and
+    skipped from then on), never fatal."""
+    from tracegym.analysis.detectors.state import remembering_reads
+
     findings: dict[str, list[Finding]] = defaultdict(list)
     errors: dict[str, str] = {}
-    for detector in detectors:
-        name = detector.name or type(detector).__name__
+    names = [detector.name or type(detector).__name__ for detector in detectors]
+    working: list[int] = []
+    for i, detector in enumerate(detectors):
         try:
             detector.fit(runs)
-            for run in runs:
-                findings[run.trace_id].extend(detector.detect(run))
+            working.append(i)
         except Exception as exc:  # a user's detector must not sink the analysis
-            errors[name] = f"{type(exc).__name__}: {exc}"
-            internal.report_error(f"detector.{name}", exc)
+            _failed(errors, names[i], exc)
+    failed: set[int] = set()
+    for run in runs:
+        found = findings[run.trace_id]
+        with remembering_reads():
+            for i in working:
+                if i in failed:
+                    continue
+                try:
+                    found.extend(detectors[i].detect(run))
+                except Exception as exc:  # a user's detector must not sink the analysis
+                    failed.add(i)
+                    _failed(errors, names[i], exc)
     return dict(findings), errors
+
+
+def _failed(errors: dict[str, str], name: str, exc: Exception) -> None:
+    errors[name] = f"{type(exc).__name__}: {exc}"
+    internal.report_error(f"detector.{name}", exc)
 
 
 def cluster_candidates(
