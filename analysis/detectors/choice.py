@@ -364,6 +364,7 @@ class WrongChoice(Detector):
         self.max_common = max_common
         self.texts_: list[str] = []
         self._common: dict[str, bool] = {}
+        self._holding: dict[str, list[int]] = {}  # word -> the texts_ (indexes) saying it
         self.never_: set[tuple[str, str, str]] = set()
         self.disabled_: set[tuple[str, str]] = set()
         self.calls_: Counter[tuple[str, str]] = Counter()
@@ -376,7 +377,11 @@ class WrongChoice(Detector):
         """Whether users say `value` in more than `max_common` of the runs, and in at least
         `COMMON_RUNS` (whatever they want: "yes", "no"); never, before `fit`."""
         if value not in self._common:
-            found = sum(f" {value} " in t for t in self.texts_)
+            tokens = set(value.split())
+            # only the texts holding its rarest word can hold the value: not every run per value
+            holding = (min((self._holding.get(t, ()) for t in tokens), key=len) if tokens
+                       else range(len(self.texts_)))  # fmt: skip
+            found = sum(f" {value} " in self.texts_[i] for i in holding)
             self._common[value] = (
                 found >= COMMON_RUNS and found / len(self.texts_) > self.max_common
             )
@@ -386,6 +391,11 @@ class WrongChoice(Detector):
         successes = [r for r in runs if r.success is True]
         end = 1 << 62
         self.texts_, self._common = [user_text(r, end) for r in runs], {}
+        self._holding = defaultdict(list)
+        for i, text in enumerate(self.texts_):
+            for word in set(text.split()):
+                self._holding[word].append(i)
+        self._holding = dict(self._holding)
         held: Counter[tuple[str, str, str]] = Counter()  # flag among candidates, per call
         chosen: set[tuple[str, str, str]] = set()
         for run in successes:

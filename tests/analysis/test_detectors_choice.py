@@ -269,3 +269,23 @@ def test_on_real_tau_bench_runs_successful_runs_are_rarely_flagged(tmp_path: Pat
     assert any(r.success is False for r in flagged)
     assert sum(r.success is True for r in flagged) <= 0.05 * sum(r.success is True for r in runs)
     assert all(f.position is not None for r in flagged for f in detector.detect(r))
+
+
+def test_common_words_are_counted_as_a_scan_of_every_run_would() -> None:
+    import random
+
+    from tracegym.analysis.detectors.choice import COMMON_RUNS
+
+    rng = random.Random(5)
+    vocabulary = ["yes", "yesterday", "no", "red mug", "mug", "red", "blue", "the red", "x"]
+    runs = []
+    for _ in range(200):
+        b = RunBuilder("a task")
+        b.user(" ".join(rng.choice(vocabulary) for _ in range(rng.randint(1, 6))))
+        runs.append(b.build())
+    detector = WrongChoice().fit(runs)
+    for value in [*vocabulary, "red mug blue", "yes no", "nothing said"]:
+        found = sum(f" {value} " in t for t in detector.texts_)  # every run, the slow way
+        expected = found >= COMMON_RUNS and found / len(runs) > detector.max_common
+        assert detector.common(value) == expected, value
+    assert detector.common("yes") and not detector.common("nothing said")
