@@ -21,9 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
@@ -31,6 +28,7 @@ from typing import Any
 from tracegym.analysis.arithmetic import parse_number
 from tracegym.analysis.detectors.ungrounded import argument_values, token_set_of
 from tracegym.analysis.features import is_agent_call, is_tool
+from tracegym.analysis.run_memory import PerRunMemory
 from tracegym.analysis.runs import Run, Step, flatten, parse_json
 from tracegym.analysis.tool_kinds import is_answer_tool, is_read_tool
 
@@ -130,30 +128,19 @@ def read_of(step: Step) -> Read | None:
     )
 
 
-_memo = threading.local()  # `remembering_reads`' runs, per thread
+def _reads(run: Run) -> list[Read]:
+    return [r for r in (read_of(s) for s in run.steps) if r is not None]
 
 
-@contextmanager
-def remembering_reads() -> Iterator[None]:
-    """Within it, `reads` works each run's reads out once (several detectors ask for them when
-    one run is detected on). The runs must not change inside it."""
-    outer = getattr(_memo, "reads", None)
-    _memo.reads = {} if outer is None else outer
-    try:
-        yield
-    finally:
-        _memo.reads = outer
+_READS = PerRunMemory(_reads)
+# Within it, `reads` works each run's reads out once (several detectors ask for them when one
+# run is detected on). The runs must not change inside it.
+remembering_reads = _READS.scope
 
 
 def reads(run: Run) -> list[Read]:
     """The run's reads, in run order (a new list; the reads themselves may be remembered)."""
-    memo: dict[int, tuple[Run, list[Read]]] | None = getattr(_memo, "reads", None)
-    if memo is not None and (known := memo.get(id(run))) is not None and known[0] is run:
-        return list(known[1])
-    found = [r for r in (read_of(s) for s in run.steps) if r is not None]
-    if memo is not None:
-        memo[id(run)] = (run, found)  # (the run is held, so its id is not reused meanwhile)
-    return list(found)
+    return list(_READS.get(run))
 
 
 def write_tokens(step: Step) -> frozenset[str]:

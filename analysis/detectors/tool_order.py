@@ -54,15 +54,14 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections import Counter
-from collections.abc import Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 from tracegym.analysis.detector_names import WRONG_TOOL_ORDER
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.features import final_action_step, is_agent_call, step_ref
+from tracegym.analysis.run_memory import PerRunMemory
 from tracegym.analysis.runs import Run, Step, parse_json
 from tracegym.analysis.tool_kinds import is_answer_tool, is_read_tool
 from tracegym.tracer import semconv as sc
@@ -171,33 +170,23 @@ def named_prerequisites(
     return named
 
 
-_memo = threading.local()  # `remembering_first_calls`' runs, per thread
-
-
-@contextmanager
-def remembering_first_calls() -> Iterator[None]:
-    """Within it, `first_calls` works each run out once: fitting and detecting ask for a run's
-    first calls once per rule. The runs must not change inside it."""
-    outer = getattr(_memo, "firsts", None)
-    _memo.firsts = {} if outer is None else outer
-    try:
-        yield
-    finally:
-        _memo.firsts = outer
-
-
-def first_calls(run: Run) -> dict[str, Step]:
-    """Each tool's first call in the run (do not change the dict: it may be remembered)."""
-    firsts: dict[int, tuple[Run, dict[str, Step]]] | None = getattr(_memo, "firsts", None)
-    if firsts is not None and (known := firsts.get(id(run))) is not None and known[0] is run:
-        return known[1]
+def _first_calls(run: Run) -> dict[str, Step]:
     first: dict[str, Step] = {}
     for step in run.steps:
         if is_agent_call(step):
             first.setdefault(step.tool or step.name, step)
-    if firsts is not None:
-        firsts[id(run)] = (run, first)  # (the run is held, so its id is not reused meanwhile)
     return first
+
+
+_FIRSTS = PerRunMemory(_first_calls)
+# Within it, `first_calls` works each run out once: fitting and detecting ask for a run's first
+# calls once per rule. The runs must not change inside it.
+remembering_first_calls = _FIRSTS.scope
+
+
+def first_calls(run: Run) -> dict[str, Step]:
+    """Each tool's first call in the run (do not change the dict: it may be remembered)."""
+    return _FIRSTS.get(run)
 
 
 @dataclass
