@@ -45,19 +45,23 @@ def _run(trace: str, success: bool, request: str, tools: list[str], *, reply: st
 CANCEL = "Please cancel my order #W{n:05d}, I do not need it any more."
 
 
+def _cancels(succeeded: int, looked_up: int, failed: int) -> list[Run]:
+    """`succeeded` successful cancels, the first `looked_up` after the look-up (the others
+    cancel blind and were lucky); `failed` failed ones, only the first after the look-up."""
+    runs = []
+    for outcome, n, first, prefix, base in ((True, succeeded, looked_up, "s", 10000),
+                                            (False, failed, 1, "f", 20000)):  # fmt: skip
+        for i in range(n):
+            tools = ["get_order", "cancel_order"] if i < first else ["cancel_order"]
+            runs.append(_run(f"{prefix}{i:02d}", outcome, CANCEL.format(n=base - 10000 + i),
+                             tools, reply="Done.", args={"order_id": f"W{base + i}"}))  # fmt: skip
+    return runs
+
+
 def _cancel_runs() -> list[Run]:
     """Successful runs look the order up first in 10 of 15 (5 lucky ones cancel blind, and the
     order happened to be cancellable); failed runs in 1 of 10."""
-    runs = []
-    for i in range(15):
-        tools = ["get_order", "cancel_order"] if i < 10 else ["cancel_order"]
-        runs.append(_run(f"s{i:02d}", True, CANCEL.format(n=i), tools, reply="Done.",
-                         args={"order_id": f"W{10000 + i}"}))  # fmt: skip
-    for i in range(10):
-        tools = ["get_order", "cancel_order"] if i == 0 else ["cancel_order"]
-        runs.append(_run(f"f{i:02d}", False, CANCEL.format(n=100 + i), tools, reply="Done.",
-                         args={"order_id": f"W{20000 + i}"}))  # fmt: skip
-    return runs
+    return _cancels(15, 10, 10)
 
 
 def test_a_rule_lucky_successes_break_is_still_found_with_its_p_value():
@@ -137,15 +141,7 @@ def _thin_cancels(refunds: int = 20, refunds_looked_up: int = 20) -> list[Run]:
         tools = ["get_order", "refund_order"] if i < refunds_looked_up else ["refund_order"]
         runs.append(_run(f"r{i:02d}", True, REFUND.format(n=i), tools, reply="Refunded.",
                          args={"order_id": f"W{30000 + i}"}))  # fmt: skip
-    for i in range(4):
-        tools = ["get_order", "cancel_order"] if i < 2 else ["cancel_order"]
-        runs.append(_run(f"s{i:02d}", True, CANCEL.format(n=i), tools, reply="Done.",
-                         args={"order_id": f"W{10000 + i}"}))  # fmt: skip
-    for i in range(9):
-        tools = ["get_order", "cancel_order"] if i == 0 else ["cancel_order"]
-        runs.append(_run(f"f{i:02d}", False, CANCEL.format(n=100 + i), tools, reply="Done.",
-                         args={"order_id": f"W{20000 + i}"}))  # fmt: skip
-    return runs
+    return runs + _cancels(4, 2, 9)
 
 
 def test_a_rare_write_is_held_to_the_look_up_every_write_on_its_record_gets():
