@@ -162,13 +162,18 @@ class Relation:
                 "named": self.named}[relation]  # fmt: skip
 
 
-def relation(elements: list[frozenset[str]], earlier: list[Read], told: str) -> Relation:
-    """The relations `elements` have with the reads before the call and what the user said."""
+def relation(elements: list[frozenset[str]], earlier: list[Read], told: str,
+             lists: dict[int, list[ReadList]] | None = None) -> Relation:  # fmt: skip
+    """The relations `elements` have with the reads before the call and what the user said;
+    `lists` keeps each read's `read_lists` (by `id`) for the next call of the same run."""
     equal = subset = None
     equal_path = subset_path = None
     telling = False
+    lists = {} if lists is None else lists
     for read in reversed(earlier):
-        for found in read_lists(read):
+        if id(read) not in lists:
+            lists[id(read)] = list(read_lists(read))
+        for found in lists[id(read)]:
             matched = _matches(found.candidates, elements)
             if not matched:
                 continue
@@ -211,6 +216,7 @@ class WrongListArgument(Detector):
 
     def _calls(self, run: Run) -> Iterator[tuple[Step, str, list[frozenset[str]], Relation]]:
         all_reads = reads(run)
+        lists_of: dict[int, list[ReadList]] = {}  # (the reads live as long as this generator)
         evidence = Evidence(run)
         for step in run.steps:
             if not is_write(step):
@@ -222,7 +228,7 @@ class WrongListArgument(Detector):
             earlier = [r for r in all_reads if r.step.position < step.position]
             told = _told(evidence)
             for arg, elements in lists.items():
-                yield step, arg, elements, relation(elements, earlier, told)
+                yield step, arg, elements, relation(elements, earlier, told, lists_of)
 
     def fit(self, runs: Sequence[Run]) -> WrongListArgument:
         calls: Counter[tuple[str, str]] = Counter()
