@@ -76,9 +76,7 @@ class Scored:
         """The delta a contrast within kinds must reach: `min_delta`, or NEAR_ZERO for a rule
         of rates (`rule_of_rates`), whatever its pooled delta: lucky successes of the kind
         break it too, and its evidence is its Fisher test, not its delta."""
-        return (
-            NEAR_ZERO if self.by_rates is not None or rule_of_rates(self.candidate) else t.min_delta
-        )
+        return NEAR_ZERO if rule_of_rates(self.candidate) else t.min_delta
 
 
 def rates(lacking: set[str], failed: Sequence[str], succeeded: Sequence[str]):

@@ -272,15 +272,16 @@ def outside_states_p(
     `left_alone`): the acted records' outcomes are shuffled PERMUTATIONS times (seed 0), and the
     set of values is chosen again from each shuffle's successful records, so that a field with
     many values, where any few records miss most of them, gives no rule."""
-    values = sorted({v for vs in acted + in_failed for v in vs})
+    # only values left alone can count, and they are few (a state field's, `max_values`): one
+    # bit each; whatever else a record holds never makes it count
+    values = sorted(left_alone)
     bit = {v: 1 << i for i, v in enumerate(values)}
-    masks = np.array([sum(bit[v] for v in vs) for vs in acted + in_failed], dtype=np.int64)
-    eligible = sum(bit[v] for v in values if v in left_alone)
+    masks = np.array([sum(bit.get(v, 0) for v in vs) for vs in acted + in_failed], dtype=np.int64)
     n = len(acted)
 
     def outside(succ: np.ndarray, failed: np.ndarray) -> np.ndarray:
         held = np.bitwise_or.reduce(succ, axis=-1)
-        return ((failed & ~held[..., None] & eligible) != 0).sum(axis=-1)
+        return ((failed & ~held[..., None]) != 0).sum(axis=-1)
 
     k = int(outside(masks[:n], masks[n:]))
     rng = np.random.default_rng(0)

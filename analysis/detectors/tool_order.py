@@ -363,7 +363,9 @@ def rate_rules(
             continue
         pooled = None
         if thin:
-            pooled = look_ups.setdefault(a, record_look_up(s, successes, a))
+            if a not in look_ups:
+                look_ups[a] = record_look_up(s, successes, a)
+            pooled = look_ups[a]
             if pooled[1] < min_support or pooled[0] < LOOK_UP_SHARE * pooled[1]:
                 continue
         n_f = f.calls[b]

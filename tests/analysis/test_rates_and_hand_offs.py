@@ -403,3 +403,15 @@ def test_the_permutation_test_gives_the_same_p_in_bounded_chunks(monkeypatch):
     monkeypatch.setattr(precondition, "SHUFFLED_CELLS", 30)  # 2 shuffles of 14 records a chunk
     assert precondition.outside_states_p(acted, failed, set("abcde")) == whole
     assert 0 < whole < 1
+
+
+def test_states_never_left_alone_do_not_count_however_many_there_are():
+    from tracegym.analysis.detectors import precondition
+
+    acted = [frozenset({"pending"})] * 3
+    # 80 distinct values only failed records hold, none left alone: nothing to count, no overflow
+    failed = [frozenset({f"v{i}", "shipped" if i < 3 else "other"}) for i in range(80)]
+    with_shipped = precondition.outside_states_p(acted, failed, {"shipped"})
+    stripped = [vs & {"shipped"} for vs in failed]  # the same records, the other values gone
+    assert with_shipped == precondition.outside_states_p(acted, stripped, {"shipped"}) < 1.0
+    assert precondition.outside_states_p(acted, failed, set()) == 1.0  # k = 0: never extreme
