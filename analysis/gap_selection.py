@@ -32,6 +32,7 @@ from tracegym.analysis.detector_names import (
 from tracegym.analysis.detectors.base import Finding
 from tracegym.analysis.gap import Gap, GapError, GapMember, GapRequest, MinedRule, Symptom
 from tracegym.analysis.request_kinds import RequestKinds
+from tracegym.analysis.run_facts import RunFacts
 from tracegym.analysis.runs import Run
 from tracegym.analysis.signatures import mask
 
@@ -138,7 +139,7 @@ LEARNT = "learnt"  # ... the kind `RequestKinds` learns from its request text, e
 
 def like_with_like(
     scored: Sequence[Scored],
-    runs: Sequence[Run],
+    runs: Sequence[Run] | Sequence[RunFacts],
     t: Thresholds,
     *,
     contrast_kinds: str = LEARNT,
@@ -341,7 +342,7 @@ KIND_COVERAGE = 0.5  # ... covering this share of the kind's failed runs, which 
 
 def the_kind_itself(
     scored: Sequence[Scored],
-    runs: Sequence[Run],
+    runs: Sequence[Run] | Sequence[RunFacts],
     kinds: RequestKinds,
     t: Thresholds,
     spread: bool = True,
@@ -670,18 +671,40 @@ def gap_name(c: Candidate) -> str:
     return snake(f"{c.detector}_{detail.replace('>', '_before_')}")
 
 
-def _tools(c: Candidate, runs: Mapping[str, Run]) -> list[str]:
-    counts: Counter[str] = Counter()
+MAX_DESCRIBED = 2_000  # runs whose steps describe a gap's tools and typical calls
+
+
+def _tools_and_patterns(c: Candidate, runs: Mapping[str, Run]) -> tuple[list[str], list[str]]:
+    """The tools the candidate's findings are about (the tool a finding names counts twice, the
+    tools of its spans once) and its calls' argument patterns, over the findings of its first
+    MAX_DESCRIBED runs (in finding order): a summary, and each run read is one read from disk
+    in a streamed analysis (`run_archive`)."""
+    tools: Counter[str] = Counter()
+    patterns: Counter[str] = Counter()
+    seen: set[str] = set()
     for f in c.findings:
         named = f.details.get("tool")  # a tool the finding is about, even one never called
         if isinstance(named, str):
-            counts[named] += 2
-        steps = runs[f.trace_id].by_span() if f.trace_id in runs else {}
+            tools[named] += 2
+        if f.trace_id not in seen and len(seen) >= MAX_DESCRIBED:
+            continue
+        seen.add(f.trace_id)
+        run = runs.get(f.trace_id)
+        if run is None:
+            continue
+        steps = run.by_span() if f.span_ids else {}
         for span in f.span_ids:
             step = steps.get(span)
             if step is not None and step.tool:
-                counts[step.tool] += 1
-    return [tool for tool, _ in counts.most_common(5)]
+                tools[step.tool] += 1
+        if f.position is None or f.position >= len(run.steps):
+            continue
+        step = run.steps[f.position]
+        args = step.arguments
+        if isinstance(args, dict):
+            shown = ", ".join(f"{k}={_shape(v)}" for k, v in sorted(args.items()))
+            patterns[f"{step.tool}({shown})"] += 1
+    return [t for t, _ in tools.most_common(5)], [p for p, _ in patterns.most_common(3)]
 
 
 def _shape(value: Any) -> str:
@@ -690,21 +713,7 @@ def _shape(value: Any) -> str:
     return mask(text) if len(text) <= 24 else "<text>"
 
 
-def _argument_patterns(c: Candidate, runs: Mapping[str, Run]) -> list[str]:
-    patterns: Counter[str] = Counter()
-    for f in c.findings:
-        run = runs.get(f.trace_id)
-        if run is None or f.position is None or f.position >= len(run.steps):
-            continue
-        step = run.steps[f.position]
-        args = step.arguments
-        if isinstance(args, dict):
-            shown = ", ".join(f"{k}={_shape(v)}" for k, v in sorted(args.items()))
-            patterns[f"{step.tool}({shown})"] += 1
-    return [p for p, _ in patterns.most_common(3)]
-
-
-def _successful_behaviour(tools: Sequence[str], successes: Sequence[Run]) -> str:
+def _successful_behaviour(tools: Sequence[str], successes: Sequence[Run | RunFacts]) -> str:
     if not successes or not tools:
         return "no successful runs to compare with" if not successes else ""
     parts = []
@@ -726,13 +735,13 @@ def _successful_behaviour(tools: Sequence[str], successes: Sequence[Run]) -> str
     return "; ".join(parts)
 
 
-def _member(f: Finding, run: Run) -> GapMember:
+def _member(f: Finding, run: Run | RunFacts) -> GapMember:
     return GapMember(trace_id=f.trace_id, run_id=run.run_id, step=f.step_index,
                      position=f.position, agent=f.agent, span_ids=tuple(f.span_ids),
                      evidence=f.message)  # fmt: skip
 
 
-def members(c: Candidate, runs: Mapping[str, Run]) -> list[GapMember]:
+def members(c: Candidate, runs: Mapping[str, Run] | Mapping[str, RunFacts]) -> list[GapMember]:
     """Every failed run of the candidate at its decisive step: the earliest of the candidate's
     findings in the run (trace id order)."""
     first: dict[str, Finding] = {}
@@ -755,16 +764,17 @@ def dominant_detector(c: Candidate) -> str:
     return max(counts, key=lambda d: (counts[d], d)) if counts else "cluster"
 
 
-def describe(s: Scored, name: str, runs: Mapping[str, Run], successes: Sequence[Run],
-             detector_text: Mapping[str, str], rank: int = 0,
-             symptoms: Sequence[Symptom] = ()) -> Gap:  # fmt: skip
-    """The gap: stats, every member run, and a paragraph a person can check."""
+def describe(s: Scored, name: str, runs: Mapping[str, Run],
+             successes: Sequence[Run | RunFacts], detector_text: Mapping[str, str],
+             rank: int = 0, symptoms: Sequence[Symptom] = (),
+             facts: Mapping[str, RunFacts] | None = None) -> Gap:  # fmt: skip
+    """The gap: stats, every member run, and a paragraph a person can check. `facts`, where
+    given, name the member runs (`runs` is then read only for the steps findings name)."""
     c = s.candidate
-    tools = _tools(c, runs)
-    patterns = _argument_patterns(c, runs)
+    tools, patterns = _tools_and_patterns(c, runs)
     instead = _successful_behaviour(tools, successes)
     first = sorted(c.findings, key=lambda f: (f.trace_id, f.position or 0))
-    listed = members(c, runs)
+    listed = members(c, facts if facts is not None else runs)
     # the users' words, where findings kept them (unserved_request): synthesis reuses them
     requests: list[GapRequest] = []
     for f in first:

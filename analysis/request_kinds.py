@@ -21,6 +21,10 @@ values ("What is the status of my shipment #SH43087?"). So:
 
 No domain word is written down. A run without request text has no kind (None), and neither
 does any run when there are fewer than two requests.
+
+A run the kinds were not fitted on (a streamed analysis fits detectors on a sample) gets the
+kind of its masked request when a fitted run sent the same one, else the kind whose mean TF-IDF
+row is nearest within `distance`, else none (`kind_of`).
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.metrics.pairwise import cosine_distances
-from tracegym.analysis.detectors.unserved import request_text
 from tracegym.analysis.linkage import average_linkage_labels
+from tracegym.analysis.run_facts import RunFacts, request_of
 from tracegym.analysis.runs import Run
 from tracegym.analysis.signatures import mask
 
@@ -54,18 +58,28 @@ def normalise(text: str) -> str:
 
 def strip_common(texts: Sequence[str]) -> list[str]:
     """The texts less the longest prefix and suffix all of them share (cut at whitespace)."""
+    head, tail = common_ends(texts)
+    return [_cut(t, head, tail) for t in texts]
+
+
+def common_ends(texts: Sequence[str]) -> tuple[str, str]:
+    """The prefix and suffix `strip_common` cuts from these texts ("" for none)."""
     nonempty = [t for t in texts if t]
     if len(nonempty) < 2:
-        return list(texts)
+        return "", ""
     prefix = _common_prefix(nonempty)
     suffix = _common_prefix([t[::-1] for t in nonempty])[::-1]
     cut_head = prefix.rfind(" ") + 1 if " " in prefix else 0
     cut_tail = len(suffix) - suffix.find(" ") if " " in suffix else 0
-    out = []
-    for t in texts:
-        end = len(t) - cut_tail
-        out.append(t[cut_head:end] if end > cut_head else t)
-    return out
+    return prefix[:cut_head], suffix[len(suffix) - cut_tail :] if cut_tail else ""
+
+
+def _cut(text: str, head: str, tail: str) -> str:
+    """The text less `head` and `tail` where it has both and something is left between."""
+    if not text.startswith(head) or not text.endswith(tail):
+        return text
+    end = len(text) - len(tail)
+    return text[len(head) : end] if end > len(head) else text
 
 
 def _common_prefix(texts: Sequence[str]) -> str:
@@ -103,14 +117,22 @@ class RequestKinds:
     max_df: float = 0.95
     kinds_: dict[str, str] = field(default_factory=dict)  # trace id -> kind
     names_: dict[str, str] = field(default_factory=dict)  # kind -> its most telling words
+    # For runs not fitted on: the cut boilerplate, each masked request's kind, the vocabulary
+    # and each kind's mean row.
+    _ends: tuple[str, str] = ("", "")
+    _doc_kinds: dict[str, str | None] = field(default_factory=dict, repr=False)
+    _vectorizer: TfidfVectorizer | None = field(default=None, repr=False)
+    _centroids: np.ndarray | None = field(default=None, repr=False)
 
-    def fit(self, runs: Sequence[Run]) -> RequestKinds:
-        self.kinds_, self.names_ = {}, {}
-        texts = [request_text(r).strip() for r in runs]
+    def fit(self, runs: Sequence[Run | RunFacts]) -> RequestKinds:
+        self.kinds_, self.names_, self._doc_kinds = {}, {}, {}
+        self._vectorizer = self._centroids = None
+        texts = [request_of(r).strip() for r in runs]
         have = [i for i, t in enumerate(texts) if t]
         if len(have) < 2:
             return self
-        docs = [normalise(t) for t in strip_common([texts[i] for i in have])]
+        self._ends = common_ends([texts[i] for i in have])
+        docs = [normalise(_cut(texts[i], *self._ends)) for i in have]
         worded = [j for j, d in enumerate(docs) if _WORD.search(d)]  # "{}" asks nothing
         have, docs = [have[j] for j in worded], [docs[j] for j in worded]
         if len(have) < 2:
@@ -131,21 +153,47 @@ class RequestKinds:
             labels = _cluster(matrix, docs, self.distance)
             words = list(vectorizer.get_feature_names_out())
         order: dict[int, int] = {}
-        for i, label in zip(have, labels, strict=True):
+        for i, doc, label in zip(have, docs, labels, strict=True):
             kind = f"k{order.setdefault(int(label), len(order))}"
             self.kinds_[runs[i].trace_id] = kind
+            self._doc_kinds[doc] = kind
+        centroids = []
         for label, k in order.items():
             rows = matrix[labels == label] if words else None
             top = []
             if rows is not None and rows.shape[0]:
                 weight = np.asarray(rows.mean(axis=0)).ravel()
+                centroids.append(weight)
                 top = _heaviest(words, weight, 3)
             self.names_[f"k{k}"] = f"k{k} ({' / '.join(top)})" if top else f"k{k}"
+        if words and len(centroids) == len(order):
+            self._vectorizer, self._centroids = vectorizer, np.stack(centroids)
         return self
 
-    def kind_of(self, run: Run) -> str | None:
-        """The run's kind (a fitted run's), None for a run without request text or not fitted."""
-        return self.kinds_.get(run.trace_id)
+    def kind_of(self, run: Run | RunFacts) -> str | None:
+        """The run's kind: a fitted run's own; for another run, the kind of the same masked
+        request, else of the nearest kind within `distance` (`_nearest`); None for a run
+        without request text, or when nothing was fitted."""
+        fitted = self.kinds_.get(run.trace_id)
+        if fitted is not None or not self.kinds_:
+            return fitted
+        text = request_of(run).strip()
+        if not text:
+            return None
+        doc = normalise(_cut(text, *self._ends))
+        if doc not in self._doc_kinds:  # requests are templates: few distinct docs
+            self._doc_kinds[doc] = self._nearest(doc) if _WORD.search(doc) else None
+        return self._doc_kinds[doc]
+
+    def _nearest(self, doc: str) -> str | None:
+        if self._vectorizer is None or self._centroids is None:
+            return None
+        row = self._vectorizer.transform([doc])
+        if not row.getnnz():
+            return None
+        distances = cosine_distances(row, self._centroids).ravel()
+        best = int(np.argmin(distances))
+        return f"k{best}" if distances[best] <= self.distance else None
 
     def name(self, kind: str | None) -> str:
         """A readable name: the kind and its most telling words."""

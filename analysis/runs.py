@@ -170,10 +170,16 @@ class Run:
         calls (read and answer tools by name, `tool_kinds`), None when it calls none. Gap
         selection compares runs of one kind learnt from the request text
         (`analysis.request_kinds`) and takes this for runs without request text."""
-        for tool in self.tool_sequence():
-            if not is_read_tool(tool) and not is_answer_tool(tool):
-                return tool
-        return None
+        return first_write(self.tool_sequence())
+
+
+def first_write(tools: Iterable[str]) -> str | None:
+    """The first tool that neither reads nor answers (`tool_kinds`): a run's kind of request
+    from its own calls (`Run.request_kind`)."""
+    for tool in tools:
+        if not is_read_tool(tool) and not is_answer_tool(tool):
+            return tool
+    return None
 
 
 def _subtasks(steps: Sequence[Step]) -> None:

@@ -108,8 +108,27 @@ def test_runs_without_request_text_have_no_kind():
     assert RequestKinds().fit([runs[0]]).kind_of(runs[0]) is None  # nothing to compare with
     empty = [_run(f"e{i}", "{}") for i in range(3)]  # an agent's empty arguments ask nothing
     assert {RequestKinds().fit([*runs, *empty]).kind_of(r) for r in empty} == {None}
-    unseen = _run("unseen", "What is the status of my parcel #PX12345?")
-    assert model.kind_of(unseen) is None  # kinds are of fitted runs
+    assert RequestKinds().kind_of(runs[0]) is None  # nothing fitted
+
+
+def test_a_run_not_fitted_on_gets_the_kind_of_its_request():
+    """A streamed analysis fits on a sample: the other runs take the kind of the same masked
+    request, else of the nearest kind within the distance, else none."""
+    runs, truth = templated_runs(per_kind=12, seed=3, boilerplate="Support chat. ")
+    fitted, rest = runs[:30], runs[30:]
+    model = RequestKinds().fit(fitted)
+    whole = RequestKinds().fit(runs)
+    for run in rest:  # the same templates: the kind fitted runs of its template have
+        peers = {model.kind_of(r) for r in fitted if truth[r.trace_id] == truth[run.trace_id]}
+        assert peers == {model.kind_of(run)}, truth[run.trace_id]
+    assert [model.kind_of(r) for r in fitted] == [model.kinds_[r.trace_id] for r in fitted]
+    assert _partition(model, rest, truth) == _partition(whole, rest, truth) == ([], [])
+    reworded = _run("reworded", "Support chat. What is the current status of parcel PX55555?")
+    assert model.kind_of(reworded) == model.kind_of(
+        next(r for r in fitted if truth[r.trace_id] == "status")
+    )
+    assert model.kind_of(_run("far", "Support chat. Bonjour, quel temps fait-il?")) is None
+    assert model.kind_of(_run("silent", None)) is None
 
 
 def test_identical_requests_are_one_kind():

@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from tracegym.analysis.pipeline import analyze
+from tracegym.analysis.detectors.base import Detector
+from tracegym.analysis.detectors.registry import default_detectors
+from tracegym.analysis.pipeline import analyze, count_runs, sample_filter
+from tracegym.analysis.run_facts import RunFacts, request_of
 from tracegym.analysis.runs import _STEP_COLUMNS, build_runs, iter_runs, load_runs
 from tracegym.store.records import outcome_record, span_record, stable_id, write_spool_file
 from tracegym.store.store import Store
@@ -104,3 +107,59 @@ def test_analysis_gaps_are_the_same_streamed_and_not(planted: Path):
     assert {k: [f.to_dict() for f in v] for k, v in streamed.findings.items()} == {
         k: [f.to_dict() for f in v] for k, v in whole.findings.items()
     }
+
+
+class _FitOn(Detector):
+    """A detector fitted only on the runs of `keep` (what a streamed analysis fits on)."""
+
+    def __init__(self, inner: Detector, keep: set[str]) -> None:
+        self.inner, self.keep = inner, keep
+        self.name, self.description = inner.name, inner.description
+
+    def fit(self, runs):
+        self.inner.fit([r for r in runs if r.trace_id in self.keep])
+        return self
+
+    def detect(self, run):
+        return self.inner.detect(run)
+
+
+def test_past_max_resident_runs_stream_through_detectors_fitted_on_a_sample(planted: Path):
+    """Streamed: fitted on a seeded sample, every run detected, runs kept on disk. The same
+    gaps and findings as analysing in memory with the detectors fitted on that sample."""
+    with Store(planted) as store:
+        total = count_runs(store)
+        sample = {r.trace_id for r in load_runs(store, sample_filter("", 40))}
+        again = {r.trace_id for r in load_runs(store, sample_filter("", 40))}
+        failed = {r.trace_id for r in load_runs(store, sample_filter("success = false", 10))}
+        kept = [r for r in load_runs(store) if r.trace_id in failed]
+    assert len(sample) == 40 < total and again == sample  # seeded: the same sample each time
+    assert len(failed) == 10 and all(r.success is False for r in kept)
+    embedder = HashEmbedder(planted / "cache")
+    streamed = analyze(planted, embedder=embedder, write=False, max_resident=40, batch_rows=7)
+    reference = analyze(planted, embedder=embedder, write=False,
+                        detectors=[_FitOn(d, sample) for d in default_detectors()])  # fmt: skip
+    assert streamed.streamed and not reference.streamed
+    assert streamed.fitted_on == 40 and reference.fitted_on == total
+    assert len(streamed.runs) == len(streamed.facts) == total
+    assert streamed.gaps, "the sample is enough to keep gaps"
+    assert _document(streamed) == _document(reference)
+    assert {k: [f.to_dict() for f in v] for k, v in streamed.findings.items()} == {
+        k: [f.to_dict() for f in v] for k, v in reference.findings.items()
+    }
+    runs = [dataclasses.asdict(r) for r in streamed.runs]  # read back from disk
+    assert runs == [dataclasses.asdict(r) for r in reference.runs]
+    streamed.runs.close()
+
+
+def test_facts_answer_what_gap_selection_asks_of_runs(planted: Path):
+    with Store(planted) as store:
+        runs = load_runs(store)
+    for run in runs:
+        facts = RunFacts.of(run)
+        assert (facts.trace_id, facts.run_id, facts.success, facts.failed) == (
+            run.trace_id, run.run_id, run.success, run.failed)  # fmt: skip
+        assert facts.tool_sequence() == run.tool_sequence()
+        assert facts.request_kind() == run.request_kind()
+        assert request_of(facts) == request_of(run) and facts.signature == ""
+    assert {RunFacts.of(r).request_kind() for r in runs} - {None}, "runs that write"
