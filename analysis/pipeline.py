@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from tracegym.analysis.clustering import assign, cluster
+from tracegym.analysis.detection import run_detectors
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.detectors.registry import default_detectors
 from tracegym.analysis.embeddings import Embedder
@@ -38,9 +39,9 @@ from tracegym.analysis.gap_selection import (
 )
 from tracegym.analysis.run_archive import RunArchive
 from tracegym.analysis.run_facts import RunFacts
-from tracegym.analysis.runs import BATCH_ROWS, Run, iter_runs, load_runs
+from tracegym.analysis.runs import BATCH_ROWS, Run, load_runs
+from tracegym.analysis.streaming import MAX_RESIDENT, Detected, count_runs, detect_streamed
 from tracegym.store.home import Home
-from tracegym.tracer import internal
 
 
 @dataclass
@@ -107,59 +108,6 @@ def default_detector_set() -> list[Detector]:
     return default_detectors()
 
 
-def run_detectors(
-    detectors: Sequence[Detector], runs: Sequence[Run]
-) -> tuple[dict[str, list[Finding]], dict[str, str]]:
-    """Fit every detector on all runs (each learns its statistics from the successful ones,
-    and memory provenance may reach into runs without an outcome), then detect run by run
-    (`Detection`); a failing detector is reported (and skipped from then on), never fatal."""
-    detection = Detection.fitted(detectors, runs)
-    findings = {run.trace_id: detection.detect(run) for run in runs}
-    return findings, detection.errors
-
-
-class Detection:
-    """Fitted detectors applied to one run after another: every detector on one run in turn
-    (what several of them work out from a run, its reads, is worked out once:
-    `state.remembering_reads`). A detector that raises is reported in `errors` and skipped
-    from then on: a user's detector must not sink the analysis."""
-
-    def __init__(self, detectors: Sequence[Detector]) -> None:
-        self.detectors = list(detectors)
-        self.names = [d.name or type(d).__name__ for d in self.detectors]
-        self.errors: dict[str, str] = {}
-        self.working: list[int] = []
-
-    @classmethod
-    def fitted(cls, detectors: Sequence[Detector], runs: Sequence[Run]) -> Detection:
-        detection = cls(detectors)
-        for i, detector in enumerate(detection.detectors):
-            try:
-                detector.fit(runs)
-                detection.working.append(i)
-            except Exception as exc:  # a user's detector must not sink the analysis
-                _failed(detection.errors, detection.names[i], exc)
-        return detection
-
-    def detect(self, run: Run) -> list[Finding]:
-        from tracegym.analysis.detectors.state import remembering_reads
-
-        found: list[Finding] = []
-        with remembering_reads():
-            for i in list(self.working):
-                try:
-                    found.extend(self.detectors[i].detect(run))
-                except Exception as exc:  # a user's detector must not sink the analysis
-                    self.working.remove(i)
-                    _failed(self.errors, self.names[i], exc)
-        return found
-
-
-def _failed(errors: dict[str, str], name: str, exc: Exception) -> None:
-    errors[name] = f"{type(exc).__name__}: {exc}"
-    internal.report_error(f"detector.{name}", exc)
-
-
 def cluster_candidates(
     facts: Sequence[RunFacts],
     findings: dict[str, list[Finding]],
@@ -197,38 +145,10 @@ def cluster_candidates(
     return result
 
 
-MAX_RESIDENT = 20_000  # runs analysed in memory; past this they stream (module docstring)
-
-
-def count_runs(store: Any, where: str = "") -> int:
-    """The runs `iter_runs(store, where)` yields."""
-    within = f"WHERE {where}" if where else ""
-    return int(store.sql(f"SELECT count(*) FROM traces {within}").fetchall()[0][0])
-
-
-def sample_filter(where: str, size: int) -> str:
-    """A condition over the `traces` view keeping a seeded sample of `size` of the runs
-    `where` keeps: those of the smallest hash of their trace id (uniform, the same every
-    time, and no trace content in the SQL)."""
-    within = f"WHERE {where}" if where else ""
-    sample = (f"trace_id IN (SELECT trace_id FROM traces {within} "
-              f"ORDER BY hash(trace_id), trace_id LIMIT {int(size)})")  # fmt: skip
-    return f"({where}) AND {sample}" if where else sample
-
-
-@dataclass
-class _Detected:
-    runs: Sequence[Run]
-    facts: list[RunFacts]
-    findings: dict[str, list[Finding]]
-    errors: dict[str, str]
-    fitted_on: int
-
-
 def _in_memory(
     store: Any, where: str, detectors: Sequence[Detector], batch_rows: int,
     timings: dict[str, float], say: Callable[[str], None],
-) -> _Detected:  # fmt: skip
+) -> Detected:  # fmt: skip
     clock = time.perf_counter()
     runs = load_runs(store, where, batch_rows)
     timings["load"] = time.perf_counter() - clock
@@ -237,33 +157,7 @@ def _in_memory(
     findings, errors = run_detectors(detectors, runs)
     facts = [RunFacts.of(r, findings.get(r.trace_id, [])) for r in runs]
     timings["detect"] = time.perf_counter() - clock
-    return _Detected(runs, facts, findings, errors, len(runs))
-
-
-def _streamed(
-    store: Any, where: str, detectors: Sequence[Detector], batch_rows: int, total: int,
-    sample: int, timings: dict[str, float], say: Callable[[str], None],
-) -> _Detected:  # fmt: skip
-    say(f"{total} runs: fitting the detectors on a sample of {sample}")
-    clock = time.perf_counter()
-    fitting = load_runs(store, sample_filter(where, sample), batch_rows)
-    timings["load"] = time.perf_counter() - clock
-    clock = time.perf_counter()
-    detection = Detection.fitted(detectors, fitting)
-    fitted_on = len(fitting)
-    del fitting
-    timings["fit"] = time.perf_counter() - clock
-    say(f"streaming {total} runs through the detectors")
-    clock = time.perf_counter()
-    archive = RunArchive()
-    findings: dict[str, list[Finding]] = {}
-    facts = []
-    for run in iter_runs(store, where, batch_rows):
-        found = findings[run.trace_id] = detection.detect(run)
-        facts.append(RunFacts.of(run, found))
-        archive.append(run)
-    timings["detect"] = time.perf_counter() - clock
-    return _Detected(archive, facts, findings, detection.errors, fitted_on)
+    return Detected(runs, facts, findings, errors, len(runs))
 
 
 def analyze(
@@ -280,6 +174,7 @@ def analyze(
     progress: Callable[[str], None] | None = None,
     batch_rows: int = BATCH_ROWS,
     max_resident: int = MAX_RESIDENT,
+    workers: int | None = None,
 ) -> Analysis:
     """Analyse the runs under `home` (or an open `store`) and write `<home>/gaps.json`.
     `extra_candidates`, given the runs, adds candidates (an optional LLM judge's:
@@ -287,7 +182,8 @@ def analyze(
     `progress`, if given, is told each stage as it starts (the CLI shows it: a cold analysis
     spends most of its time loading and running the embedding model). `batch_rows`: span rows
     fetched from the store at a time while loading (`runs.iter_runs`); results do not depend
-    on it. `max_resident`: past this many runs the analysis streams (module docstring)."""
+    on it. `max_resident`: past this many runs the analysis streams (`analysis.streaming`),
+    in `workers` processes (default: one per CPU; the same results as one)."""
     from tracegym.store.store import Store  # duckdb: only when analysing a home
 
     say = progress or (lambda _stage: None)
@@ -302,8 +198,9 @@ def analyze(
         if total <= max_resident:
             detected = _in_memory(store, where, chosen, batch_rows, timings, say)
         else:
-            detected = _streamed(store, where, chosen, batch_rows, total, max(1, max_resident),
-                                 timings, say)  # fmt: skip
+            detected = detect_streamed(store, where, chosen, batch_rows=batch_rows, total=total,
+                                       sample=max(1, max_resident), timings=timings, say=say,
+                                       workers=workers or os.cpu_count() or 1)  # fmt: skip
     finally:
         if own:
             store.close()

@@ -5,12 +5,14 @@ needs a few of them again (the steps their findings name). `RunArchive` appends 
 compressed pickle to a temporary file and keeps only its offset: a few dozen bytes a run in
 memory, about 11 KB a real tau2 run on disk. It reads as a `Sequence[Run]` (in the order the
 runs were added) and as a `Mapping` from trace id to run, so what takes a list of runs takes
-it unchanged. The file is the process's own (created under the system's temporary directory,
-removed on `close`, at exit, or when the archive is collected).
+it unchanged. Worker processes write parts of their own (`ArchivePart`), which one archive
+then reads in the order given (`RunArchive.joined`). Files are the archive's own and go with
+it (`close`, or when it is collected); a part's file is unlinked as soon as it is opened.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import tempfile
 import threading
@@ -18,34 +20,89 @@ import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from typing import overload
+from dataclasses import dataclass, field
+from typing import BinaryIO, overload
 
 from tracegym.analysis.runs import Run
 
 _LEVEL = 1  # zlib level: 6x smaller than the pickle, and fast
 
 
+def packed(run: Run) -> bytes:
+    """A run as the bytes an archive keeps."""
+    return zlib.compress(pickle.dumps(run, protocol=pickle.HIGHEST_PROTOCOL), _LEVEL)
+
+
+@dataclass
+class ArchivePart:
+    """Runs a worker wrote to `path`: (trace id, offset, length) each, in the order written."""
+
+    path: str
+    index: list[tuple[str, int, int]] = field(default_factory=list)
+
+    def writer(self) -> _PartWriter:
+        return _PartWriter(self)
+
+
+class _PartWriter:
+    def __init__(self, part: ArchivePart) -> None:
+        self.part, self._end = part, 0
+        self._file = open(part.path, "wb")  # noqa: SIM115 - closed by __exit__
+
+    def append(self, run: Run) -> None:
+        blob = packed(run)
+        self._file.write(blob)
+        self.part.index.append((run.trace_id, self._end, len(blob)))
+        self._end += len(blob)
+
+    def __enter__(self) -> _PartWriter:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._file.close()
+
+
 class RunArchive(Sequence[Run]):
-    """Append-only runs on disk; `by_trace` maps trace ids to them. Recent reads are cached
-    (`cached` runs) since describing a gap reads its runs' findings in run order."""
+    """Runs on disk; `by_trace` maps trace ids to them. Recent reads are cached (`cached`
+    runs) since describing a gap reads its runs' findings run by run."""
 
     def __init__(self, cached: int = 64) -> None:
         # lives as long as the archive: closed by `close` or the finalizer
-        self._file = tempfile.TemporaryFile(prefix="tracegym-runs-")  # noqa: SIM115
-        self._finalizer = weakref.finalize(self, self._file.close)
-        self._spans: list[tuple[int, int]] = []  # (offset, length) per run
+        self._files: list[BinaryIO] = [tempfile.TemporaryFile(prefix="tracegym-runs-")]  # noqa: SIM115
+        self._finalizer = weakref.finalize(self, _close_all, self._files)
+        self._spans: list[tuple[int, int, int]] = []  # (file, offset, length) per run
         self._index: dict[str, int] = {}  # trace id -> position
-        self._end = 0
+        self._end = 0  # of the first file, the one `append` writes
         self._cache: OrderedDict[int, Run] = OrderedDict()
         self._cached = cached
         self._lock = threading.Lock()  # one file position for readers and the writer
 
+    @classmethod
+    def joined(cls, parts: Sequence[ArchivePart], order: Sequence[str] | None = None,
+               cached: int = 64) -> RunArchive:  # fmt: skip
+        """One archive over workers' parts: runs in `order` (trace ids; those of no part are
+        left out), else part after part."""
+        archive = cls(cached)
+        where: dict[str, tuple[int, int, int]] = {}
+        for part in parts:
+            archive._files.append(open(part.path, "rb"))  # noqa: SIM115 - the archive's now
+            os.unlink(part.path)  # readable while open; gone when closed, whatever happens
+            number = len(archive._files) - 1
+            for trace_id, offset, length in part.index:
+                where.setdefault(trace_id, (number, offset, length))
+        for trace_id in order if order is not None else list(where):
+            span = where.get(trace_id)
+            if span is not None:
+                archive._index.setdefault(trace_id, len(archive._spans))
+                archive._spans.append(span)
+        return archive
+
     def append(self, run: Run) -> None:
-        blob = zlib.compress(pickle.dumps(run, protocol=pickle.HIGHEST_PROTOCOL), _LEVEL)
+        blob = packed(run)
         with self._lock:
-            self._file.seek(self._end)
-            self._file.write(blob)
-            self._spans.append((self._end, len(blob)))
+            self._files[0].seek(self._end)
+            self._files[0].write(blob)
+            self._spans.append((0, self._end, len(blob)))
             self._index.setdefault(run.trace_id, len(self._spans) - 1)
             self._end += len(blob)
 
@@ -76,10 +133,10 @@ class RunArchive(Sequence[Run]):
                 if remember:
                     self._cache.move_to_end(i)
                 return run
-            offset, length = self._spans[i]
-            self._file.seek(offset)
-            blob = self._file.read(length)
-        run = pickle.loads(zlib.decompress(blob))  # our own file: written by `append` above
+            number, offset, length = self._spans[i]
+            self._files[number].seek(offset)
+            blob = self._files[number].read(length)
+        run = pickle.loads(zlib.decompress(blob))  # the archive's own files, from `packed`
         if remember and self._cached:
             with self._lock:
                 self._cache[i] = run
@@ -94,14 +151,29 @@ class RunArchive(Sequence[Run]):
     def position(self, trace_id: str) -> int | None:
         return self._index.get(trace_id)
 
+    def trace_ids(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def trace_count(self) -> int:
+        return len(self._index)
+
     def close(self) -> None:
         self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
 
     def __enter__(self) -> RunArchive:
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def _close_all(files: list[BinaryIO]) -> None:
+    for f in files:
+        f.close()
 
 
 class _ByTrace(Mapping[str, Run]):
@@ -120,7 +192,7 @@ class _ByTrace(Mapping[str, Run]):
         return isinstance(trace_id, str) and self._archive.position(trace_id) is not None
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._archive._index)
+        return self._archive.trace_ids()
 
     def __len__(self) -> int:
-        return len(self._archive._index)
+        return self._archive.trace_count()

@@ -7,7 +7,7 @@ import dataclasses
 import os
 
 import pytest
-from tracegym.analysis.run_archive import RunArchive
+from tracegym.analysis.run_archive import ArchivePart, RunArchive
 from tracegym.analysis.runs import Run, Step
 
 
@@ -65,8 +65,24 @@ def test_recent_reads_are_cached_and_the_cache_stays_small():
 def test_the_file_goes_with_the_archive():
     archive = RunArchive()
     archive.append(_run(1))
-    archive._file.flush()
-    assert os.fstat(archive._file.fileno()).st_size > 0
+    archive._files[0].flush()
+    assert os.fstat(archive._files[0].fileno()).st_size > 0
     archive.close()
-    assert archive._file.closed
+    assert archive.closed and archive._files[0].closed
     archive.close()  # twice is fine
+
+
+def test_parts_written_apart_read_as_one_archive_in_the_order_given(tmp_path):
+    parts = [ArchivePart(str(tmp_path / f"part-{w}")) for w in range(2)]
+    for w, part in enumerate(parts):
+        with part.writer() as writer:
+            for i in range(w, 10, 2):
+                writer.append(_run(i))
+    order = [f"t{i}" for i in (9, 0, 5, 3, 8, 1, 2, 7, 6, 4)] + ["absent"]
+    with RunArchive.joined(parts, order) as archive:
+        assert not list(tmp_path.iterdir())  # unlinked once open: nothing left behind
+        assert [r.trace_id for r in archive] == order[:-1]
+        assert dataclasses.asdict(archive.by_trace["t5"]) == dataclasses.asdict(_run(5))
+        archive.append(_run(10))  # its own file takes what is appended
+        assert archive[-1].trace_id == "t10" and archive[0].trace_id == "t9"
+    assert archive.closed

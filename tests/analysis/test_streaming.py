@@ -8,11 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+from tracegym.analysis import streaming
 from tracegym.analysis.detectors.base import Detector
 from tracegym.analysis.detectors.registry import default_detectors
-from tracegym.analysis.pipeline import analyze, count_runs, sample_filter
+from tracegym.analysis.pipeline import analyze
 from tracegym.analysis.run_facts import RunFacts, request_of
 from tracegym.analysis.runs import _STEP_COLUMNS, build_runs, iter_runs, load_runs
+from tracegym.analysis.streaming import count_runs, sample_filter
 from tracegym.store.records import outcome_record, span_record, stable_id, write_spool_file
 from tracegym.store.store import Store
 from tracegym.tests.fixtures import planted as pl
@@ -124,9 +126,12 @@ class _FitOn(Detector):
         return self.inner.detect(run)
 
 
-def test_past_max_resident_runs_stream_through_detectors_fitted_on_a_sample(planted: Path):
+def test_past_max_resident_runs_stream_through_detectors_fitted_on_a_sample(
+    planted: Path, monkeypatch: pytest.MonkeyPatch
+):
     """Streamed: fitted on a seeded sample, every run detected, runs kept on disk. The same
-    gaps and findings as analysing in memory with the detectors fitted on that sample."""
+    gaps and findings as analysing in memory with the detectors fitted on that sample, in one
+    partition or several, in one process or two."""
     with Store(planted) as store:
         total = count_runs(store)
         sample = {r.trace_id for r in load_runs(store, sample_filter("", 40))}
@@ -136,20 +141,25 @@ def test_past_max_resident_runs_stream_through_detectors_fitted_on_a_sample(plan
     assert len(sample) == 40 < total and again == sample  # seeded: the same sample each time
     assert len(failed) == 10 and all(r.success is False for r in kept)
     embedder = HashEmbedder(planted / "cache")
-    streamed = analyze(planted, embedder=embedder, write=False, max_resident=40, batch_rows=7)
     reference = analyze(planted, embedder=embedder, write=False,
                         detectors=[_FitOn(d, sample) for d in default_detectors()])  # fmt: skip
-    assert streamed.streamed and not reference.streamed
-    assert streamed.fitted_on == 40 and reference.fitted_on == total
-    assert len(streamed.runs) == len(streamed.facts) == total
-    assert streamed.gaps, "the sample is enough to keep gaps"
-    assert _document(streamed) == _document(reference)
-    assert {k: [f.to_dict() for f in v] for k, v in streamed.findings.items()} == {
-        k: [f.to_dict() for f in v] for k, v in reference.findings.items()
-    }
-    runs = [dataclasses.asdict(r) for r in streamed.runs]  # read back from disk
-    assert runs == [dataclasses.asdict(r) for r in reference.runs]
-    streamed.runs.close()
+    assert not reference.streamed and reference.fitted_on == total
+    want = [dataclasses.asdict(r) for r in reference.runs]
+    for workers, per_partition in ((1, 10**6), (1, 25), (2, 25)):
+        monkeypatch.setattr(streaming, "RUNS_PER_PARTITION", per_partition)
+        said: list[str] = []
+        streamed = analyze(planted, embedder=embedder, write=False, max_resident=40,
+                           batch_rows=7, workers=workers, progress=said.append)  # fmt: skip
+        assert any(f"in {workers} processes" in line for line in said) == (workers > 1)
+        assert streamed.streamed and streamed.fitted_on == 40
+        assert len(streamed.runs) == len(streamed.facts) == total
+        assert streamed.gaps, "the sample is enough to keep gaps"
+        assert _document(streamed) == _document(reference)
+        assert {k: [f.to_dict() for f in v] for k, v in streamed.findings.items()} == {
+            k: [f.to_dict() for f in v] for k, v in reference.findings.items()
+        }
+        assert [dataclasses.asdict(r) for r in streamed.runs] == want  # read back from disk
+        streamed.runs.close()
 
 
 def test_facts_answer_what_gap_selection_asks_of_runs(planted: Path):

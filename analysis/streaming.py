@@ -1,0 +1,176 @@
+"""Analysis past what memory holds: detectors fitted on a sample, every run streamed through.
+
+Up to `MAX_RESIDENT` runs, `analyze` loads them all. Past that, `detect_streamed` fits the
+detectors on a seeded sample of that many runs (what they learn are rates and rules, which a
+sample of that size pins down; `sample_filter`), then streams every run from the lake through
+them, one at a time, keeping of each its findings, its facts (`run_facts.RunFacts`: what
+scoring, clustering and describing gaps need) and a compressed copy on disk
+(`run_archive.RunArchive`). The lake is read in partitions of about RUNS_PER_PARTITION runs (by
+a hash of the trace id: DuckDB then orders one partition's spans at a time, not the lake's);
+with `workers` > 1, by as many processes, each with the fitted detectors. Results are put back
+in the runs' order: the same findings and facts however the work was split.
+
+Memory is then the sample while fitting, a batch of rows and a run while streaming, and the
+facts and findings: flat in the number of runs bar those (docs/scale.md).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from typing import Any
+
+from tracegym.analysis.detection import Detection
+from tracegym.analysis.detectors.base import Detector, Finding
+from tracegym.analysis.run_archive import ArchivePart, RunArchive
+from tracegym.analysis.run_facts import RunFacts
+from tracegym.analysis.runs import Run, iter_runs, load_runs
+
+MAX_RESIDENT = 20_000  # runs analysed in memory; past this they stream, fitted on this many
+RUNS_PER_PARTITION = 2_000  # runs whose spans DuckDB orders at once while streaming
+
+
+def count_runs(store: Any, where: str = "") -> int:
+    """The runs `iter_runs(store, where)` yields."""
+    within = f"WHERE {where}" if where else ""
+    return int(store.sql(f"SELECT count(*) FROM traces {within}").fetchall()[0][0])
+
+
+def _and(where: str, condition: str) -> str:
+    return f"({where}) AND {condition}" if where else condition
+
+
+def sample_filter(where: str, size: int) -> str:
+    """A condition over the `traces` view keeping a seeded sample of `size` of the runs
+    `where` keeps: those of the smallest hash of their trace id (uniform, the same every
+    time, and no trace content in the SQL)."""
+    within = f"WHERE {where}" if where else ""
+    return _and(where, f"trace_id IN (SELECT trace_id FROM traces {within} "
+                       f"ORDER BY hash(trace_id), trace_id LIMIT {int(size)})")  # fmt: skip
+
+
+def partition_filter(where: str, part: int, parts: int) -> str:
+    """The runs of `where` in partition `part` of `parts` (by a hash of the trace id)."""
+    return _and(where, f"hash(trace_id) % {int(parts)} = {int(part)}")
+
+
+@dataclass
+class Detected:
+    """What detection leaves of the runs: `runs` a list, or a `RunArchive` when streamed."""
+
+    runs: Sequence[Run]
+    facts: list[RunFacts]
+    findings: dict[str, list[Finding]]
+    errors: dict[str, str]
+    fitted_on: int
+
+
+@dataclass
+class _Part:
+    """One worker's runs, in the order it read them."""
+
+    archive: ArchivePart
+    findings: list[list[Finding]] = field(default_factory=list)
+    facts: list[RunFacts] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def detect_streamed(
+    store: Any, where: str, detectors: Sequence[Detector], *, batch_rows: int, total: int,
+    sample: int, workers: int, timings: dict[str, float], say: Callable[[str], None],
+) -> Detected:  # fmt: skip
+    """Fit on a sample of `sample` runs, then stream all `total` of them (module docstring)."""
+    say(f"{total} runs: fitting the detectors on a sample of {sample}")
+    clock = time.perf_counter()
+    fitting = load_runs(store, sample_filter(where, sample), batch_rows)
+    timings["load"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    detection = Detection.fitted(detectors, fitting)
+    fitted_on = len(fitting)
+    del fitting
+    timings["fit"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    parts = max(1, -(-total // RUNS_PER_PARTITION))
+    shipped = _picklable(detection) if workers > 1 and parts > 1 else None
+    with tempfile.TemporaryDirectory(prefix="tracegym-runs-") as folder:
+        paths = [os.path.join(folder, f"part-{w}") for w in range(workers)]
+        if shipped is None:
+            say(f"streaming {total} runs through the detectors")
+            done = [_detect_parts(store, where, detection, range(parts), parts, batch_rows,
+                                  paths[0])]  # fmt: skip
+        else:
+            say(f"streaming {total} runs through the detectors in {workers} processes")
+            # spawn, not fork: the parent holds DuckDB's threads, which a fork copies mid-state
+            with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+                futures = [pool.submit(_worker, str(store.home), where, shipped,
+                                       range(w, parts, workers), parts, batch_rows, paths[w])
+                           for w in range(workers)]  # fmt: skip
+                done = [f.result() for f in futures]
+        order = _run_order(store, where)
+        archive = RunArchive.joined([d.archive for d in done], order)
+    detected = _in_order(done, order, archive, fitted_on)
+    detected.errors = {**detection.errors, **detected.errors}
+    timings["detect"] = time.perf_counter() - clock
+    return detected
+
+
+def _picklable(detection: Detection) -> bytes | None:
+    """The fitted detectors as bytes for the workers; None where one cannot be pickled (a
+    user's detector holding a lock, a lambda): then one process streams."""
+    try:
+        return pickle.dumps(detection, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # whatever pickling raises, one process still works
+        return None
+
+
+def _run_order(store: Any, where: str) -> list[str]:
+    """Trace ids in the order `iter_runs` yields them (and the in-memory analysis uses)."""
+    within = f"WHERE {where}" if where else ""
+    ordered = store.sql(f"SELECT trace_id FROM traces {within} ORDER BY start_time, trace_id")
+    return [row[0] for row in ordered.fetchall()]
+
+
+def _in_order(done: Sequence[_Part], order: Sequence[str], archive: RunArchive,
+              fitted_on: int) -> Detected:  # fmt: skip
+    """The parts' findings and facts in the runs' order: what one pass in order gives."""
+    by_trace: dict[str, tuple[list[Finding], RunFacts]] = {}
+    errors: dict[str, str] = {}
+    for part in done:
+        errors.update(part.errors)
+        for found, fact in zip(part.findings, part.facts, strict=True):
+            by_trace.setdefault(fact.trace_id, (found, fact))
+    findings = {t: by_trace[t][0] for t in order if t in by_trace}
+    facts = [by_trace[t][1] for t in order if t in by_trace]
+    return Detected(archive, facts, findings, errors, fitted_on)
+
+
+def _detect_parts(store: Any, where: str, detection: Detection, parts: Iterable[int],
+                  of: int, batch_rows: int, path: str) -> _Part:  # fmt: skip
+    """Partitions `parts` of `of` through the fitted detectors, one after the other: DuckDB
+    orders one partition's spans at a time (`iter_runs`), never the whole lake's."""
+    part = _Part(ArchivePart(path))
+    with part.archive.writer() as archive:
+        for p in parts:
+            for run in iter_runs(store, partition_filter(where, p, of), batch_rows):
+                found = detection.detect(run)
+                part.findings.append(found)
+                part.facts.append(RunFacts.of(run, found))
+                archive.append(run)
+    part.errors = detection.errors
+    return part
+
+
+def _worker(home: str, where: str, shipped: bytes, parts: Iterable[int], of: int,
+            batch_rows: int, path: str) -> _Part:  # fmt: skip
+    """A worker process: its partitions of the lake through the fitted detectors."""
+    from tracegym.store.store import Store
+
+    detection: Detection = pickle.loads(shipped)  # pickled by this analysis's own process
+    with Store(home, compact_on_open=False) as store:
+        return _detect_parts(store, where, detection, parts, of, batch_rows, path)
