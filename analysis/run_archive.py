@@ -3,11 +3,12 @@
 Detectors see each run once, as it streams from the lake; describing the kept gaps afterwards
 needs a few of them again (the steps their findings name). `RunArchive` appends each run as a
 compressed pickle to a temporary file and keeps only its offset: a few dozen bytes a run in
-memory, about 11 KB a real tau2 run on disk. It reads as a `Sequence[Run]` (in the order the
-runs were added) and as a `Mapping` from trace id to run, so what takes a list of runs takes
-it unchanged. Worker processes write parts of their own (`ArchivePart`), which one archive
-then reads in the order given (`RunArchive.joined`). Files are the archive's own and go with
-it (`close`, or when it is collected); a part's file is unlinked as soon as it is opened.
+memory, about 8 KB a real tau2 run on disk (zstd through pyarrow: a fifth of zlib's time). It
+reads as a `Sequence[Run]` (in the order the runs were added) and as a `Mapping` from trace id
+to run, so what takes a list of runs takes it unchanged. Worker processes write parts of their
+own (`ArchivePart`), which one archive then reads in the order given (`RunArchive.joined`).
+Files are the archive's own and go with it (`close`, or when it is collected); a part's file
+is unlinked as soon as it is opened.
 """
 
 from __future__ import annotations
@@ -17,20 +18,29 @@ import pickle
 import tempfile
 import threading
 import weakref
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO, overload
 
+import pyarrow as pa
 from tracegym.analysis.runs import Run
 
-_LEVEL = 1  # zlib level: 6x smaller than the pickle, and fast
+_CODEC = "zstd"  # 8x smaller than the pickle, at 0.07 ms a tau2 run
 
 
 def packed(run: Run) -> bytes:
-    """A run as the bytes an archive keeps."""
-    return zlib.compress(pickle.dumps(run, protocol=pickle.HIGHEST_PROTOCOL), _LEVEL)
+    """A run as the bytes an archive keeps: its pickle's length (8 bytes), then the pickle
+    compressed."""
+    blob = pickle.dumps(run, protocol=pickle.HIGHEST_PROTOCOL)
+    return len(blob).to_bytes(8, "little") + pa.compress(blob, codec=_CODEC, asbytes=True)
+
+
+def unpacked(data: bytes) -> Run:
+    """The run `packed` gave these bytes for (the archive's own files only: a pickle)."""
+    size = int.from_bytes(data[:8], "little")
+    blob = pa.decompress(data[8:], decompressed_size=size, codec=_CODEC, asbytes=True)
+    return pickle.loads(blob)
 
 
 @dataclass
@@ -136,7 +146,7 @@ class RunArchive(Sequence[Run]):
             number, offset, length = self._spans[i]
             self._files[number].seek(offset)
             blob = self._files[number].read(length)
-        run = pickle.loads(zlib.decompress(blob))  # the archive's own files, from `packed`
+        run = unpacked(blob)
         if remember and self._cached:
             with self._lock:
                 self._cache[i] = run

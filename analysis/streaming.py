@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from typing import Any
 
 from tracegym.analysis.detection import Detection
@@ -106,12 +106,8 @@ def detect_streamed(
                                   paths[0])]  # fmt: skip
         else:
             say(f"streaming {total} runs through the detectors in {workers} processes")
-            # spawn, not fork: the parent holds DuckDB's threads, which a fork copies mid-state
-            with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-                futures = [pool.submit(_worker, str(store.home), where, shipped,
-                                       range(w, parts, workers), parts, batch_rows, paths[w])
-                           for w in range(workers)]  # fmt: skip
-                done = [f.result() for f in futures]
+            done = _in_processes(str(store.home), where, shipped, parts, workers, batch_rows,
+                                 paths)  # fmt: skip
         order = _run_order(store, where)
         archive = RunArchive.joined([d.archive for d in done], order)
     detected = _in_order(done, order, archive, fitted_on)
@@ -166,11 +162,43 @@ def _detect_parts(store: Any, where: str, detection: Detection, parts: Iterable[
     return part
 
 
-def _worker(home: str, where: str, shipped: bytes, parts: Iterable[int], of: int,
-            batch_rows: int, path: str) -> _Part:  # fmt: skip
-    """A worker process: its partitions of the lake through the fitted detectors."""
+def _in_processes(home: str, where: str, shipped: bytes, parts: int, workers: int,
+                  batch_rows: int, paths: Sequence[str]) -> list[_Part]:  # fmt: skip
+    """`workers` processes (`python -m tracegym.analysis.stream_worker`, a fresh interpreter:
+    not a fork of this one, which holds DuckDB's threads, and not multiprocessing's spawn,
+    which runs the caller's own script again where it has no main guard), partitions
+    w, w + workers, ... each. Their task and result pass through files beside their part."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    started = []
+    for w, path in enumerate(paths):
+        with open(f"{path}.task", "wb") as task:
+            pickle.dump((home, where, shipped, range(w, parts, workers), parts, batch_rows,
+                         path), task, protocol=pickle.HIGHEST_PROTOCOL)  # fmt: skip
+        started.append(subprocess.Popen(
+            [sys.executable, "-m", "tracegym.analysis.stream_worker", f"{path}.task"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        ))  # fmt: skip
+    done = []
+    for path, process in zip(paths, started, strict=True):
+        _, errors = process.communicate()
+        if process.returncode:
+            tail = errors.decode(errors="replace").strip().splitlines()[-3:]
+            raise RuntimeError(f"a detection worker failed ({process.returncode}): "
+                               + " | ".join(tail))  # fmt: skip
+        with open(f"{path}.result", "rb") as result:
+            done.append(pickle.load(result))  # written by our own worker, just now
+    return done
+
+
+def run_task(task_path: str) -> None:
+    """A worker's life (`stream_worker`): its partitions of the lake through the fitted
+    detectors, the result pickled beside its task."""
     from tracegym.store.store import Store
 
-    detection: Detection = pickle.loads(shipped)  # pickled by this analysis's own process
+    with open(task_path, "rb") as task:  # written by the analysis that started this worker
+        home, where, shipped, parts, of, batch_rows, path = pickle.load(task)
+    detection: Detection = pickle.loads(shipped)
     with Store(home, compact_on_open=False) as store:
-        return _detect_parts(store, where, detection, parts, of, batch_rows, path)
+        part = _detect_parts(store, where, detection, parts, of, batch_rows, path)
+    with open(f"{path}.result", "wb") as result:
+        pickle.dump(part, result, protocol=pickle.HIGHEST_PROTOCOL)
