@@ -188,6 +188,13 @@ class Store:
         # ~/.duckdb written, a plain error instead.
         self.con.execute("SET autoinstall_known_extensions = false")
         self.con.execute("SET autoload_known_extensions = false")
+        # No progress bar on stderr from a library (a streamed analysis's workers ran long
+        # partition scans and drew them into whatever ran the analysis).
+        self.con.execute("SET enable_progress_bar = false")
+        # A typical query binds the lake's parts five times (`traces` reads `spans` through
+        # three CTEs and `outcomes`): their footers are parsed once, not on every bind and
+        # scan. DuckDB checks each file's modification time, so a replaced part is re-read.
+        self.con.execute("SET parquet_metadata_cache = true")
         if self.lake:
             self.lake.register(self.con)  # its URLs read through fsspec, not an extension
         self.last_compaction: CompactionReport | None = None

@@ -235,6 +235,37 @@ def test_live_spool_is_visible_before_compaction(tmp_path: Path):
     assert list(spool_dir(tmp_path).glob("*.jsonl"))  # untouched
 
 
+def test_a_part_rewritten_under_its_name_is_read_anew(tmp_path: Path):
+    """The store caches Parquet footers (`parquet_metadata_cache`): a spool file compacted
+    again under the same stem (a re-import) rewrites its part in place, at once, with other
+    rows; an open store must read the new part, not the old footer."""
+
+    def spool(tool: str, count: int) -> None:
+        records = [
+            span_record(
+                trace_id=stable_id("t", tool), span_id=stable_id("s", tool, i, width=16),
+                name=f"execute_tool {tool}", start_ns=BASE_NS + i, end_ns=BASE_NS + i + 1,
+                attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool},
+            )
+            for i in range(count)
+        ]  # fmt: skip
+        write_spool_file(tmp_path, records, "reimported")
+
+    spool("lookup", 3)
+    with Store(tmp_path) as store:
+        assert one(store, "SELECT current_setting('parquet_metadata_cache')") == (True,)
+        (part,) = lake.spans_dir(tmp_path).rglob("*.parquet")
+        query = "SELECT tool, count(*) FROM tool_calls GROUP BY tool"
+        assert store.sql(query).fetchall() == [("lookup", 3)]
+        assert one(store, "SELECT count(*) FROM traces") == (1,)
+        spool("search", 5)
+        assert store.compact().spans == 5
+        assert list(lake.spans_dir(tmp_path).rglob("*.parquet")) == [part]  # the same name
+        assert store.sql(query).fetchall() == [("search", 5)]
+        assert one(store, "SELECT count(*), sum(spans) FROM traces") == (1, 5)
+        assert one(store, "SELECT count(*) FROM spans WHERE tool = 'search'") == (5,)
+
+
 def test_empty_store_has_queryable_views(tmp_path: Path):
     with Store(tmp_path) as store:
         for view in ("spans", "traces", "tool_calls", "llm_calls", "memory_ops", "outcomes"):
