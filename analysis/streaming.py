@@ -31,6 +31,7 @@ from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.run_archive import ArchivePart, RunArchive
 from tracegym.analysis.run_facts import RunFacts
 from tracegym.analysis.runs import Run, iter_runs, load_runs
+from tracegym.tracer import internal
 
 MAX_RESIDENT = 20_000  # runs analysed in memory; past this they stream, fitted on this many
 RUNS_PER_PARTITION = 2_000  # runs whose spans DuckDB orders at once while streaming
@@ -100,14 +101,19 @@ def detect_streamed(
     shipped = _picklable(detection) if workers > 1 and parts > 1 else None
     with tempfile.TemporaryDirectory(prefix="tracegym-runs-") as folder:
         paths = [os.path.join(folder, f"part-{w}") for w in range(workers)]
-        if shipped is None:
+        done: list[_Part] | None = None
+        if shipped is not None:
+            say(f"streaming {total} runs through the detectors in {workers} processes")
+            try:
+                done = _in_processes(str(store.home), where, shipped, parts, workers,
+                                     batch_rows, paths)  # fmt: skip
+            except WorkerFailed as exc:  # reported, then done here: slower, never lost
+                internal.report_error("analysis.stream_worker", exc)
+                say(f"{exc}; streaming in this process instead")
+        if done is None:
             say(f"streaming {total} runs through the detectors")
             done = [_detect_parts(store, where, detection, range(parts), parts, batch_rows,
                                   paths[0])]  # fmt: skip
-        else:
-            say(f"streaming {total} runs through the detectors in {workers} processes")
-            done = _in_processes(str(store.home), where, shipped, parts, workers, batch_rows,
-                                 paths)  # fmt: skip
         order = _run_order(store, where)
         archive = RunArchive.joined([d.archive for d in done], order)
     detected = _in_order(done, order, archive, fitted_on)
@@ -118,11 +124,19 @@ def detect_streamed(
 
 def _picklable(detection: Detection) -> bytes | None:
     """The fitted detectors as bytes for the workers; None where one cannot be pickled (a
-    user's detector holding a lock, a lambda): then one process streams."""
+    user's detector holding a lock, a lambda) or would not unpickle there (a class of the
+    caller's own script: a worker's `__main__` is not that script): then one process
+    streams."""
+    if any(type(d).__module__ == "__main__" for d in detection.detectors):
+        return None
     try:
         return pickle.dumps(detection, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # whatever pickling raises, one process still works
         return None
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process exited with an error (its last lines of stderr are in the message)."""
 
 
 def _run_order(store: Any, where: str) -> list[str]:
@@ -178,13 +192,14 @@ def _in_processes(home: str, where: str, shipped: bytes, parts: int, workers: in
             [sys.executable, "-m", "tracegym.analysis.stream_worker", f"{path}.task"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         ))  # fmt: skip
-    done = []
-    for path, process in zip(paths, started, strict=True):
-        _, errors = process.communicate()
+    stderr = [process.communicate()[1] for process in started]  # every one ends first
+    for process, errors in zip(started, stderr, strict=True):
         if process.returncode:
             tail = errors.decode(errors="replace").strip().splitlines()[-3:]
-            raise RuntimeError(f"a detection worker failed ({process.returncode}): "
+            raise WorkerFailed(f"a detection worker failed (exit {process.returncode}): "
                                + " | ".join(tail))  # fmt: skip
+    done = []
+    for path in paths:
         with open(f"{path}.result", "rb") as result:
             done.append(pickle.load(result))  # written by our own worker, just now
     return done

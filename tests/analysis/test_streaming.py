@@ -173,3 +173,39 @@ def test_facts_answer_what_gap_selection_asks_of_runs(planted: Path):
         assert facts.request_kind() == run.request_kind()
         assert request_of(facts) == request_of(run) and facts.signature == ""
     assert {RunFacts.of(r).request_kind() for r in runs} - {None}, "runs that write"
+
+
+def _refuse() -> Detector:
+    raise RuntimeError("cannot be rebuilt in a worker")
+
+
+class _OnlyHere(Detector):
+    """Pickles, but does not unpickle: a worker process fails to start its detection."""
+
+    name = "only_here"
+
+    def __reduce__(self):
+        return (_refuse, ())
+
+    def detect(self, run):
+        return []
+
+
+def test_a_worker_that_fails_is_reported_and_its_work_done_in_process(
+    planted: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(streaming, "RUNS_PER_PARTITION", 25)
+    reported: list[str] = []
+    monkeypatch.setattr(streaming.internal, "report_error",
+                        lambda where, exc: reported.append(f"{where}: {exc}"))  # fmt: skip
+    said: list[str] = []
+    detectors = [*default_detectors(), _OnlyHere()]
+    result = analyze(planted, embedder=HashEmbedder(planted / "cache"), write=False,
+                     max_resident=40, workers=2, detectors=detectors,
+                     progress=said.append)  # fmt: skip
+    assert len(reported) == 1 and "a detection worker failed (exit 1)" in reported[0]
+    assert any("streaming in this process instead" in line for line in said)
+    assert result.streamed and len(result.facts) == len(result.runs) > 40
+    with Store(planted) as store:
+        assert [f.trace_id for f in result.facts] == [r.trace_id for r in load_runs(store)]
+    result.runs.close()
