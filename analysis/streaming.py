@@ -33,7 +33,7 @@ from tracegym.analysis.run_facts import RunFacts
 from tracegym.analysis.runs import Run, iter_runs, load_runs
 from tracegym.tracer import internal
 
-MAX_RESIDENT = 20_000  # runs analysed in memory; past this they stream, fitted on this many
+MAX_RESIDENT = 5_000  # runs analysed in memory; past this they stream, fitted on this many
 RUNS_PER_PARTITION = 2_000  # runs whose spans DuckDB orders at once while streaming
 
 

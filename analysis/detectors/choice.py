@@ -46,6 +46,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from tracegym.analysis.detector_names import WRONG_CHOICE
@@ -205,7 +206,15 @@ _PUNCTUATION = re.compile(r"[^\w#@.$%]+|\.(?!\w)")
 
 def words(text: str) -> str:
     """`ungrounded.loose` text with punctuation as spaces ("red," = "red"; "1.5" stays)."""
+    return _words(text) if len(text) <= _CACHE_TEXT else _spaced(text)
+
+
+def _spaced(text: str) -> str:
     return " ".join(_PUNCTUATION.sub(" ", loose(text.translate(_DASHES))).split())
+
+
+_CACHE_TEXT = 4096  # texts up to this length recur (record fields, in every run that reads them)
+_words = lru_cache(maxsize=1 << 16)(_spaced)
 
 
 def user_text(run: Run, before: int, after: int = -1) -> str:

@@ -111,11 +111,16 @@ _SEPARATORS = re.compile(r"[\s_\-]+")
 def loose(text: str) -> str:
     """Normalised text with hyphens, underscores and whitespace all one space: "one-way",
     "one_way" and "One Way" are the same words."""
+    return _loose(text) if len(text) <= _CACHE_TEXT else _loosen(text)
+
+
+def _loosen(text: str) -> str:
     return " ".join(_SEPARATORS.split(normalize(text))).strip()
 
 
 _CACHE_TEXT = 4096  # texts up to this length are tokenised once (they recur across spans)
 _tokens = lru_cache(maxsize=1 << 16)(_tokenize)
+_loose = lru_cache(maxsize=1 << 16)(_loosen)  # record fields and messages recur in every run
 
 
 def digit_runs(token_set: Iterable[str]) -> set[str]:
