@@ -202,6 +202,21 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
         yes: Annotated[
             bool, typer.Option("--yes", help="Start the judge without asking (still printed).")
         ] = False,
+        max_resident: Annotated[
+            int | None,
+            typer.Option(
+                min=1,
+                help="Runs analysed in memory (default 5,000). Past this many the runs stream "
+                "from the lake, memory flat in their number: the detectors learn from a seeded "
+                "sample of this many, and every run is checked against them.",
+            ),
+        ] = None,
+        workers: Annotated[
+            int | None,
+            typer.Option(
+                min=1, help="Processes a streamed analysis checks runs in (default: one per CPU)."
+            ),
+        ] = None,
         home: HomeOption = None,
     ) -> None:
         """Find the capability gaps behind failed runs; writes <home>/gaps.json.
@@ -232,6 +247,7 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 result = run_analysis(
                     target, thresholds=thresholds, where=where, write=store_wide,
                     extra_candidates=hook, progress=lambda stage: status.update(escape(stage)),
+                    workers=workers, **({"max_resident": max_resident} if max_resident else {}),
                 )  # fmt: skip
         except JudgeNotStarted as exc:
             fail(f"judge not started: {exc}")
@@ -350,9 +366,9 @@ def _missed(s: Scored, t: Thresholds) -> tuple[tuple[str, ...], float]:
 def nothing_kept(result: Analysis, *, judged: bool = False, limit: int = NEAREST) -> NothingKept:
     """What to tell a user whose analysis kept no gap (see `NothingKept`)."""
     t = result.thresholds
-    failed = {r.trace_id for r in result.failed}
-    n_failed, n_ok = len(failed), len(result.succeeded)
-    unknown = len(result.runs) - n_failed - n_ok
+    failed = {r.trace_id for r in result.facts if r.success is False}
+    n_failed, n_ok = len(failed), sum(1 for r in result.facts if r.success is True)
+    unknown = len(result.facts) - n_failed - n_ok
     untouched = sum(1 for x in failed if not result.findings.get(x))
     near = []
     for s in result.scored:

@@ -385,21 +385,25 @@ def _mapping(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class RunCounts:
-    """gaps.json's `runs`: how many runs the analysis read, by outcome (`unknown`: no outcome)."""
+    """gaps.json's `runs`: how many runs the analysis read, by outcome (`unknown`: no outcome),
+    and, where it streamed (`analysis.streaming`), the sample the detectors were fitted on
+    (`fitted_on`; absent: fitted on all of them)."""
 
     total: int = 0
     failed: int = 0
     succeeded: int = 0
     unknown: int = 0
+    fitted_on: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"total": self.total, "failed": self.failed, "succeeded": self.succeeded,
-                "unknown": self.unknown}  # fmt: skip
+        counts = {"total": self.total, "failed": self.failed, "succeeded": self.succeeded,
+                  "unknown": self.unknown}  # fmt: skip
+        return counts if self.fitted_on is None else {**counts, "fitted_on": self.fitted_on}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunCounts:
-        return cls(*(_int(data.get(name)) or 0
-                     for name in ("total", "failed", "succeeded", "unknown")))  # fmt: skip
+        counts = (_int(data.get(name)) or 0 for name in ("total", "failed", "succeeded", "unknown"))
+        return cls(*counts, fitted_on=_int(data.get("fitted_on")))
 
 
 @dataclass(frozen=True)

@@ -239,7 +239,7 @@ def build_runs(
     return [_build_run(trace, grouped.get(trace["trace_id"], [])) for trace in trace_rows]
 
 
-BATCH_ROWS = 20_000  # span rows fetched from the store at a time by `iter_runs`
+BATCH_ROWS = 5_000  # span rows fetched from the store at a time by `iter_runs` (~50 MB as rows)
 
 
 def iter_runs(store: Any, where: str = "", batch_rows: int = BATCH_ROWS) -> Iterator[Run]:

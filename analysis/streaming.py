@@ -34,7 +34,7 @@ from tracegym.analysis.runs import Run, iter_runs, load_runs
 from tracegym.tracer import internal
 
 MAX_RESIDENT = 5_000  # runs analysed in memory; past this they stream, fitted on this many
-RUNS_PER_PARTITION = 2_000  # runs whose spans DuckDB orders at once while streaming
+RUNS_PER_PARTITION = 1_000  # runs whose spans DuckDB orders at once while streaming
 
 
 def count_runs(store: Any, where: str = "") -> int:
@@ -86,30 +86,40 @@ def detect_streamed(
     store: Any, where: str, detectors: Sequence[Detector], *, batch_rows: int, total: int,
     sample: int, workers: int, timings: dict[str, float], say: Callable[[str], None],
 ) -> Detected:  # fmt: skip
-    """Fit on a sample of `sample` runs, then stream all `total` of them (module docstring)."""
-    say(f"{total} runs: fitting the detectors on a sample of {sample}")
-    clock = time.perf_counter()
-    fitting = load_runs(store, sample_filter(where, sample), batch_rows)
-    timings["load"] = time.perf_counter() - clock
-    clock = time.perf_counter()
-    detection = Detection.fitted(detectors, fitting)
-    fitted_on = len(fitting)
-    del fitting
-    timings["fit"] = time.perf_counter() - clock
-    clock = time.perf_counter()
+    """Fit on a sample of `sample` runs, then stream all `total` of them (module docstring).
+    With `workers` > 1 both happen in worker processes, so this one never holds the sample:
+    the detectors are fitted in up to `workers` groups, one process each."""
+    home = str(store.home)
     parts = max(1, -(-total // RUNS_PER_PARTITION))
-    shipped = _picklable(detection) if workers > 1 and parts > 1 else None
+    workers = max(1, min(workers, parts))
     with tempfile.TemporaryDirectory(prefix="tracegym-runs-") as folder:
+        say(f"{total} runs: fitting the detectors on a sample of {sample}")
+        clock = time.perf_counter()
+        fitted = None
+        groups = [g for g in (list(range(w, len(detectors), workers)) for w in range(workers))
+                  if g]  # fmt: skip
+        shipped = [_pickled([detectors[i] for i in g]) for g in groups] if workers > 1 else []
+        if len(groups) > 1 and _portable(detectors) and None not in shipped:
+            tasks = [("fit", (home, sample_filter(where, sample), group, batch_rows))
+                     for group in shipped]  # fmt: skip
+            fitted = _or_none(_in_processes(folder, "fit", tasks), say)
+        if fitted is not None:
+            detection = Detection.joined(len(detectors), groups, [d for d, _ in fitted])
+            fitted_on = fitted[0][1]
+        else:
+            detection, fitted_on = _fit(store, sample_filter(where, sample), detectors,
+                                        batch_rows)  # fmt: skip
+        timings["fit"] = time.perf_counter() - clock
+
+        clock = time.perf_counter()
         paths = [os.path.join(folder, f"part-{w}") for w in range(workers)]
         done: list[_Part] | None = None
-        if shipped is not None:
+        detecting = _pickled(detection) if workers > 1 and _portable(detectors) else None
+        if detecting is not None:
             say(f"streaming {total} runs through the detectors in {workers} processes")
-            try:
-                done = _in_processes(str(store.home), where, shipped, parts, workers,
-                                     batch_rows, paths)  # fmt: skip
-            except WorkerFailed as exc:  # reported, then done here: slower, never lost
-                internal.report_error("analysis.stream_worker", exc)
-                say(f"{exc}; streaming in this process instead")
+            tasks = [("detect", (home, where, detecting, range(w, parts, workers), parts,
+                                 batch_rows, paths[w])) for w in range(workers)]  # fmt: skip
+            done = _or_none(_in_processes(folder, "detect", tasks), say)
         if done is None:
             say(f"streaming {total} runs through the detectors")
             done = [_detect_parts(store, where, detection, range(parts), parts, batch_rows,
@@ -122,21 +132,41 @@ def detect_streamed(
     return detected
 
 
-def _picklable(detection: Detection) -> bytes | None:
-    """The fitted detectors as bytes for the workers; None where one cannot be pickled (a
-    user's detector holding a lock, a lambda) or would not unpickle there (a class of the
-    caller's own script: a worker's `__main__` is not that script): then one process
-    streams."""
-    if any(type(d).__module__ == "__main__" for d in detection.detectors):
-        return None
+def _fit(store: Any, where: str, detectors: Sequence[Detector],
+         batch_rows: int) -> tuple[Detection, int]:  # fmt: skip
+    """The detectors fitted on the runs of `where` (a sample), and how many runs that was."""
+    fitting = load_runs(store, where, batch_rows)
+    return Detection.fitted(detectors, fitting), len(fitting)
+
+
+def _portable(detectors: Sequence[Detector]) -> bool:
+    """Whether a worker process can rebuild these detectors: not where one's class is of the
+    caller's own script (a worker's `__main__` is not that script)."""
+    return all(type(d).__module__ != "__main__" for d in detectors)
+
+
+def _pickled(value: Any) -> bytes | None:
+    """The value as bytes for a worker; None where it cannot be pickled (a user's detector
+    holding a lock, a lambda): then this process does the work."""
     try:
-        return pickle.dumps(detection, protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # whatever pickling raises, one process still works
         return None
 
 
 class WorkerFailed(RuntimeError):
     """A worker process exited with an error (its last lines of stderr are in the message)."""
+
+
+def _or_none(run: Callable[[], list[Any]], say: Callable[[str], None]) -> list[Any] | None:
+    """The workers' results; None (reported, and said) where one failed or the work could
+    not be shipped: this process then does it, slower, and nothing is lost."""
+    try:
+        return run()
+    except WorkerFailed as exc:
+        internal.report_error("analysis.stream_worker", exc)
+        say(f"{exc}; working in this process instead")
+        return None
 
 
 def _run_order(store: Any, where: str) -> list[str]:
@@ -176,44 +206,67 @@ def _detect_parts(store: Any, where: str, detection: Detection, parts: Iterable[
     return part
 
 
-def _in_processes(home: str, where: str, shipped: bytes, parts: int, workers: int,
-                  batch_rows: int, paths: Sequence[str]) -> list[_Part]:  # fmt: skip
-    """`workers` processes (`python -m tracegym.analysis.stream_worker`, a fresh interpreter:
-    not a fork of this one, which holds DuckDB's threads, and not multiprocessing's spawn,
-    which runs the caller's own script again where it has no main guard), partitions
-    w, w + workers, ... each. Their task and result pass through files beside their part."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    started = []
-    for w, path in enumerate(paths):
-        with open(f"{path}.task", "wb") as task:
-            pickle.dump((home, where, shipped, range(w, parts, workers), parts, batch_rows,
-                         path), task, protocol=pickle.HIGHEST_PROTOCOL)  # fmt: skip
-        started.append(subprocess.Popen(
-            [sys.executable, "-m", "tracegym.analysis.stream_worker", f"{path}.task"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        ))  # fmt: skip
-    stderr = [process.communicate()[1] for process in started]  # every one ends first
-    for process, errors in zip(started, stderr, strict=True):
-        if process.returncode:
-            tail = errors.decode(errors="replace").strip().splitlines()[-3:]
-            raise WorkerFailed(f"a detection worker failed (exit {process.returncode}): "
-                               + " | ".join(tail))  # fmt: skip
-    done = []
-    for path in paths:
-        with open(f"{path}.result", "rb") as result:
-            done.append(pickle.load(result))  # written by our own worker, just now
-    return done
+Task = tuple[str, tuple[Any, ...]]  # (kind, arguments): what `run_task` does in a worker
+
+
+def _in_processes(folder: str, kind: str, tasks: Sequence[Task]) -> Callable[[], list[Any]]:
+    """Work for one worker process per task, as a call that starts them, waits for all and
+    returns their results in task order (`WorkerFailed` where one failed). Workers are fresh
+    interpreters (`python -m tracegym.analysis.stream_worker`): not forks of this one, which
+    holds DuckDB's threads, and not multiprocessing's spawn, which runs the caller's own script
+    again where it has no main guard. Tasks and results pass through files in `folder`."""
+
+    def run() -> list[Any]:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        started = []
+        for n, task in enumerate(tasks):
+            path = os.path.join(folder, f"{kind}-{n}")
+            with open(f"{path}.task", "wb") as out:
+                pickle.dump(task, out, protocol=pickle.HIGHEST_PROTOCOL)
+            started.append((path, subprocess.Popen(
+                [sys.executable, "-m", "tracegym.analysis.stream_worker", f"{path}.task"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            )))  # fmt: skip
+        stderr = [process.communicate()[1] for _, process in started]  # every one ends first
+        for (_, process), errors in zip(started, stderr, strict=True):
+            if process.returncode:
+                tail = errors.decode(errors="replace").strip().splitlines()[-3:]
+                raise WorkerFailed(f"a {kind} worker failed (exit {process.returncode}): "
+                                   + " | ".join(tail))  # fmt: skip
+        results = []
+        for path, _ in started:
+            with open(f"{path}.result", "rb") as result:
+                results.append(pickle.load(result))  # written by our own worker, just now
+        return results
+
+    return run
+
+
+def _fit_task(home: str, where: str, shipped: bytes, batch_rows: int) -> tuple[Detection, int]:
+    from tracegym.store.store import Store
+
+    detectors: list[Detector] = pickle.loads(shipped)  # pickled by the analysis that started us
+    with Store(home, compact_on_open=False) as store:
+        return _fit(store, where, detectors, batch_rows)
+
+
+def _detect_task(home: str, where: str, shipped: bytes, parts: Iterable[int], of: int,
+                 batch_rows: int, path: str) -> _Part:  # fmt: skip
+    from tracegym.store.store import Store
+
+    detection: Detection = pickle.loads(shipped)  # pickled by the analysis that started us
+    with Store(home, compact_on_open=False) as store:
+        return _detect_parts(store, where, detection, parts, of, batch_rows, path)
+
+
+_TASKS: dict[str, Callable[..., Any]] = {"fit": _fit_task, "detect": _detect_task}
 
 
 def run_task(task_path: str) -> None:
-    """A worker's life (`stream_worker`): its partitions of the lake through the fitted
-    detectors, the result pickled beside its task."""
-    from tracegym.store.store import Store
-
+    """A worker's life (`stream_worker`): its task (fit a group of detectors on the sample, or
+    detect its partitions of the lake), the result pickled beside the task."""
     with open(task_path, "rb") as task:  # written by the analysis that started this worker
-        home, where, shipped, parts, of, batch_rows, path = pickle.load(task)
-    detection: Detection = pickle.loads(shipped)
-    with Store(home, compact_on_open=False) as store:
-        part = _detect_parts(store, where, detection, parts, of, batch_rows, path)
-    with open(f"{path}.result", "wb") as result:
-        pickle.dump(part, result, protocol=pickle.HIGHEST_PROTOCOL)
+        kind, args = pickle.load(task)
+    result = _TASKS[kind](*args)
+    with open(task_path.removesuffix(".task") + ".result", "wb") as out:
+        pickle.dump(result, out, protocol=pickle.HIGHEST_PROTOCOL)

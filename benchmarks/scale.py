@@ -138,25 +138,60 @@ def generate(work: Path, size: int) -> Path:
 _CHILD = """
 import json, resource, sys, time
 from tracegym.analysis.pipeline import analyze
-home, batch = sys.argv[1], int(sys.argv[2])
+home, batch, options = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 start = time.perf_counter()
-result = analyze(home, write=False, **({"batch_rows": batch} if batch else {}))
+result = analyze(home, write=False, **({"batch_rows": batch} if batch else {}), **options)
 elapsed = time.perf_counter() - start
-print(json.dumps({"seconds": elapsed, "timings": result.timings, "runs": len(result.runs),
-                  "failed": len(result.failed), "gaps": [g.name for g in result.gaps],
-                  "embedded": result.embedded,
-                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+print(json.dumps({"seconds": elapsed, "timings": result.timings, "runs": len(result.facts),
+                  "failed": sum(f.success is False for f in result.facts),
+                  "gaps": [g.name for g in result.gaps], "embedded": result.embedded,
+                  "fitted_on": result.fitted_on, "streamed": result.streamed,
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "workers_peak_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+                  / 1024}))
 """
 
 
-def analyze_once(home: Path, batch: int) -> dict:
-    """`analyze` in a fresh process: its result summary and peak RSS."""
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of `pid` and every process under it now (Linux /proc; 0 elsewhere)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+        rss[int(entry.name)] = int(fields[21]) * resource.getpagesize()
+    total, todo = 0, [pid]
+    while todo:
+        at = todo.pop()
+        total += rss.get(at, 0)
+        todo += children.get(at, [])
+    return total
+
+
+def analyze_once(home: Path, batch: int, options: dict | None = None) -> dict:
+    """`analyze` in a fresh process: its result summary, its peak RSS, its largest worker
+    process's (getrusage: the largest child, not the sum) and the largest sum of the RSS of
+    it and its workers at one time (sampled every 0.2 s)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(home), str(batch)],
-        capture_output=True, text=True, env=env, check=True, cwd=ROOT.parent,
+    process = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(home), str(batch), json.dumps(options or {})],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT.parent,
     )  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    peak = 0
+    while process.poll() is None:
+        peak = max(peak, _tree_rss(process.pid))
+        time.sleep(0.2)
+    out, err = process.communicate()
+    if process.returncode:
+        raise RuntimeError(f"analyze failed ({process.returncode}): {err[-2000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["tree_peak_mb"] = peak / 2**20
+    return result
 
 
 QUERY = """
@@ -202,7 +237,9 @@ def query_ratio(home: Path) -> tuple[float, float]:
     return ours, base
 
 
-def measure(work: Path, size: int, batch: int) -> None:
+def measure(
+    work: Path, size: int, batch: int, options: dict, phases: list[str], query: bool = True
+) -> None:
     start = time.perf_counter()
     home = generate(work, size)
     made = time.perf_counter() - start
@@ -211,18 +248,23 @@ def measure(work: Path, size: int, batch: int) -> None:
                   f"{compaction['spans'] / compaction['seconds']:,.0f}/s")  # fmt: skip
     print(f"{size:,} runs (generated in {made:.1f} s): compaction {compaction}", flush=True)
     cache = home / "cache"
-    for phase in ("cold", "warm"):
+    for phase in phases:
         if phase == "cold":
             for f in cache.glob("embeddings*"):
                 f.unlink()
-        r = analyze_once(home, batch)
+        r = analyze_once(home, batch, options)
         stages = ", ".join(f"{k} {v:.1f}" for k, v in r["timings"].items())
+        how = f"streamed, fitted on {r['fitted_on']:,}" if r["streamed"] else "in memory"
         print(
-            f"  analyze {phase}: {r['seconds']:.1f} s ({stages}; {r['embedded']} embedded), "
-            f"peak {r['peak_mb']:,.0f} MB; {r['runs']} runs, {r['failed']} failed, "
-            f"{len(r['gaps'])} gaps",
+            f"  analyze {phase} ({how}): {r['seconds']:.1f} s ({stages}; {r['embedded']} "
+            f"embedded), peak {r['peak_mb']:,.0f} MB (largest worker "
+            f"{r['workers_peak_mb']:,.0f} MB; all processes at once, sampled: "
+            f"{r['tree_peak_mb']:,.0f} MB); {r['runs']} runs, {r['failed']} failed, "
+            f"{len(r['gaps'])} gaps: {', '.join(r['gaps'])}",
             flush=True,
         )
+    if not query:
+        return
     ours, base = query_ratio(home)
     print(f"  query: views {ours * 1e3:.1f} ms, raw DuckDB {base * 1e3:.1f} ms, "
           f"ratio {ours / base:.2f}", flush=True)  # fmt: skip
@@ -235,10 +277,33 @@ def main() -> None:
         "--batch-rows", type=int, default=20_000, help="span rows fetched at a time (0: default)"
     )
     parser.add_argument("--work", type=Path, default=Path("/tmp/tracegym-scale"))
+    parser.add_argument(
+        "--max-resident",
+        type=int,
+        default=0,
+        help="runs analysed in memory before streaming (0: analyze's default)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="processes a streamed analysis detects in (0: one per CPU)",
+    )
+    parser.add_argument("--phases", default="cold,warm", help="cold (no embedding cache), warm")
+    parser.add_argument("--no-query", action="store_true", help="skip the query timing")
     args = parser.parse_args()
+    options = {k: v for k, v in (("max_resident", args.max_resident),
+                                 ("workers", args.workers)) if v}  # fmt: skip
     print(f"load averages {os.getloadavg()}, {os.cpu_count()} CPUs", flush=True)
     for size in (int(s) for s in args.sizes.split(",")):
-        measure(args.work, size, args.batch_rows)
+        measure(
+            args.work,
+            size,
+            args.batch_rows,
+            options,
+            args.phases.split(","),
+            query=not args.no_query,
+        )
     print(f"load averages {os.getloadavg()}; this process peak "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")  # fmt: skip
 

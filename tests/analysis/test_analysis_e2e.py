@@ -97,6 +97,18 @@ def test_analyze_json_is_the_gaps_file(demo_home: Path):
     assert bad.exit_code == 2
 
 
+def test_analyze_streams_past_max_resident_and_says_what_it_fitted_on(demo_home: Path):
+    args = ["--home", str(demo_home), "analyze", "--json", "--output", str(demo_home / "s.json")]
+    whole = CliRunner().invoke(app, args)
+    streamed = CliRunner().invoke(app, [*args, "--max-resident", "30", "--workers", "1"])
+    assert whole.exit_code == 0 and streamed.exit_code == 0, streamed.output
+    runs, sampled = json.loads(whole.stdout)["runs"], json.loads(streamed.stdout)["runs"]
+    assert "fitted_on" not in runs and sampled.pop("fitted_on") == 30
+    assert sampled == runs and runs["total"] > 30  # every run read, outcomes counted alike
+    bad = CliRunner().invoke(app, [*args, "--max-resident", "0"])
+    assert bad.exit_code == 2
+
+
 def test_attribute_contract_on_agentrx(tmp_path: Path):
     if not AGENTRX.is_file():
         pytest.skip(f"shared data absent: {AGENTRX}")
