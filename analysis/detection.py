@@ -47,25 +47,6 @@ class Detection:
                 _failed(detection.errors, detection.names[i], exc)
         return detection
 
-    @classmethod
-    def joined(cls, size: int, groups: Sequence[Sequence[int]],
-               fitted: Sequence[Detection]) -> Detection:  # fmt: skip
-        """One detection of `size` detectors from detections fitted apart: `fitted[g]` holds
-        the detectors at positions `groups[g]` of the whole, in that order."""
-        placed: list[Detector | None] = [None] * size
-        working: list[int] = []
-        errors: dict[str, str] = {}
-        for positions, part in zip(groups, fitted, strict=True):
-            for local, at in enumerate(positions):
-                placed[at] = part.detectors[local]
-            working += [positions[i] for i in part.working]
-            errors.update(part.errors)
-        if any(d is None for d in placed):
-            raise ValueError("the groups do not cover every detector")
-        detection = cls([d for d in placed if d is not None])
-        detection.working, detection.errors = sorted(working), errors
-        return detection
-
     def detect(self, run: Run) -> list[Finding]:
         from tracegym.analysis.detectors.state import remembering_reads
 

@@ -88,7 +88,7 @@ def detect_streamed(
 ) -> Detected:  # fmt: skip
     """Fit on a sample of `sample` runs, then stream all `total` of them (module docstring).
     With `workers` > 1 both happen in worker processes, so this one never holds the sample:
-    the detectors are fitted in up to `workers` groups, one process each."""
+    the detectors are fitted in one (two would each hold it), then detect in `workers`."""
     home = str(store.home)
     parts = max(1, -(-total // RUNS_PER_PARTITION))
     workers = max(1, min(workers, parts))
@@ -96,16 +96,12 @@ def detect_streamed(
         say(f"{total} runs: fitting the detectors on a sample of {sample}")
         clock = time.perf_counter()
         fitted = None
-        groups = [g for g in (list(range(w, len(detectors), workers)) for w in range(workers))
-                  if g]  # fmt: skip
-        shipped = [_pickled([detectors[i] for i in g]) for g in groups] if workers > 1 else []
-        if len(groups) > 1 and _portable(detectors) and None not in shipped:
-            tasks = [("fit", (home, sample_filter(where, sample), group, batch_rows))
-                     for group in shipped]  # fmt: skip
-            fitted = _or_none(_in_processes(folder, "fit", tasks), say)
+        shipped = _pickled(list(detectors)) if workers > 1 and _portable(detectors) else None
+        if shipped is not None:  # one process: two would each hold the sample
+            task = ("fit", (home, sample_filter(where, sample), shipped, batch_rows))
+            fitted = _or_none(_in_processes(folder, "fit", [task]), say)
         if fitted is not None:
-            detection = Detection.joined(len(detectors), groups, [d for d, _ in fitted])
-            fitted_on = fitted[0][1]
+            [(detection, fitted_on)] = fitted
         else:
             detection, fitted_on = _fit(store, sample_filter(where, sample), detectors,
                                         batch_rows)  # fmt: skip
