@@ -12,7 +12,13 @@ absent). Per size this prints:
 - a typical query (failed runs per agent and tool, through the `tool_calls` and `traces`
   views) against raw DuckDB over the same Parquet files, best of 5.
 
-    nice -n 15 .venv/bin/python benchmarks/scale.py [--sizes 1000,10000] [--batch-rows 2000]
+    nice -n 15 .venv/bin/python benchmarks/scale.py [--sizes 1000,10000,100000] \
+        [--max-resident N] [--workers N] [--phases cold,warm] [--no-query]
+
+Past `--max-resident` runs (analyze's default: 5,000) the analysis streams (analysis/streaming.py:
+detectors fitted on a sample in one worker process, every run detected in `--workers`); the
+peak is then printed for the analysing process, its largest worker, and all of them at once
+(their RSS summed, sampled every 0.2 s).
 
 Goal on a 2-core machine: 100k runs analysed within 10 minutes under 4 GB peak, memory flat in
 the number of runs. Homes are kept under `--work` (default /tmp/tracegym-scale) so a second
