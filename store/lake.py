@@ -219,6 +219,29 @@ def _sql_path(path: Path) -> str:
     return str(path).replace("'", "''")
 
 
+BATCH_BYTES = 256 << 20  # spool bytes one DuckDB pass reads: its memory grows with them
+
+
+def batches(
+    paths: list[Path], batch_files: int, batch_bytes: int | None = None
+) -> list[list[Path]]:
+    """`paths` in order, cut into batches of at most `batch_files` files and `batch_bytes`
+    bytes (a file larger than that is a batch of its own). One pass over 3.7M spans of spool
+    (5 GB of JSON lines) held 10.5 GB; bounded, compaction's memory does not grow with the
+    spool. `batch_bytes` defaults to BATCH_BYTES."""
+    limit = BATCH_BYTES if batch_bytes is None else batch_bytes
+    out: list[list[Path]] = []
+    size = 0
+    for path in paths:
+        bytes_ = path.stat().st_size
+        if not out or len(out[-1]) >= batch_files or size + bytes_ > limit:
+            out.append([])
+            size = 0
+        out[-1].append(path)
+        size += bytes_
+    return out
+
+
 def compact(
     home: Path,
     con: duckdb.DuckDBPyConnection | None = None,
@@ -258,8 +281,7 @@ def _compact_locked(
     own = con is None
     con = con or duckdb.connect()
     try:
-        for start in range(0, len(ready), batch_files):
-            batch = ready[start : start + batch_files]
+        for batch in batches(ready, batch_files):
             for path in batch:
                 report.truncated_lines += _drop_partial_tail(path)
             lines = sum(_count_lines(path) for path in batch)

@@ -47,6 +47,7 @@ from tracegym.store.lake import (
     _count_lines,
     _drop_partial_tail,
     _new_staging,
+    batches,
     compaction_lock,
     complete_spool_files,
     lake_dir,
@@ -508,8 +509,7 @@ def compact(
         own = con is None
         con = con or duckdb.connect()
         try:
-            for start in range(0, len(ready), batch_files):
-                batch = ready[start : start + batch_files]
+            for batch in batches(ready, batch_files):
                 for path in batch:
                     report.truncated_lines += _drop_partial_tail(path)
                 compact_batch(con, home, lake, batch, report)

@@ -145,3 +145,36 @@ def test_the_compact_command_waits_for_a_running_compaction(tmp_path: Path):
     assert "waiting" in result.output  # said why it did not return at once
     assert "compacted 3 spool files" in result.output  # not "compacted 0" while it was busy
     assert_lake_exact(tmp_path, total)
+
+
+def test_batches_are_bounded_by_files_and_bytes(tmp_path: Path):
+    sizes = [5, 5, 5, 20, 1, 1, 1, 1]
+    paths = []
+    for i, size in enumerate(sizes):
+        path = tmp_path / f"f{i}.jsonl"
+        path.write_bytes(b"x" * size)
+        paths.append(path)
+    cut = lake.batches(paths, batch_files=3, batch_bytes=10)
+    assert [[p.name for p in b] for b in cut] == [
+        ["f0.jsonl", "f1.jsonl"], ["f2.jsonl"], ["f3.jsonl"],  # 20 bytes: a batch of its own
+        ["f4.jsonl", "f5.jsonl", "f6.jsonl"], ["f7.jsonl"],  # three files at most
+    ]  # fmt: skip
+    assert lake.batches([], batch_files=3) == []
+
+
+def test_a_spool_compacted_in_small_batches_is_the_same_lake(tmp_path: Path, monkeypatch):
+    total = write_spool(tmp_path, files=4, spans_per_file=40, outcomes=True)
+    size = max(p.stat().st_size for p in spool_dir(tmp_path).glob("*.jsonl"))
+    monkeypatch.setattr(lake, "BATCH_BYTES", size)  # one file a pass
+    passes = []
+    real = lake.compact_batch
+
+    def counted(con, home, paths):
+        passes.append(len(paths))
+        return real(con, home, paths)
+
+    monkeypatch.setattr(lake, "compact_batch", counted)
+    report = lake.compact(tmp_path)
+    assert passes == [1, 1, 1, 1] and report.files == 4 and report.bad_lines == 0
+    with Store(tmp_path, compact_on_open=False) as store:
+        assert store.sql("SELECT count(*) FROM spans").fetchall()[0][0] == total
