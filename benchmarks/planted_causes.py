@@ -244,9 +244,11 @@ def score_seed(planted: Any, result: Any, split: str) -> SeedScore:
 
 
 def run_seed(seed: int, split: str, embedder: Any, workdir: Path,
-             without: Sequence[str] = ()) -> list[SeedScore]:  # fmt: skip
+             without: Sequence[str] = (), sample: float = 0.0) -> list[SeedScore]:  # fmt: skip
     """The seed scored at the default detectors, and (`without`) again with those detectors
-    left out, on the same generated runs (the baseline of a new detector, in the same run)."""
+    left out, on the same generated runs (the baseline of a new detector, in the same run),
+    and (`sample`) again streamed, the detectors fitted on that share of the runs (what an
+    analysis past `max_resident` runs does)."""
     from tracegym.analysis.detectors.registry import default_detectors
     from tracegym.analysis.pipeline import analyze
     from tracegym.tests.fixtures.planted import generate
@@ -262,6 +264,11 @@ def run_seed(seed: int, split: str, embedder: Any, workdir: Path,
         detectors = [d for d in default_detectors() if d.name not in without]
         before = analyze(home, embedder=embedder, write=False, detectors=detectors)
         scores.append(score_seed(planted, before, f"{split} without {','.join(without)}"))
+    if sample:
+        fitted_on = max(1, int(len(result.facts) * sample))
+        streamed = analyze(home, embedder=embedder, write=False, max_resident=fitted_on,
+                           workers=1)  # fmt: skip
+        scores.append(score_seed(planted, streamed, f"{split} fitted on {sample:.0%}"))
     return scores
 
 
@@ -362,6 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also score every seed with these "
         "detectors (comma-separated) left out: the baseline before them",
     )
+    parser.add_argument("--sample", type=float, default=0.0,
+                        help="also score every seed streamed, the detectors fitted on this "
+                        "share of its runs (0.5: half)")  # fmt: skip
     parser.add_argument("--no-clusters", action="store_true",
                         help="group identical signatures only, no sentence embeddings")  # fmt: skip
     parser.add_argument(
@@ -388,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("reporting", _seeds(args.reporting)),
         ):
             for seed in seeds:
-                s, *baseline = run_seed(seed, split, embedder, Path(tmp), without)
+                s, *baseline = run_seed(seed, split, embedder, Path(tmp), without, args.sample)
                 scores[split].append(s)
                 for b in baseline:
                     scores.setdefault(b.split, []).append(b)
@@ -415,6 +425,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         titles = [t for split, title in titles
                   for t in ((f"{split} without {gone}", f"{title}, without {gone} (before)"),
                             (split, title))]  # fmt: skip
+    if args.sample:
+        titles += [(f"{split} fitted on {args.sample:.0%}",
+                    f"{title}, streamed: detectors fitted on {args.sample:.0%} of each seed's runs")
+                   for split, title in titles if split in ("tuning", "reporting")]  # fmt: skip
     for split, title in titles:
         if scores.get(split):
             summaries[split] = summary(scores[split])
