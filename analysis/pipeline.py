@@ -1,13 +1,9 @@
 """`analyze`: runs -> detector findings -> signatures, embeddings, clusters -> scored candidate
 capabilities -> the kept gaps, written to `<home>/gaps.json` (schema: docs/gaps.md).
 
-Up to `max_resident` runs are loaded and analysed in memory. Past that the runs stream: the
-detectors are fitted on a seeded sample of `max_resident` runs (what they learn are rates and
-rules, which a sample of that size pins down), then every run streams from the lake through
-them, one at a time, leaving its findings, its facts (`run_facts.RunFacts`: what scoring,
-clustering and describing gaps need) and a compressed copy on disk (`run_archive.RunArchive`,
-read back only for the steps the kept gaps' findings name). Memory then stays flat in the
-number of runs, bar those few facts and findings per run (docs/scale.md)."""
+Up to `max_resident` runs are loaded and analysed in memory; past that they stream through
+detectors fitted on a sample (`analysis.streaming`, docs/scale.md). Either way scoring,
+clustering and describing gaps work on each run's facts (`run_facts.RunFacts`)."""
 
 from __future__ import annotations
 
