@@ -50,10 +50,18 @@ def _and(where: str, condition: str) -> str:
 def sample_filter(where: str, size: int) -> str:
     """A condition over the `traces` view keeping a seeded sample of `size` of the runs
     `where` keeps: those of the smallest hash of their trace id (uniform, the same every
-    time, and no trace content in the SQL)."""
+    time, and no trace content in the SQL). With them, up to `size` runs whose memory writes
+    another run read (`memory_ops.source_write_trace_ids`): poisoned_memory judges a read by
+    the write it returned, whichever run wrote it, so a sample without the writers would lose
+    every finding on memory written by a run outside it."""
     within = f"WHERE {where}" if where else ""
-    return _and(where, f"trace_id IN (SELECT trace_id FROM traces {within} "
-                       f"ORDER BY hash(trace_id), trace_id LIMIT {int(size)})")  # fmt: skip
+    n = int(size)
+    sampled = (f"trace_id IN (SELECT trace_id FROM traces {within} "
+               f"ORDER BY hash(trace_id), trace_id LIMIT {n})")  # fmt: skip
+    writers = ("trace_id IN (SELECT DISTINCT writer FROM (SELECT unnest(source_write_trace_ids) "
+               "AS writer FROM memory_ops) WHERE writer IS NOT NULL "
+               f"ORDER BY hash(writer), writer LIMIT {n})")  # fmt: skip
+    return _and(where, f"({sampled} OR {writers})")
 
 
 def partition_filter(where: str, part: int, parts: int) -> str:

@@ -103,8 +103,9 @@ def test_analyze_streams_past_max_resident_and_says_what_it_fitted_on(demo_home:
     streamed = CliRunner().invoke(app, [*args, "--max-resident", "30", "--workers", "1"])
     assert whole.exit_code == 0 and streamed.exit_code == 0, streamed.output
     runs, sampled = json.loads(whole.stdout)["runs"], json.loads(streamed.stdout)["runs"]
-    assert "fitted_on" not in runs and sampled.pop("fitted_on") == 30
-    assert sampled == runs and runs["total"] > 30  # every run read, outcomes counted alike
+    fitted_on = sampled.pop("fitted_on")  # 30, and the runs whose memory others read
+    assert "fitted_on" not in runs and 30 <= fitted_on < runs["total"]
+    assert sampled == runs  # every run read, outcomes counted alike
     bad = CliRunner().invoke(app, [*args, "--max-resident", "0"])
     assert bad.exit_code == 2
 
