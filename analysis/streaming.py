@@ -97,7 +97,8 @@ def detect_streamed(
     """Fit on a sample of `sample` runs, then stream all `total` of them (module docstring).
     With `workers` > 1 both happen in worker processes, so this one never holds the sample:
     the detectors are fitted in one (two would each hold it), then detect in `workers`."""
-    home = str(store.home)
+    lake = getattr(store, "lake", None)  # an object lake the store was opened on, if any
+    home = (str(store.home), lake.config.url if lake else None)  # what a worker opens
     parts = max(1, -(-total // RUNS_PER_PARTITION))
     workers = max(1, min(workers, parts))
     with tempfile.TemporaryDirectory(prefix="tracegym-runs-") as folder:
@@ -107,7 +108,8 @@ def detect_streamed(
         shipped = _pickled(list(detectors)) if workers > 1 and _portable(detectors) else None
         if shipped is not None:  # one process: two would each hold the sample
             task = ("fit", (home, sample_filter(where, sample), shipped, batch_rows))
-            fitted = _or_none(_in_processes(folder, "fit", [task]), say)
+            size = count_runs(store, sample_filter(where, sample))
+            fitted = _or_none(_in_processes(folder, "fit", [task], size, lambda r: r[1]), say)
         if fitted is not None:
             [(detection, fitted_on)] = fitted
         else:
@@ -123,7 +125,8 @@ def detect_streamed(
             say(f"streaming {total} runs through the detectors in {workers} processes")
             tasks = [("detect", (home, where, detecting, range(w, parts, workers), parts,
                                  batch_rows, paths[w])) for w in range(workers)]  # fmt: skip
-            done = _or_none(_in_processes(folder, "detect", tasks), say)
+            done = _or_none(_in_processes(folder, "detect", tasks, total,
+                                          lambda part: len(part.facts)), say)  # fmt: skip
         if done is None:
             say(f"streaming {total} runs through the detectors")
             done = [_detect_parts(store, where, detection, range(parts), parts, batch_rows,
@@ -213,9 +216,11 @@ def _detect_parts(store: Any, where: str, detection: Detection, parts: Iterable[
 Task = tuple[str, tuple[Any, ...]]  # (kind, arguments): what `run_task` does in a worker
 
 
-def _in_processes(folder: str, kind: str, tasks: Sequence[Task]) -> Callable[[], list[Any]]:
+def _in_processes(folder: str, kind: str, tasks: Sequence[Task], expected: int,
+                  runs_of: Callable[[Any], int]) -> Callable[[], list[Any]]:  # fmt: skip
     """Work for one worker process per task, as a call that starts them, waits for all and
-    returns their results in task order (`WorkerFailed` where one failed). Workers are fresh
+    returns their results in task order (`WorkerFailed` where one failed, or where they read
+    another number of runs, `runs_of` each result, than `expected`). Workers are fresh
     interpreters (`python -m tracegym.analysis.stream_worker`): not forks of this one, which
     holds DuckDB's threads, and not multiprocessing's spawn, which runs the caller's own script
     again where it has no main guard. Tasks and results pass through files in `folder`."""
@@ -241,25 +246,37 @@ def _in_processes(folder: str, kind: str, tasks: Sequence[Task]) -> Callable[[],
         for path, _ in started:
             with open(f"{path}.result", "rb") as result:
                 results.append(pickle.load(result))  # written by our own worker, just now
+        read = sum(runs_of(result) for result in results)
+        if read != expected:  # a worker read another lake (or another state of it): say so
+            raise WorkerFailed(f"the {kind} workers read {read} runs, not the {expected} here")
         return results
 
     return run
 
 
-def _fit_task(home: str, where: str, shipped: bytes, batch_rows: int) -> tuple[Detection, int]:
+WorkerStore = tuple[str, str | None]  # a worker's store: the home, and its object lake's URL if any
+
+
+def _open(home: WorkerStore) -> Any:
+    """The store a worker reads: the analysing process's home and lake (a lake URL it was
+    opened with is in neither the environment nor lake.json), not compacted again."""
     from tracegym.store.store import Store
 
+    return Store(home[0], compact_on_open=False, lake_url=home[1])
+
+
+def _fit_task(
+    home: WorkerStore, where: str, shipped: bytes, batch_rows: int
+) -> tuple[Detection, int]:
     detectors: list[Detector] = pickle.loads(shipped)  # pickled by the analysis that started us
-    with Store(home, compact_on_open=False) as store:
+    with _open(home) as store:
         return _fit(store, where, detectors, batch_rows)
 
 
-def _detect_task(home: str, where: str, shipped: bytes, parts: Iterable[int], of: int,
+def _detect_task(home: WorkerStore, where: str, shipped: bytes, parts: Iterable[int], of: int,
                  batch_rows: int, path: str) -> _Part:  # fmt: skip
-    from tracegym.store.store import Store
-
     detection: Detection = pickle.loads(shipped)  # pickled by the analysis that started us
-    with Store(home, compact_on_open=False) as store:
+    with _open(home) as store:
         return _detect_parts(store, where, detection, parts, of, batch_rows, path)
 
 

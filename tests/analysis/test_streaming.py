@@ -223,3 +223,51 @@ def test_a_worker_that_fails_is_reported_and_its_work_done_in_process(
     with Store(planted) as store:
         assert [f.trace_id for f in result.facts] == [r.trace_id for r in load_runs(store)]
     result.runs.close()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_workers_read_the_lake_the_store_was_opened_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: bool
+):
+    """A lake URL given only to `Store` (not in the environment or lake.json) reaches the
+    workers; where they cannot see it (fsspec's memory filesystem is the process's own), the
+    run count tells, and the work is done in process: never an analysis of no runs."""
+    pl.generate(tmp_path, 0)
+    url = (tmp_path / "objects").as_uri() if shared else f"memory://tg-{tmp_path.name}/lake"
+    monkeypatch.setattr(streaming, "RUNS_PER_PARTITION", 25)
+    reported: list[str] = []
+    monkeypatch.setattr(streaming.internal, "report_error",
+                        lambda where, exc: reported.append(str(exc)))  # fmt: skip
+    embedder = HashEmbedder(tmp_path / "cache")
+    with Store(tmp_path, lake_url=url) as store:  # compacts the spool into that lake
+        assert not list((tmp_path / "lake").rglob("*.parquet"))
+        one = analyze(store=store, embedder=embedder, write=False, max_resident=40, workers=1)
+        two = analyze(store=store, embedder=embedder, write=False, max_resident=40, workers=2)
+    assert len(two.facts) == len(one.facts) > 40
+    assert _document(two) == _document(one)
+    if shared:
+        assert reported == []
+    else:  # the fit worker saw no sample, the detect workers no runs: both said, both redone
+        assert [r.split(" read 0 runs")[0] for r in reported] == [
+            "the fit workers",
+            "the detect workers",
+        ]
+
+
+def test_a_filtered_analysis_streams_its_runs_only(planted: Path, monkeypatch: pytest.MonkeyPatch):
+    where = "success = false OR hash(trace_id) % 3 = 0"
+    monkeypatch.setattr(streaming, "RUNS_PER_PARTITION", 15)
+    with Store(planted) as store:
+        runs = [r.trace_id for r in load_runs(store, where)]
+        sample = {r.trace_id for r in load_runs(store, sample_filter(where, 20))}
+    assert sample <= set(runs) and len(runs) > len(sample) >= 20
+    embedder = HashEmbedder(planted / "cache")
+    reference = analyze(planted, embedder=embedder, write=False, where=where,
+                        detectors=[_FitOn(d, sample) for d in default_detectors()])  # fmt: skip
+    streamed = analyze(planted, embedder=embedder, write=False, where=where, max_resident=20,
+                       workers=2)  # fmt: skip
+    assert [f.trace_id for f in streamed.facts] == runs
+    document = _document(streamed)
+    assert document["runs"].pop("fitted_on") == len(sample)
+    assert document == _document(reference)
+    streamed.runs.close()
