@@ -17,8 +17,8 @@ absent). Per size this prints:
 
 Past `--max-resident` runs (analyze's default: 5,000) the analysis streams (analysis/streaming.py:
 detectors fitted on a sample in one worker process, every run detected in `--workers`); the
-peak is then printed for the analysing process, its largest worker, and all of them at once
-(their RSS summed, sampled every 0.2 s).
+peak RSS is printed for the analysing process, its largest worker, and all of them at once
+(summed), each sampled every 0.2 s from /proc.
 
 Goal on a 2-core machine: 100k runs analysed within 10 minutes under 4 GB peak, memory flat in
 the number of runs. Homes are kept under `--work` (default /tmp/tracegym-scale) so a second
@@ -142,7 +142,7 @@ def generate(work: Path, size: int) -> Path:
 
 
 _CHILD = """
-import json, resource, sys, time
+import json, sys, time
 from tracegym.analysis.pipeline import analyze
 home, batch, options = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 start = time.perf_counter()
@@ -151,15 +151,12 @@ elapsed = time.perf_counter() - start
 print(json.dumps({"seconds": elapsed, "timings": result.timings, "runs": len(result.facts),
                   "failed": sum(f.success is False for f in result.facts),
                   "gaps": [g.name for g in result.gaps], "embedded": result.embedded,
-                  "fitted_on": result.fitted_on, "streamed": result.streamed,
-                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "workers_peak_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-                  / 1024}))
+                  "fitted_on": result.fitted_on, "streamed": result.streamed}))
 """
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of `pid` and every process under it now (Linux /proc; 0 elsewhere)."""
+def _tree_rss(pid: int) -> dict[int, int]:
+    """Resident bytes of `pid` and of every process under it now (Linux /proc; {} elsewhere)."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -171,32 +168,36 @@ def _tree_rss(pid: int) -> int:
             continue
         children.setdefault(int(fields[1]), []).append(int(entry.name))
         rss[int(entry.name)] = int(fields[21]) * resource.getpagesize()
-    total, todo = 0, [pid]
+    tree, todo = {}, [pid]
     while todo:
         at = todo.pop()
-        total += rss.get(at, 0)
+        tree[at] = rss.get(at, 0)
         todo += children.get(at, [])
-    return total
+    return tree
 
 
 def analyze_once(home: Path, batch: int, options: dict | None = None) -> dict:
-    """`analyze` in a fresh process: its result summary, its peak RSS, its largest worker
-    process's (getrusage: the largest child, not the sum) and the largest sum of the RSS of
-    it and its workers at one time (sampled every 0.2 s)."""
+    """`analyze` in a fresh process: its result summary, and the peak RSS of that process, of
+    its largest worker and of all of them at once, sampled every 0.2 s. (Not getrusage: a
+    process started by fork and exec keeps its parent's peak as its own on Linux, so the child
+    of this process after generating a spool would report this process's peak.)"""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     process = subprocess.Popen(
         [sys.executable, "-c", _CHILD, str(home), str(batch), json.dumps(options or {})],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT.parent,
     )  # fmt: skip
-    peak = 0
+    own = worker = tree = 0
     while process.poll() is None:
-        peak = max(peak, _tree_rss(process.pid))
+        sizes = _tree_rss(process.pid)
+        own = max(own, sizes.get(process.pid, 0))
+        worker = max([worker] + [v for k, v in sizes.items() if k != process.pid])
+        tree = max(tree, sum(sizes.values()))
         time.sleep(0.2)
     out, err = process.communicate()
     if process.returncode:
         raise RuntimeError(f"analyze failed ({process.returncode}): {err[-2000:]}")
     result = json.loads(out.strip().splitlines()[-1])
-    result["tree_peak_mb"] = peak / 2**20
+    result.update(peak_mb=own / 2**20, workers_peak_mb=worker / 2**20, tree_peak_mb=tree / 2**20)
     return result
 
 
@@ -263,9 +264,9 @@ def measure(
         how = f"streamed, fitted on {r['fitted_on']:,}" if r["streamed"] else "in memory"
         print(
             f"  analyze {phase} ({how}): {r['seconds']:.1f} s ({stages}; {r['embedded']} "
-            f"embedded), peak {r['peak_mb']:,.0f} MB (largest worker "
-            f"{r['workers_peak_mb']:,.0f} MB; all processes at once, sampled: "
-            f"{r['tree_peak_mb']:,.0f} MB); {r['runs']} runs, {r['failed']} failed, "
+            f"embedded), peak RSS (sampled) {r['peak_mb']:,.0f} MB, largest worker "
+            f"{r['workers_peak_mb']:,.0f} MB, all processes at once {r['tree_peak_mb']:,.0f} MB; "
+            f"{r['runs']} runs, {r['failed']} failed, "
             f"{len(r['gaps'])} gaps: {', '.join(r['gaps'])}",
             flush=True,
         )
