@@ -63,6 +63,8 @@ class Analysis:
 
     @property
     def failed(self) -> list[Run]:
+        """The failed runs themselves (read back from disk when streamed, and all held: for
+        small analyses; `facts` say which runs failed at any size)."""
         return [r for r in self.runs if r.success is False]
 
     @property
