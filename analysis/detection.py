@@ -1,14 +1,11 @@
-"""Running detectors: fit them all on a population, then detect run by run.
-
-A detector that raises is reported (its name and error, and `tracer.internal`'s count) and
-skipped from then on, never fatal: a user's detector must not sink the analysis.
-"""
+"""Running detectors: fit them all on a population, then detect run by run (`Detection`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from tracegym.analysis.detectors.base import Detector, Finding
+from tracegym.analysis.detectors.state import remembering_reads
 from tracegym.analysis.runs import Run
 from tracegym.tracer import internal
 
@@ -17,8 +14,7 @@ def run_detectors(
     detectors: Sequence[Detector], runs: Sequence[Run]
 ) -> tuple[dict[str, list[Finding]], dict[str, str]]:
     """Fit every detector on all runs (each learns its statistics from the successful ones,
-    and memory provenance may reach into runs without an outcome), then detect run by run
-    (`Detection`); a failing detector is reported (and skipped from then on), never fatal."""
+    and memory provenance may reach into runs without an outcome), then detect run by run."""
     detection = Detection.fitted(detectors, runs)
     findings = {run.trace_id: detection.detect(run) for run in runs}
     return findings, detection.errors
@@ -27,8 +23,8 @@ def run_detectors(
 class Detection:
     """Fitted detectors applied to one run after another: every detector on one run in turn
     (what several of them work out from a run, its reads, is worked out once:
-    `state.remembering_reads`). A detector that raises is reported in `errors` and skipped
-    from then on: a user's detector must not sink the analysis."""
+    `state.remembering_reads`). A detector that raises is reported in `errors` (and counted by
+    `tracer.internal`) and skipped from then on: a user's detector must not sink the analysis."""
 
     def __init__(self, detectors: Sequence[Detector]) -> None:
         self.detectors = list(detectors)
@@ -48,8 +44,6 @@ class Detection:
         return detection
 
     def detect(self, run: Run) -> list[Finding]:
-        from tracegym.analysis.detectors.state import remembering_reads
-
         found: list[Finding] = []
         with remembering_reads():
             for i in list(self.working):

@@ -239,6 +239,7 @@ def build_runs(
     return [_build_run(trace, grouped.get(trace["trace_id"], [])) for trace in trace_rows]
 
 
+RUN_ORDER = "start_time, trace_id"  # the order runs are loaded in, and analysis reports them
 BATCH_ROWS = 5_000  # span rows fetched from the store at a time by `iter_runs` (~50 MB as rows)
 
 
@@ -252,14 +253,14 @@ def iter_runs(store: Any, where: str = "", batch_rows: int = BATCH_ROWS) -> Iter
     trace_filter = f"WHERE {where}" if where else ""
     traces = store.sql(
         "SELECT trace_id, run_id, agent, success, reward, outcome_source, outcome_labels "
-        f"FROM traces {trace_filter} ORDER BY start_time, trace_id"
+        f"FROM traces {trace_filter} ORDER BY {RUN_ORDER}"
     )
     trace_columns = traces.columns
     trace_rows = [dict(zip(trace_columns, row, strict=True)) for row in traces.fetchall()]
     columns = ", ".join(f"s.{c}" for c in _STEP_COLUMNS)
     steps = store.sql(
         f"SELECT {columns}, m.source_write_span_ids, t.n AS run_order FROM spans s "
-        "JOIN (SELECT trace_id, row_number() OVER (ORDER BY start_time, trace_id) AS n "
+        f"JOIN (SELECT trace_id, row_number() OVER (ORDER BY {RUN_ORDER}) AS n "
         f"      FROM traces {trace_filter}) t ON t.trace_id = s.trace_id "
         "LEFT JOIN memory_ops m ON m.span_id = s.span_id AND m.trace_id = s.trace_id "
         "ORDER BY t.n"

@@ -30,7 +30,7 @@ from tracegym.analysis.detection import Detection
 from tracegym.analysis.detectors.base import Detector, Finding
 from tracegym.analysis.run_archive import ArchivePart, RunArchive
 from tracegym.analysis.run_facts import RunFacts
-from tracegym.analysis.runs import Run, iter_runs, load_runs
+from tracegym.analysis.runs import RUN_ORDER, Run, iter_runs, load_runs
 from tracegym.tracer import internal
 
 MAX_RESIDENT = 5_000  # runs analysed in memory; past this they stream, fitted on this many
@@ -105,16 +105,16 @@ def detect_streamed(
         say(f"{total} runs: fitting the detectors on a sample of {sample}")
         clock = time.perf_counter()
         fitted = None
+        sampled = sample_filter(where, sample)
         shipped = _pickled(list(detectors)) if workers > 1 and _portable(detectors) else None
         if shipped is not None:  # one process: two would each hold the sample
-            task = ("fit", (home, sample_filter(where, sample), shipped, batch_rows))
-            size = count_runs(store, sample_filter(where, sample))
+            task = ("fit", (home, sampled, shipped, batch_rows))
+            size = count_runs(store, sampled)
             fitted = _or_none(_in_processes(folder, "fit", [task], size, lambda r: r[1]), say)
         if fitted is not None:
             [(detection, fitted_on)] = fitted
         else:
-            detection, fitted_on = _fit(store, sample_filter(where, sample), detectors,
-                                        batch_rows)  # fmt: skip
+            detection, fitted_on = _fit(store, sampled, detectors, batch_rows)
         timings["fit"] = time.perf_counter() - clock
 
         clock = time.perf_counter()
@@ -179,7 +179,7 @@ def _or_none(run: Callable[[], list[Any]], say: Callable[[str], None]) -> list[A
 def _run_order(store: Any, where: str) -> list[str]:
     """Trace ids in the order `iter_runs` yields them (and the in-memory analysis uses)."""
     within = f"WHERE {where}" if where else ""
-    ordered = store.sql(f"SELECT trace_id FROM traces {within} ORDER BY start_time, trace_id")
+    ordered = store.sql(f"SELECT trace_id FROM traces {within} ORDER BY {RUN_ORDER}")
     return [row[0] for row in ordered.fetchall()]
 
 
@@ -284,8 +284,8 @@ _TASKS: dict[str, Callable[..., Any]] = {"fit": _fit_task, "detect": _detect_tas
 
 
 def run_task(task_path: str) -> None:
-    """A worker's life (`stream_worker`): its task (fit a group of detectors on the sample, or
-    detect its partitions of the lake), the result pickled beside the task."""
+    """A worker's life (`stream_worker`): its task (fit the detectors on the sample, or detect
+    its partitions of the lake), the result pickled beside the task."""
     with open(task_path, "rb") as task:  # written by the analysis that started this worker
         kind, args = pickle.load(task)
     result = _TASKS[kind](*args)
