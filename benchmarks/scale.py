@@ -13,7 +13,11 @@ absent). Per size this prints:
   views) against raw DuckDB over the same Parquet files, best of 5.
 
     nice -n 15 .venv/bin/python benchmarks/scale.py [--sizes 1000,10000,100000] \
-        [--max-resident N] [--workers N] [--phases cold,warm] [--no-query]
+        [--max-resident N] [--workers N] [--phases cold,warm] [--no-query] [--s3]
+
+With `--s3`, each size is measured again on a home whose lake is on a moto S3 server on
+127.0.0.1 (the object lake: compaction by commits, analysis reading the lake's URL, the query
+with the part cache against raw DuckDB over local copies of the committed parts).
 
 Past `--max-resident` runs (analyze's default: 5,000) the analysis streams (analysis/streaming.py:
 detectors fitted on a sample in one worker process, every run detected in `--workers`); the
@@ -31,6 +35,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -108,13 +113,8 @@ def replicate(runs: list[list[dict]], total: int) -> Iterator[str]:
             yield dumps(out)
 
 
-def generate(work: Path, size: int) -> Path:
-    """`<work>/runs-<size>` with `size` replicated runs, compacted (timed: the marker file keeps
-    the spans and seconds, so a later invocation reports the first compaction)."""
-    home = work / f"runs-{size}"
-    marker = home / ".generated"
-    if marker.exists():
-        return home
+def write_spool(work: Path, home: Path, size: int) -> None:
+    """`size` replicated runs as spool files under `home`, LINES_PER_FILE lines a file."""
     runs = _runs_of(seed_lines(work))
     spool = home / "spool"
     spool.mkdir(parents=True, exist_ok=True)
@@ -132,6 +132,16 @@ def generate(work: Path, size: int) -> Path:
             flush()
     if batch:
         flush()
+
+
+def generate(work: Path, size: int) -> Path:
+    """`<work>/runs-<size>` with `size` replicated runs, compacted (timed: the marker file keeps
+    the spans and seconds, so a later invocation reports the first compaction)."""
+    home = work / f"runs-{size}"
+    marker = home / ".generated"
+    if marker.exists():
+        return home
+    write_spool(work, home, size)
     from tracegym.store import lake
 
     start = time.perf_counter()
@@ -217,21 +227,26 @@ def best_of(n: int, fn) -> float:
     return min(times)
 
 
-def query_ratio(home: Path) -> tuple[float, float]:
-    """The typical query through the views, and the same on raw DuckDB over the same lake
-    files: tool calls are spans whose `operation` is execute_tool, a run's outcome the latest
-    outcome record naming its run id (what the views do, less their other columns)."""
+def lake_files(home: Path) -> dict[str, list[str]]:
+    """The Parquet parts of a local lake, per table (spans, outcomes)."""
+    return {t: sorted(str(p) for p in (home / "lake" / t).rglob("*.parquet"))
+            for t in ("spans", "outcomes")}  # fmt: skip
+
+
+def query_ratio(home: Path, files: dict[str, list[str]]) -> tuple[float, float]:
+    """The typical query through the views of `home`, and the same on raw DuckDB over `files`
+    (the same parts on a local disk): tool calls are spans whose `operation` is execute_tool, a
+    run's outcome the latest outcome record naming its run id (what the views do, less their
+    other columns)."""
     import duckdb
     from tracegym.store.store import Store
 
     with Store(home) as store:
         ours = best_of(5, lambda: store.sql(QUERY.format(tools="tool_calls",
                                                          traces="traces")).fetchall())  # fmt: skip
-    lake = home / "lake"
     raw = duckdb.connect()
-    for name, folder in (("s", "spans"), ("o", "outcomes")):
-        parts = sorted(str(p) for p in (lake / folder).rglob("*.parquet"))
-        raw.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({parts!r}, "
+    for name, table in (("s", "spans"), ("o", "outcomes")):
+        raw.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({files[table]!r}, "
                     "union_by_name=true)")  # fmt: skip
     raw.execute("CREATE VIEW rt AS SELECT trace_id, tool FROM s WHERE operation = 'execute_tool'")
     raw.execute(
@@ -254,6 +269,43 @@ def measure(
     compaction = (f"{compaction['spans']:,} spans in {compaction['seconds']:.1f} s = "
                   f"{compaction['spans'] / compaction['seconds']:,.0f}/s")  # fmt: skip
     print(f"{size:,} runs (generated in {made:.1f} s): compaction {compaction}", flush=True)
+    analyze_and_query(home, batch, options, phases, lake_files(home) if query else None)
+
+
+def measure_s3(
+    work: Path, size: int, batch: int, options: dict, phases: list[str], query: bool = True
+) -> None:
+    """The same on a home whose lake is on the moto S3 server (`s3://tracegym-scale/`): the
+    spool is written anew (the server keeps objects in memory, so nothing is reused), compacted
+    into S3 by commits, analysed, and queried with the part cache (the default) against raw
+    DuckDB over local copies of the very parts the commits name."""
+    from tracegym.store import object_lake
+    from tracegym.store.object_lake import LakeConfig, ObjectLake
+
+    home = work / f"s3-runs-{size}"
+    shutil.rmtree(home, ignore_errors=True)
+    write_spool(work, home, size)
+    config = LakeConfig(f"s3://tracegym-scale/runs-{size}")
+    object_lake.set_lake(home, config)
+    lake = ObjectLake(config)
+    start = time.perf_counter()
+    report = object_lake.compact(home, lake)
+    seconds = time.perf_counter() - start
+    print(f"{size:,} runs on S3: compaction {report.spans:,} spans in {seconds:.1f} s = "
+          f"{report.spans / seconds:,.0f}/s ({report.commits} commits)", flush=True)  # fmt: skip
+    files = None
+    if query:
+        snapshot = lake.snapshot()
+        files = {t: lake.local_copies(snapshot.parts(t), work / "s3-floor")
+                 for t in ("spans", "outcomes")}  # fmt: skip
+    analyze_and_query(home, batch, options, phases, files)
+
+
+def analyze_and_query(
+    home: Path, batch: int, options: dict, phases: list[str], files: dict[str, list[str]] | None
+) -> None:
+    """`analyze` per phase in a fresh process, then (`files`: the raw baseline's parts) the
+    typical query against raw DuckDB."""
     cache = home / "cache"
     for phase in phases:
         if phase == "cold":
@@ -270,11 +322,27 @@ def measure(
             f"{len(r['gaps'])} gaps: {', '.join(r['gaps'])}",
             flush=True,
         )
-    if not query:
+    if files is None:
         return
-    ours, base = query_ratio(home)
+    ours, base = query_ratio(home, files)
     print(f"  query: views {ours * 1e3:.1f} ms, raw DuckDB {base * 1e3:.1f} ms, "
           f"ratio {ours / base:.2f}", flush=True)  # fmt: skip
+
+
+def start_s3() -> subprocess.Popen:
+    """A moto S3 server on 127.0.0.1 (object_storage.py's) with the bucket `tracegym-scale`; the
+    environment points s3fs, and every analysing process started after, at it."""
+    from object_storage import start_moto
+
+    server, endpoint = start_moto()
+    os.environ.update(
+        AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
+    )  # fmt: skip
+    import s3fs
+
+    s3fs.S3FileSystem(skip_instance_cache=True).call_s3("create_bucket", Bucket="tracegym-scale")
+    return server
 
 
 def main() -> None:
@@ -298,19 +366,24 @@ def main() -> None:
     )
     parser.add_argument("--phases", default="cold,warm", help="cold (no embedding cache), warm")
     parser.add_argument("--no-query", action="store_true", help="skip the query timing")
+    parser.add_argument(
+        "--s3",
+        action="store_true",
+        help="per size, the same again on a home whose lake is on a moto S3 server (loopback)",
+    )
     args = parser.parse_args()
     options = {k: v for k, v in (("max_resident", args.max_resident),
                                  ("workers", args.workers)) if v}  # fmt: skip
+    phases = [p for p in args.phases.split(",") if p]
     print(f"load averages {os.getloadavg()}, {os.cpu_count()} CPUs", flush=True)
-    for size in (int(s) for s in args.sizes.split(",")):
-        measure(
-            args.work,
-            size,
-            args.batch_rows,
-            options,
-            args.phases.split(","),
-            query=not args.no_query,
-        )
+    server = start_s3() if args.s3 else None
+    try:
+        for size in (int(s) for s in args.sizes.split(",")):
+            for how in (measure, measure_s3) if server else (measure,):
+                how(args.work, size, args.batch_rows, options, phases, query=not args.no_query)
+    finally:
+        if server:
+            server.kill()
     print(f"load averages {os.getloadavg()}; this process peak "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")  # fmt: skip
 
