@@ -30,7 +30,7 @@ from pathlib import Path
 import duckdb
 from tracegym.store.home import LAKE_DIR as LAKE_DIR
 from tracegym.store.home import Home
-from tracegym.store.schema import read_json_source, row_select
+from tracegym.store.schema import BAD_TABLE, compaction_source, row_select
 from tracegym.tracer.spool_files import is_complete
 
 SPANS_DIR = "spans"
@@ -96,15 +96,6 @@ def _drop_partial_tail(path: Path) -> int:
         return 1
 
 
-def _count_lines(path: Path) -> int:
-    """The newline-terminated lines of a file (all of them, once its partial tail is cut)."""
-    lines = 0
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            lines += block.count(b"\n")
-    return lines
-
-
 def complete_spool_files(home: Path) -> tuple[list[Path], list[Path]]:
     """(files ready to compact, files a live writer still holds), in name order."""
     directory = Home.at(home).spool
@@ -148,13 +139,15 @@ def _new_staging(home: Path, stem: str) -> Path:
 @dataclass(frozen=True)
 class StagedPart:
     """One Parquet part DuckDB wrote into a staging folder: its table, day, source file's
-    stem and index (`data_<i>`) come from the folder names of PARTITION_BY."""
+    stem and index (`data_<i>`) come from the folder names of PARTITION_BY; `rows` from the
+    COPY's statistics."""
 
     path: Path
     table: str
     day: str  # `day=YYYY-MM-DD`, the folder name
     stem: str
     index: str
+    rows: int = 0
 
     @property
     def name(self) -> str:
@@ -162,43 +155,61 @@ class StagedPart:
         return f"part-{self.stem}-{self.index}.parquet"
 
 
-def stage_batch(
-    con: duckdb.DuckDBPyConnection, staging: Path, paths: list[Path]
-) -> tuple[int, list[StagedPart]]:
-    """Write the spans of `paths` as Parquet parts into `staging` in one DuckDB pass;
-    (spans, parts). Used by this lake and by the object lake (store/object_lake.py)."""
-    spans = 0
+@dataclass(frozen=True)
+class StagedBatch:
+    """What one pass over spool files wrote: its parts, and the spans and the lines that are
+    no span (garbage, a cut line, a wrong type: counted, not kept) it read."""
+
+    parts: list[StagedPart]
+    spans: int
+    bad_lines: int
+
+
+def stage_batch(con: duckdb.DuckDBPyConnection, staging: Path, paths: list[Path]) -> StagedBatch:
+    """Write the spans of `paths` as Parquet parts into `staging` in one DuckDB pass, reading
+    the spool once: lines that are no span go to a part of their own (BAD_TABLE), counted from
+    the COPY's statistics and deleted. Used by this lake and the object lake."""
     nonempty = [str(p) for p in paths if p.stat().st_size]
-    if nonempty:
-        select = row_select(read_json_source("$paths", filename=True), with_source=True)
-        rows = con.execute(
-            f"COPY ({select}) TO '{_sql_path(staging)}' "
-            "(FORMAT parquet, PARTITION_BY (_table, day, _src), OVERWRITE_OR_IGNORE true, "
-            "COMPRESSION zstd)",
-            {"paths": nonempty},
-        ).fetchall()
-        spans = int(rows[0][0]) if rows else 0
-    parts = []
+    if not nonempty:
+        return StagedBatch([], 0, 0)
+    select = row_select(compaction_source("$paths"), with_source=True, route_bad=True)
+    written = con.execute(
+        f"COPY ({select}) TO '{_sql_path(staging)}' "
+        "(FORMAT parquet, PARTITION_BY (_table, day, _src), OVERWRITE_OR_IGNORE true, "
+        "COMPRESSION zstd, RETURN_STATS true)",
+        {"paths": nonempty},
+    ).fetchall()
+    rows = {Path(name).resolve(): int(count) for name, count, *_ in written}
+    parts, bad_lines = [], 0
     for part in sorted(staging.rglob("*.parquet")):
         table, day, source = part.relative_to(staging).parts[:3]  # _table=, day=, _src=
+        count = rows.get(part.resolve(), 0)
+        if table == f"_table={BAD_TABLE}":
+            bad_lines += count
+            part.unlink()
+            continue
         index = part.stem.rsplit("_", 1)[-1]  # data_<i>
-        parts.append(StagedPart(part, table.split("=", 1)[1], day, source.split("=", 1)[1], index))
-    return spans, parts
+        parts.append(StagedPart(part, table.split("=", 1)[1], day, source.split("=", 1)[1],
+                                index, count))  # fmt: skip
+    return StagedBatch(parts, sum(p.rows for p in parts), bad_lines)
 
 
-def compact_batch(con: duckdb.DuckDBPyConnection, home: Path, paths: list[Path]) -> tuple[int, int]:
-    """Move complete spool files into the lake in one DuckDB pass; returns (spans, parts).
+def compact_batch(
+    con: duckdb.DuckDBPyConnection, home: Path, paths: list[Path]
+) -> tuple[StagedBatch, int]:
+    """Move complete spool files into the lake in one DuckDB pass; returns what the pass read
+    and the number of parts now in the lake.
 
     Parts are named after their source file, so a rerun after a crash rewrites the same names;
     parts a previous attempt left under a source's name and this one did not write are removed.
     """
     staging = _new_staging(home, paths[0].stem)
-    spans, staged = stage_batch(con, staging, paths)
+    batch = stage_batch(con, staging, paths)
     stems = {p.stem for p in paths}
     previous = [p for p in lake_dir(home).glob("*/day=*/part-*.parquet")
                 if _stem_of_part(p.name) in stems]  # fmt: skip
     written: set[Path] = set()
-    for part in staged:
+    for part in batch.parts:
         target = lake_dir(home) / part.table / part.day / part.name
         target.parent.mkdir(parents=True, exist_ok=True)
         _fsync(part.path)
@@ -211,7 +222,7 @@ def compact_batch(con: duckdb.DuckDBPyConnection, home: Path, paths: list[Path])
     for path in paths:
         path.unlink()  # only now: its spans are durable in the lake
     shutil.rmtree(staging, ignore_errors=True)
-    return spans, len(written)
+    return batch, len(written)
 
 
 def _sql_path(path: Path) -> str:
@@ -284,11 +295,10 @@ def _compact_locked(
         for batch in batches(ready, batch_files):
             for path in batch:
                 report.truncated_lines += _drop_partial_tail(path)
-            lines = sum(_count_lines(path) for path in batch)
-            spans, parts = compact_batch(con, home, batch)
-            report.bad_lines += lines - spans  # every other line: skipped, not a row of NULLs
+            staged, parts = compact_batch(con, home, batch)
+            report.bad_lines += staged.bad_lines  # skipped, not a row of NULLs
             report.files += len(batch)
-            report.spans += spans
+            report.spans += staged.spans
             report.parts += parts
     finally:
         if own:

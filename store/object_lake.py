@@ -44,7 +44,6 @@ from tracegym.store.lake import (
     STAGING_DIR,
     CompactionReport,
     StagedPart,
-    _count_lines,
     _drop_partial_tail,
     _new_staging,
     batches,
@@ -321,14 +320,12 @@ class ObjectLake:
         return True
 
     # --- parts ----------------------------------------------------------------------------
-    def upload(
-        self, staged: list[StagedPart], token: str, rows: dict[Path, int]
-    ) -> list[CommittedPart]:
+    def upload(self, staged: list[StagedPart], token: str) -> list[CommittedPart]:
         """Copy staged parts into the lake under names carrying `token` (never read until a
         commit names them)."""
         parts = [
             CommittedPart(f"{p.table}/{p.day}/part-{p.stem}-{token}-{p.index}.parquet", p.table,
-                          p.stem, rows[p.path])
+                          p.stem, p.rows)
             for p in staged
         ]  # fmt: skip
         sources = [str(p.path) for p in staged]
@@ -423,16 +420,6 @@ def open_lake(home: Path, url: str | None = None) -> ObjectLake | None:
     return ObjectLake(config) if config else None
 
 
-def _part_rows(con: duckdb.DuckDBPyConnection, staged: list[StagedPart]) -> dict[Path, int]:
-    if not staged:
-        return {}
-    rows = con.execute(
-        "SELECT file_name, num_rows FROM parquet_file_metadata($p)",
-        {"p": [str(p.path) for p in staged]},
-    ).fetchall()
-    return {Path(name): int(n) for name, n in rows}
-
-
 def commit_parts(
     lake: ObjectLake, parts: list[CommittedPart], stems: list[str], token: str,
     report: ObjectCompactionReport,
@@ -468,10 +455,10 @@ def compact_batch(
     report.already_committed += len(paths) - len(todo)
     if todo:
         staging = _new_staging(home, todo[0].stem)
-        spans, staged = stage_batch(con, staging, todo)
-        report.bad_lines += sum(_count_lines(p) for p in todo) - spans
+        staged = stage_batch(con, staging, todo)
+        report.bad_lines += staged.bad_lines
         token = secrets.token_hex(8)
-        uploaded = lake.upload(staged, token, _part_rows(con, staged))
+        uploaded = lake.upload(staged.parts, token)
         commit = commit_parts(lake, uploaded, [p.stem for p in todo], token, report)
         if commit is not None:
             report.commits += 1

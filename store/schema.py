@@ -64,13 +64,20 @@ def _column(column: str, kind: str, keys: tuple[str, ...]) -> str:
     return f"TRY_CAST({value} AS {kind}) AS {column}"
 
 
-def row_select(source: str, *, with_source: bool = False) -> str:
+# The `_table` compaction routes a line that is no span to: counted from the COPY's own
+# statistics, then deleted, so the spool is read once (see `compaction_source`).
+BAD_TABLE = "_bad"
+
+
+def row_select(source: str, *, with_source: bool = False, route_bad: bool = False) -> str:
     """SELECT turning spool lines from `source` (a table expression) into lake rows.
 
-    `with_source` adds `_src`, the spool file's stem (the source needs `filename=True`).
+    `with_source` adds `_src`, the spool file's stem (the source needs `filename=True`);
+    `route_bad` sends rows whose `_valid` is false to BAD_TABLE (`compaction_source`).
     """
     promoted = ",\n    ".join(_column(*p) for p in PROMOTED)
     src = ",\n    regexp_extract(filename, '([^/]+)\\.jsonl$', 1) AS _src" if with_source else ""
+    bad = f"WHEN NOT _valid THEN '{BAD_TABLE}' " if route_bad else ""
     return f"""
 SELECT
     trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns,
@@ -81,8 +88,8 @@ SELECT
     {promoted},
     {_as_text()}, scope,
     CAST(make_timestamp(start_ns // 1000) AS DATE) AS day,
-    CASE name WHEN '{sc.OUTCOME_SPAN_NAME}' THEN 'outcomes' WHEN '{sc.NIGHTLY_SPAN_NAME}'
-        THEN 'nightly' ELSE 'spans' END AS _table{src}
+    CASE {bad}WHEN name = '{sc.OUTCOME_SPAN_NAME}' THEN 'outcomes'
+        WHEN name = '{sc.NIGHTLY_SPAN_NAME}' THEN 'nightly' ELSE 'spans' END AS _table{src}
 FROM (SELECT *, json_extract_string(attributes, {_PATHS}) AS _v FROM {source})
 """
 
@@ -102,13 +109,17 @@ _VALID = """coalesce(
     AND TRY_CAST(CAST(start_ns AS VARCHAR) AS BIGINT) IS NOT NULL
     AND regexp_full_match(CAST(end_ns AS VARCHAR), '[0-9]{1,19}')
     AND TRY_CAST(CAST(end_ns AS VARCHAR) AS BIGINT) IS NOT NULL, false)"""
+# A timestamp as a BIGINT in [0, 2**63), else NULL: a valid line's value as it is, and a line
+# that is no span (which compaction reads too, see `compaction_source`) never has one that
+# overflows `end_ns - start_ns`.
+_NON_NEGATIVE = "TRY_CAST(TRY_CAST(CAST({} AS VARCHAR) AS UBIGINT) AS BIGINT)"
 # The checked fields as the spool's columns (for a valid line: the ids are plain hex strings).
 _FIELDS = [
     "substr(CAST(trace_id AS VARCHAR), 2, 32) AS trace_id",
     "substr(CAST(span_id AS VARCHAR), 2, 16) AS span_id",
     "json_extract_string(name, '$') AS name",
-    "TRY_CAST(CAST(start_ns AS VARCHAR) AS BIGINT) AS start_ns",
-    "TRY_CAST(CAST(end_ns AS VARCHAR) AS BIGINT) AS end_ns",
+    f"{_NON_NEGATIVE.format('start_ns')} AS start_ns",
+    f"{_NON_NEGATIVE.format('end_ns')} AS end_ns",
 ]
 
 
@@ -138,6 +149,15 @@ def read_json_source(paths_param: str = "?", *, filename: bool = False) -> str:
         f"(SELECT * EXCLUDE (_valid) FROM {spool_lines_source(paths_param, filename=filename)} "
         "WHERE _valid)"
     )
+
+
+def compaction_source(paths_param: str = "?") -> str:
+    """Every non-blank line of spool files as a row with `filename` and `_valid`, for a
+    compaction that reads the spool once: with `route_bad`, `row_select` sends the lines that
+    are no span to BAD_TABLE, where compaction counts and deletes them (it used to read the
+    whole spool a second time to count its lines). Such a row's values stay in the range of a
+    span's (see `_FIELDS`), so no expression of `row_select` fails on them."""
+    return spool_lines_source(paths_param, filename=True)
 
 
 def bad_lines_select(paths: str | None) -> str:

@@ -164,3 +164,29 @@ def test_the_compact_command_says_what_it_skipped(tmp_path: Path) -> None:
     assert done.exit_code == 0, done.output
     assert "compacted 1 spool file, 4 spans" in done.stdout
     assert f"skipped {bad_lines} lines that are no span and 1 line cut short" in done.stderr
+
+
+def test_blank_lines_are_not_counted_and_a_bad_lines_values_are_never_computed(
+    tmp_path: Path,
+) -> None:
+    """Compaction reads the spool once: a line that is no span becomes a row of NULLs routed
+    to a part of its own, counted and deleted. Its values must reach no expression (a negative
+    start and the largest end would overflow `end_ns - start_ns`), and blank lines are no
+    line at all, as `spool_bad_lines` counts them."""
+    good = records("once", 2)
+    overflowing = {**good[0], "span_id": "ab" * 8, "start_ns": -(2**63), "end_ns": 2**63 - 1}
+    directory = spool_dir(tmp_path)
+    directory.mkdir(parents=True)
+    path = directory / "20251130T000000-host-1-00000004.jsonl"
+    path.write_bytes(
+        encode_records(good[:1]) + b"\n   \n\t\n"
+        + json.dumps(overflowing).encode() + b"\n" + encode_records(good[1:])
+    )  # fmt: skip
+
+    report = compact(tmp_path)
+
+    assert (report.spans, report.bad_lines, report.truncated_lines) == (2, 1, 0)
+    lake_files = [p.relative_to(tmp_path).as_posix() for p in (tmp_path / "lake").rglob("*")]
+    assert lake_files and not [p for p in lake_files if "_bad" in p or "NULL" in p]
+    rows = Store(tmp_path).fetch("SELECT trace_id, span_id FROM spans ORDER BY span_id").rows
+    assert sorted(rows) == sorted(ids(good))

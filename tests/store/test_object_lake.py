@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("duckdb")
 pytest.importorskip("fsspec", reason="the object lake needs fsspec: the s3 extra")
 
+import pyarrow.parquet as pq
 from tracegym.cli import app as cli
 from tracegym.store import lake, object_lake
 from tracegym.store.object_lake import (
@@ -76,6 +77,10 @@ def test_compaction_commits_each_spool_file_once_and_readers_count_exactly(
     assert [c.seq for c in snapshot.commits] == [0]
     assert sorted(snapshot.stems()) == sorted(f"20251130T000000-host-{f}-{f:08x}" for f in range(3))
     assert sum(p.rows for p in snapshot.parts()) == total + 3
+    written = ObjectLake(LakeConfig(memory_url))
+    for part in snapshot.parts():  # each part's rows (the COPY's statistics) are its own
+        with written.fs.open(written.path(part.path), "rb") as handle:
+            assert pq.ParquetFile(handle).metadata.num_rows == part.rows
     # another host, no spool of its own, reads the same lake through the URL alone
     other = tmp_path / "other-host"
     other.mkdir()
