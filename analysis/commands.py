@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -21,6 +22,13 @@ if TYPE_CHECKING:
     from tracegym.analysis.gap import GapsDocument
     from tracegym.analysis.gap_selection import Scored, Thresholds
     from tracegym.analysis.pipeline import Analysis
+
+
+class Engine(str, Enum):
+    """What runs a streamed analysis's worker tasks (`analysis.streaming.ENGINES`)."""
+
+    processes = "processes"
+    spark = "spark"
 
 
 def render_gaps(console: Console, document: GapsDocument) -> None:
@@ -217,6 +225,13 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 min=1, help="Processes a streamed analysis checks runs in (default: one per CPU)."
             ),
         ] = None,
+        engine: Annotated[
+            Engine,
+            typer.Option(
+                help="What runs a streamed analysis's workers: local processes, or Spark tasks "
+                "(the spark extra and Java; --workers cores for a local session).",
+            ),
+        ] = Engine.processes,
         home: HomeOption = None,
     ) -> None:
         """Find the capability gaps behind failed runs; writes <home>/gaps.json.
@@ -247,7 +262,8 @@ def register(app: typer.Typer, home_of: Any, fail: Any) -> None:
                 result = run_analysis(
                     target, thresholds=thresholds, where=where, write=store_wide,
                     extra_candidates=hook, progress=lambda stage: status.update(escape(stage)),
-                    workers=workers, **({"max_resident": max_resident} if max_resident else {}),
+                    workers=workers, engine=engine.value,
+                    **({"max_resident": max_resident} if max_resident else {}),
                 )  # fmt: skip
         except JudgeNotStarted as exc:
             fail(f"judge not started: {exc}")

@@ -36,7 +36,13 @@ from tracegym.analysis.gap_selection import (
 from tracegym.analysis.run_archive import RunArchive
 from tracegym.analysis.run_facts import RunFacts
 from tracegym.analysis.runs import BATCH_ROWS, Run, load_runs
-from tracegym.analysis.streaming import MAX_RESIDENT, Detected, count_runs, detect_streamed
+from tracegym.analysis.streaming import (
+    MAX_RESIDENT,
+    Detected,
+    check_engine,
+    count_runs,
+    detect_streamed,
+)
 from tracegym.store.home import Home
 
 
@@ -174,6 +180,7 @@ def analyze(
     batch_rows: int = BATCH_ROWS,
     max_resident: int = MAX_RESIDENT,
     workers: int | None = None,
+    engine: str = "processes",
 ) -> Analysis:
     """Analyse the runs under `home` (or an open `store`) and write `<home>/gaps.json`.
     `extra_candidates`, given the runs, adds candidates (an optional LLM judge's:
@@ -182,9 +189,12 @@ def analyze(
     spends most of its time loading and running the embedding model). `batch_rows`: span rows
     fetched from the store at a time while loading (`runs.iter_runs`); results do not depend
     on it. `max_resident`: past this many runs the analysis streams (`analysis.streaming`),
-    in `workers` processes (default: one per CPU; the same results as one)."""
+    in `workers` processes (default: one per CPU; the same results as one), or with `engine`
+    "spark" in Spark tasks (the active SparkSession's, else a local one of `workers` cores:
+    `analysis.spark_tasks`)."""
     from tracegym.store.store import Store  # duckdb: only when analysing a home
 
+    check_engine(engine)
     say = progress or (lambda _stage: None)
     t = thresholds or Thresholds()
     chosen = detectors if detectors is not None else default_detector_set()
@@ -199,7 +209,8 @@ def analyze(
         else:
             detected = detect_streamed(store, where, chosen, batch_rows=batch_rows, total=total,
                                        sample=max(1, max_resident), timings=timings, say=say,
-                                       workers=workers or os.cpu_count() or 1)  # fmt: skip
+                                       workers=workers or os.cpu_count() or 1,
+                                       engine=engine)  # fmt: skip
     finally:
         if own:
             store.close()

@@ -16,6 +16,8 @@ facts and findings: flat in the number of runs bar those (docs/scale.md).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import pickle
 import subprocess
@@ -90,27 +92,59 @@ class _Part:
     errors: dict[str, str] = field(default_factory=dict)
 
 
+ENGINES = ("processes", "spark")  # what runs a streamed analysis's worker tasks
+
+
+def check_engine(engine: str) -> None:
+    """Refuse an engine not in ENGINES (before any work)."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}: one of {', '.join(ENGINES)}")
+
+
 def detect_streamed(
     store: Any, where: str, detectors: Sequence[Detector], *, batch_rows: int, total: int,
     sample: int, workers: int, timings: dict[str, float], say: Callable[[str], None],
+    engine: str = "processes",
 ) -> Detected:  # fmt: skip
     """Fit on a sample of `sample` runs, then stream all `total` of them (module docstring).
     With `workers` > 1 both happen in worker processes, so this one never holds the sample:
-    the detectors are fitted in one (two would each hold it), then detect in `workers`."""
+    the detectors are fitted in one (two would each hold it), then detect in `workers`. With
+    `engine` "spark" the same tasks are Spark tasks (`analysis.spark_tasks`), as many as the
+    session runs at once, `workers` cores for a local session."""
+    check_engine(engine)
+    with contextlib.ExitStack() as stack:
+        if engine == "spark":
+            from tracegym.analysis import spark_tasks
+
+            session = stack.enter_context(spark_tasks.spark_session(workers))
+            launch: Launcher = functools.partial(_on_spark, session)
+            workers, where_ = spark_tasks.parallelism(session), "Spark task"
+        else:
+            launch, where_ = _in_processes, "process"
+        return _detect_streamed(store, where, detectors, batch_rows, total, sample, workers,
+                                timings, say, launch, where_, remote=engine == "spark")  # fmt: skip
+
+
+def _detect_streamed(
+    store: Any, where: str, detectors: Sequence[Detector], batch_rows: int, total: int,
+    sample: int, workers: int, timings: dict[str, float], say: Callable[[str], None],
+    launch: Launcher, engine: str, remote: bool,
+) -> Detected:  # fmt: skip
     lake = getattr(store, "lake", None)  # an object lake the store was opened on, if any
     home = (str(store.home), lake.config.url if lake else None)  # what a worker opens
     parts = max(1, -(-total // RUNS_PER_PARTITION))
     workers = max(1, min(workers, parts))
+    ship = (remote or workers > 1) and _portable(detectors)
     with tempfile.TemporaryDirectory(prefix="tracegym-runs-") as folder:
         say(f"{total} runs: fitting the detectors on a sample of {sample}")
         clock = time.perf_counter()
         fitted = None
         sampled = sample_filter(where, sample)
-        shipped = _pickled(list(detectors)) if workers > 1 and _portable(detectors) else None
+        shipped = _pickled(list(detectors)) if ship else None
         if shipped is not None:  # one process: two would each hold the sample
             task = ("fit", (home, sampled, shipped, batch_rows))
             size = count_runs(store, sampled)
-            fitted = _or_none(_in_processes(folder, "fit", [task], size, lambda r: r[1]), say)
+            fitted = _or_none(_tasks(launch, folder, "fit", [task], size, lambda r: r[1]), say)
         if fitted is not None:
             [(detection, fitted_on)] = fitted
         else:
@@ -120,13 +154,14 @@ def detect_streamed(
         clock = time.perf_counter()
         paths = [os.path.join(folder, f"part-{w}") for w in range(workers)]
         done: list[_Part] | None = None
-        detecting = _pickled(detection) if workers > 1 and _portable(detectors) else None
+        detecting = _pickled(detection) if ship else None
         if detecting is not None:
-            say(f"streaming {total} runs through the detectors in {workers} processes")
+            said = f"{workers} {engine}" + ("es" if engine.endswith("s") else "s") * (workers > 1)
+            say(f"streaming {total} runs through the detectors in {said}")
             tasks = [("detect", (home, where, detecting, range(w, parts, workers), parts,
                                  batch_rows, paths[w])) for w in range(workers)]  # fmt: skip
-            done = _or_none(_in_processes(folder, "detect", tasks, total,
-                                          lambda part: len(part.facts)), say)  # fmt: skip
+            done = _or_none(_tasks(launch, folder, "detect", tasks, total,
+                                   lambda part: len(part.facts)), say)  # fmt: skip
         if done is None:
             say(f"streaming {total} runs through the detectors")
             done = [_detect_parts(store, where, detection, range(parts), parts, batch_rows,
@@ -216,34 +251,27 @@ def _detect_parts(store: Any, where: str, detection: Detection, parts: Iterable[
 Task = tuple[str, tuple[Any, ...]]  # (kind, arguments): what `run_task` does in a worker
 
 
-def _in_processes(folder: str, kind: str, tasks: Sequence[Task], expected: int,
-                  runs_of: Callable[[Any], int]) -> Callable[[], list[Any]]:  # fmt: skip
-    """Work for one worker process per task, as a call that starts them, waits for all and
-    returns their results in task order (`WorkerFailed` where one failed, or where they read
-    another number of runs, `runs_of` each result, than `expected`). Workers are fresh
-    interpreters (`python -m tracegym.analysis.stream_worker`): not forks of this one, which
-    holds DuckDB's threads, and not multiprocessing's spawn, which runs the caller's own script
-    again where it has no main guard. Tasks and results pass through files in `folder`."""
+Launcher = Callable[[str, Sequence[str]], None]  # runs task files (`run_task`), or raises
+
+
+def _tasks(launch: Launcher, folder: str, kind: str, tasks: Sequence[Task], expected: int,
+           runs_of: Callable[[Any], int]) -> Callable[[], list[Any]]:  # fmt: skip
+    """Work for one worker per task, as a call that writes the task files into `folder`, has
+    `launch` run them all, and returns their results in task order (`WorkerFailed` where one
+    failed, left no result, or where they read another number of runs, `runs_of` each result,
+    than `expected`)."""
 
     def run() -> list[Any]:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        started = []
-        for n, task in enumerate(tasks):
-            path = os.path.join(folder, f"{kind}-{n}")
+        paths = [os.path.join(folder, f"{kind}-{n}") for n in range(len(tasks))]
+        for path, task in zip(paths, tasks, strict=True):
             with open(f"{path}.task", "wb") as out:
                 pickle.dump(task, out, protocol=pickle.HIGHEST_PROTOCOL)
-            started.append((path, subprocess.Popen(
-                [sys.executable, "-m", "tracegym.analysis.stream_worker", f"{path}.task"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            )))  # fmt: skip
-        stderr = [process.communicate()[1] for _, process in started]  # every one ends first
-        for (_, process), errors in zip(started, stderr, strict=True):
-            if process.returncode:
-                tail = errors.decode(errors="replace").strip().splitlines()[-3:]
-                raise WorkerFailed(f"a {kind} worker failed (exit {process.returncode}): "
-                                   + " | ".join(tail))  # fmt: skip
+        launch(kind, [f"{path}.task" for path in paths])
         results = []
-        for path, _ in started:
+        for path in paths:
+            if not os.path.exists(f"{path}.result"):
+                raise WorkerFailed(f"a {kind} worker left no result in {folder} (a folder "
+                                   "the workers cannot reach?)")  # fmt: skip
             with open(f"{path}.result", "rb") as result:
                 results.append(pickle.load(result))  # written by our own worker, just now
         read = sum(runs_of(result) for result in results)
@@ -252,6 +280,35 @@ def _in_processes(folder: str, kind: str, tasks: Sequence[Task], expected: int,
         return results
 
     return run
+
+
+def _in_processes(kind: str, task_paths: Sequence[str]) -> None:
+    """Run each task file in a worker process of its own, all at once, and wait for every
+    one. Workers are fresh interpreters (`python -m tracegym.analysis.stream_worker`): not
+    forks of this one, which holds DuckDB's threads, and not multiprocessing's spawn, which
+    runs the caller's own script again where it has no main guard."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    command = [sys.executable, "-m", "tracegym.analysis.stream_worker"]
+    quiet, piped = subprocess.DEVNULL, subprocess.PIPE
+    started = [subprocess.Popen([*command, p], env=env, stdout=quiet, stderr=piped)
+               for p in task_paths]  # fmt: skip
+    stderr = [process.communicate()[1] for process in started]  # every one ends first
+    for process, errors in zip(started, stderr, strict=True):
+        if process.returncode:
+            tail = errors.decode(errors="replace").strip().splitlines()[-3:]
+            raise WorkerFailed(f"a {kind} worker failed (exit {process.returncode}): "
+                               + " | ".join(tail))  # fmt: skip
+
+
+def _on_spark(session: Any, kind: str, task_paths: Sequence[str]) -> None:
+    """Run each task file as a Spark task (`spark_tasks.run_tasks`)."""
+    from tracegym.analysis import spark_tasks
+
+    try:
+        spark_tasks.run_tasks(session, task_paths)
+    except Exception as exc:  # Py4J's and Spark's errors alike: the work is redone here
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise WorkerFailed(f"a {kind} task failed on Spark: {lines[0][:300]}") from exc
 
 
 WorkerStore = tuple[str, str | None]  # a worker's store: the home, and its object lake's URL if any

@@ -13,7 +13,8 @@ absent). Per size this prints:
   views) against raw DuckDB over the same Parquet files, best of 5.
 
     nice -n 15 .venv/bin/python benchmarks/scale.py [--sizes 1000,10000,100000] \
-        [--max-resident N] [--workers N] [--phases cold,warm] [--no-query] [--s3]
+        [--max-resident N] [--workers N] [--engine processes|spark] [--phases cold,warm] \
+        [--no-query] [--s3]
 
 With `--s3`, each size is measured again on a home whose lake is on a moto S3 server on
 127.0.0.1 (the object lake: compaction by commits, analysis reading the lake's URL, the query
@@ -364,6 +365,12 @@ def main() -> None:
         default=0,
         help="processes a streamed analysis detects in (0: one per CPU)",
     )
+    parser.add_argument(
+        "--engine",
+        default="",
+        help="what runs a streamed analysis's workers: processes (analyze's default) or spark "
+        "(a local[--workers] session)",
+    )
     parser.add_argument("--phases", default="cold,warm", help="cold (no embedding cache), warm")
     parser.add_argument("--no-query", action="store_true", help="skip the query timing")
     parser.add_argument(
@@ -372,8 +379,8 @@ def main() -> None:
         help="per size, the same again on a home whose lake is on a moto S3 server (loopback)",
     )
     args = parser.parse_args()
-    options = {k: v for k, v in (("max_resident", args.max_resident),
-                                 ("workers", args.workers)) if v}  # fmt: skip
+    options = {k: v for k, v in (("max_resident", args.max_resident), ("workers", args.workers),
+                                 ("engine", args.engine)) if v}  # fmt: skip
     phases = [p for p in args.phases.split(",") if p]
     print(f"load averages {os.getloadavg()}, {os.cpu_count()} CPUs", flush=True)
     server = start_s3() if args.s3 else None

@@ -108,6 +108,8 @@ def test_analyze_streams_past_max_resident_and_says_what_it_fitted_on(demo_home:
     assert sampled == runs  # every run read, outcomes counted alike
     bad = CliRunner().invoke(app, [*args, "--max-resident", "0"])
     assert bad.exit_code == 2
+    unknown = CliRunner().invoke(app, [*args, "--engine", "ray"])
+    assert unknown.exit_code == 2 and "processes" in unknown.output and "spark" in unknown.output
 
 
 def test_attribute_contract_on_agentrx(tmp_path: Path):

@@ -271,3 +271,8 @@ def test_a_filtered_analysis_streams_its_runs_only(planted: Path, monkeypatch: p
     assert document["runs"].pop("fitted_on") == len(sample)
     assert document == _document(reference)
     streamed.runs.close()
+
+
+def test_an_unknown_engine_is_refused_before_any_work(planted: Path):
+    with pytest.raises(ValueError, match="unknown engine 'ray': one of processes, spark"):
+        analyze(planted, embedder=HashEmbedder(planted / "cache"), write=False, engine="ray")
