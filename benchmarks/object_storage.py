@@ -54,10 +54,9 @@ def start_moto() -> tuple[subprocess.Popen, str]:
     raise SystemExit("moto_server did not start")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spans", type=int, default=200_000)
-    args = parser.parse_args()
+def start_s3(bucket: str) -> subprocess.Popen:
+    """`start_moto`, with `bucket` created on it and the environment pointing s3fs (and every
+    process started after) at it."""
     server, endpoint = start_moto()
     os.environ.update(
         AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
@@ -65,7 +64,15 @@ def main() -> None:
     )  # fmt: skip
     import s3fs
 
-    s3fs.S3FileSystem(skip_instance_cache=True).call_s3("create_bucket", Bucket="tracegym-bench")
+    s3fs.S3FileSystem(skip_instance_cache=True).call_s3("create_bucket", Bucket=bucket)
+    return server
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spans", type=int, default=200_000)
+    args = parser.parse_args()
+    server = start_s3("tracegym-bench")
     url = "s3://tracegym-bench/lake"
     try:
         with tempfile.TemporaryDirectory() as tmp:

@@ -330,22 +330,6 @@ def analyze_and_query(
           f"ratio {ours / base:.2f}", flush=True)  # fmt: skip
 
 
-def start_s3() -> subprocess.Popen:
-    """A moto S3 server on 127.0.0.1 (object_storage.py's) with the bucket `tracegym-scale`; the
-    environment points s3fs, and every analysing process started after, at it."""
-    from object_storage import start_moto
-
-    server, endpoint = start_moto()
-    os.environ.update(
-        AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-        AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
-    )  # fmt: skip
-    import s3fs
-
-    s3fs.S3FileSystem(skip_instance_cache=True).call_s3("create_bucket", Bucket="tracegym-scale")
-    return server
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000")
@@ -383,7 +367,11 @@ def main() -> None:
                                  ("engine", args.engine)) if v}  # fmt: skip
     phases = [p for p in args.phases.split(",") if p]
     print(f"load averages {os.getloadavg()}, {os.cpu_count()} CPUs", flush=True)
-    server = start_s3() if args.s3 else None
+    server = None
+    if args.s3:  # a moto S3 server on 127.0.0.1, the bucket made, the environment set
+        from object_storage import start_s3
+
+        server = start_s3("tracegym-scale")
     try:
         for size in (int(s) for s in args.sizes.split(",")):
             for how in (measure, measure_s3) if server else (measure,):
