@@ -7,8 +7,9 @@ them, one at a time, keeping of each its findings, its facts (`run_facts.RunFact
 scoring, clustering and describing gaps need) and a compressed copy on disk
 (`run_archive.RunArchive`). The lake is read in partitions of about RUNS_PER_PARTITION runs (by
 a hash of the trace id: DuckDB then orders one partition's spans at a time, not the lake's);
-with `workers` > 1, by as many processes, each with the fitted detectors. Results are put back
-in the runs' order: the same findings and facts however the work was split.
+with `workers` > 1, by as many processes, each with the fitted detectors, or by Spark tasks
+(`engine="spark"`, `analysis.spark_tasks`). Results are put back in the runs' order: the same
+findings and facts however the work was split.
 
 Memory is then the sample while fitting, a batch of rows and a run while streaming, and the
 facts and findings: flat in the number of runs bar those (docs/scale.md).
@@ -92,6 +93,7 @@ class _Part:
     errors: dict[str, str] = field(default_factory=dict)
 
 
+Launcher = Callable[[str, Sequence[str]], None]  # runs task files (`run_task`), or raises
 ENGINES = ("processes", "spark")  # what runs a streamed analysis's worker tasks
 
 
@@ -117,24 +119,37 @@ def detect_streamed(
             from tracegym.analysis import spark_tasks
 
             session = stack.enter_context(spark_tasks.spark_session(workers))
-            launch: Launcher = functools.partial(_on_spark, session)
-            workers, where_ = spark_tasks.parallelism(session), "Spark task"
+            launch = functools.partial(_on_spark, session)
+            pool = _Workers(launch, spark_tasks.parallelism(session), "Spark task", always=True)
         else:
-            launch, where_ = _in_processes, "process"
-        return _detect_streamed(store, where, detectors, batch_rows, total, sample, workers,
-                                timings, say, launch, where_, remote=engine == "spark")  # fmt: skip
+            pool = _Workers(_in_processes, workers, "process")
+        return _detect_streamed(store, where, detectors, batch_rows, total, sample, pool,
+                                timings, say)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Workers:
+    """What runs a streamed analysis's worker tasks: `launch` runs task files, `size` at once;
+    `always`: ship the work even to one of them (a Spark executor is not this process)."""
+
+    launch: Launcher
+    size: int
+    called: str  # what one is called: "process", "Spark task"
+    always: bool = False
+
+    def count(self, n: int) -> str:
+        return f"{n} {self.called}" + ("" if n == 1 else "es" if self.called.endswith("s") else "s")
 
 
 def _detect_streamed(
     store: Any, where: str, detectors: Sequence[Detector], batch_rows: int, total: int,
-    sample: int, workers: int, timings: dict[str, float], say: Callable[[str], None],
-    launch: Launcher, engine: str, remote: bool,
+    sample: int, pool: _Workers, timings: dict[str, float], say: Callable[[str], None],
 ) -> Detected:  # fmt: skip
     lake = getattr(store, "lake", None)  # an object lake the store was opened on, if any
     home = (str(store.home), lake.config.url if lake else None)  # what a worker opens
     parts = max(1, -(-total // RUNS_PER_PARTITION))
-    workers = max(1, min(workers, parts))
-    ship = (remote or workers > 1) and _portable(detectors)
+    workers = max(1, min(pool.size, parts))
+    ship = (pool.always or workers > 1) and _portable(detectors)
     with tempfile.TemporaryDirectory(prefix="tracegym-runs-") as folder:
         say(f"{total} runs: fitting the detectors on a sample of {sample}")
         clock = time.perf_counter()
@@ -144,7 +159,8 @@ def _detect_streamed(
         if shipped is not None:  # one process: two would each hold the sample
             task = ("fit", (home, sampled, shipped, batch_rows))
             size = count_runs(store, sampled)
-            fitted = _or_none(_tasks(launch, folder, "fit", [task], size, lambda r: r[1]), say)
+            fitted = _or_none(_tasks(pool.launch, folder, "fit", [task], size, lambda r: r[1]),
+                              say)  # fmt: skip
         if fitted is not None:
             [(detection, fitted_on)] = fitted
         else:
@@ -156,11 +172,10 @@ def _detect_streamed(
         done: list[_Part] | None = None
         detecting = _pickled(detection) if ship else None
         if detecting is not None:
-            said = f"{workers} {engine}" + ("es" if engine.endswith("s") else "s") * (workers > 1)
-            say(f"streaming {total} runs through the detectors in {said}")
+            say(f"streaming {total} runs through the detectors in {pool.count(workers)}")
             tasks = [("detect", (home, where, detecting, range(w, parts, workers), parts,
                                  batch_rows, paths[w])) for w in range(workers)]  # fmt: skip
-            done = _or_none(_tasks(launch, folder, "detect", tasks, total,
+            done = _or_none(_tasks(pool.launch, folder, "detect", tasks, total,
                                    lambda part: len(part.facts)), say)  # fmt: skip
         if done is None:
             say(f"streaming {total} runs through the detectors")
@@ -249,9 +264,6 @@ def _detect_parts(store: Any, where: str, detection: Detection, parts: Iterable[
 
 
 Task = tuple[str, tuple[Any, ...]]  # (kind, arguments): what `run_task` does in a worker
-
-
-Launcher = Callable[[str, Sequence[str]], None]  # runs task files (`run_task`), or raises
 
 
 def _tasks(launch: Launcher, folder: str, kind: str, tasks: Sequence[Task], expected: int,
