@@ -183,7 +183,9 @@ def stage_batch(con: duckdb.DuckDBPyConnection, staging: Path, paths: list[Path]
     parts, bad_lines = [], 0
     for part in sorted(staging.rglob("*.parquet")):
         table, day, source = part.relative_to(staging).parts[:3]  # _table=, day=, _src=
-        count = rows.get(part.resolve(), 0)
+        count = rows.get(part.resolve())
+        if count is None:  # never seen: fail loudly, the spool files stay where they are
+            raise RuntimeError(f"compaction: DuckDB gave no statistics for the part {part}")
         if table == f"_table={BAD_TABLE}":
             bad_lines += count
             part.unlink()
