@@ -30,7 +30,13 @@ from pathlib import Path
 import duckdb
 from tracegym.store.home import LAKE_DIR as LAKE_DIR
 from tracegym.store.home import Home
-from tracegym.store.schema import BAD_TABLE, compaction_source, row_select
+from tracegym.store.schema import (
+    BAD_TABLE,
+    FAST_LINE_BYTES,
+    MAX_LINE_BYTES,
+    compaction_source,
+    row_select,
+)
 from tracegym.tracer.spool_files import is_complete
 
 SPANS_DIR = "spans"
@@ -172,13 +178,14 @@ def stage_batch(con: duckdb.DuckDBPyConnection, staging: Path, paths: list[Path]
     nonempty = [str(p) for p in paths if p.stat().st_size]
     if not nonempty:
         return StagedBatch([], 0, 0)
-    select = row_select(compaction_source("$paths"), with_source=True, route_bad=True)
-    written = con.execute(
-        f"COPY ({select}) TO '{_sql_path(staging)}' "
-        "(FORMAT parquet, PARTITION_BY (_table, day, _src), OVERWRITE_OR_IGNORE true, "
-        "COMPRESSION zstd, RETURN_STATS true)",
-        {"paths": nonempty},
-    ).fetchall()
+    try:
+        written = _copy(con, staging, nonempty, FAST_LINE_BYTES)
+    except duckdb.InvalidInputException as exc:
+        if "maximum_object_size" not in str(exc):
+            raise
+        shutil.rmtree(staging)  # a longer line: read again, with larger buffers
+        staging.mkdir()
+        written = _copy(con, staging, nonempty, MAX_LINE_BYTES)
     rows = {Path(name).resolve(): int(count) for name, count, *_ in written}
     parts, bad_lines = [], 0
     for part in sorted(staging.rglob("*.parquet")):
@@ -194,6 +201,20 @@ def stage_batch(con: duckdb.DuckDBPyConnection, staging: Path, paths: list[Path]
         parts.append(StagedPart(part, table.split("=", 1)[1], day, source.split("=", 1)[1],
                                 index, count))  # fmt: skip
     return StagedBatch(parts, sum(p.rows for p in parts), bad_lines)
+
+
+def _copy(
+    con: duckdb.DuckDBPyConnection, staging: Path, paths: list[str], max_line_bytes: int
+) -> list[tuple]:
+    """The COPY of `paths` into `staging`, partitioned; its statistics, a row per part."""
+    select = row_select(compaction_source("$paths", max_line_bytes), with_source=True,
+                        route_bad=True)  # fmt: skip
+    return con.execute(
+        f"COPY ({select}) TO '{_sql_path(staging)}' "
+        "(FORMAT parquet, PARTITION_BY (_table, day, _src), OVERWRITE_OR_IGNORE true, "
+        "COMPRESSION zstd, RETURN_STATS true)",
+        {"paths": paths},
+    ).fetchall()
 
 
 def compact_batch(

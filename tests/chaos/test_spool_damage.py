@@ -190,3 +190,29 @@ def test_blank_lines_are_not_counted_and_a_bad_lines_values_are_never_computed(
     assert lake_files and not [p for p in lake_files if "_bad" in p or "NULL" in p]
     rows = Store(tmp_path).fetch("SELECT trace_id, span_id FROM spans ORDER BY span_id").rows
     assert sorted(rows) == sorted(ids(good))
+
+
+def test_a_line_longer_than_the_fast_buffers_is_read_again_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compaction reads with small buffers first (DuckDB reads each buffer in a thread); a line
+    longer than they hold is an error there, and the batch is read again with the largest."""
+    from tracegym.store import lake
+
+    monkeypatch.setattr(lake, "FAST_LINE_BYTES", 1 << 20)  # DuckDB's floor is 16 MB
+    monkeypatch.setattr(lake, "MAX_LINE_BYTES", 64 << 20)
+    small = records("long", 3)
+    big = {**small[1], "attributes": {"gen_ai.tool.name": "q", "blob": "x" * (40 << 20)}}
+    directory = spool_dir(tmp_path)
+    directory.mkdir(parents=True)
+    path = directory / "20251130T000000-host-1-00000005.jsonl"
+    path.write_bytes(
+        encode_records(small[:1]) + json.dumps(big).encode() + b"\n" + encode_records(small[2:])
+    )
+
+    report = compact(tmp_path)
+
+    assert (report.spans, report.bad_lines) == (3, 0)
+    store = Store(tmp_path)
+    (longest,) = store.fetch("SELECT max(length(attributes)) FROM spans").rows[0]
+    assert longest > 40 << 20
