@@ -37,18 +37,24 @@ def spark_session(cores: int) -> Iterator[Any]:
     # pyspark reads the workers' interpreter from the environment when the context starts
     # (not `spark.pyspark.python`, in local mode), and the JVM it launches passes its
     # PYTHONPATH on to them: both set for that moment only.
+    python = os.environ.get("PYSPARK_PYTHON") or sys.executable  # a user's choice stands
     path = os.pathsep.join(p for p in sys.path if p)
-    with _environment(PYSPARK_PYTHON=sys.executable, PYTHONPATH=path):
-        session = (
-            SparkSession.builder.master(f"local[{max(1, int(cores))}]")
-            .appName("tracegym-analyze")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.task.maxFailures", "1")  # a failed task is redone by the analysis
-            .getOrCreate()
-        )
+    builder = (
+        SparkSession.builder.master(f"local[{max(1, int(cores))}]")
+        .appName("tracegym-analyze")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.task.maxFailures", "1")  # a failed task is redone by the analysis
+    )
+    try:
+        with _environment(PYSPARK_PYTHON=python, PYTHONPATH=path):
+            session = builder.getOrCreate()
+    except Exception as exc:  # no Java, a JVM that would not start: pyspark's own errors
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise RuntimeError(f"could not start a local Spark session ({first}): "
+                           f"{MISSING_SPARK}") from exc  # fmt: skip
     session.sparkContext.setLogLevel("ERROR")
     try:
         yield session

@@ -127,8 +127,8 @@ _FIELDS = [
 # that, so lines up to about twice it parse; a longer one is an error, not a skipped line).
 MAX_LINE_BYTES = 64 << 20
 # Compaction tries this first: a buffer is a unit of DuckDB's parallel read, so with buffers of
-# 128 MB a spool file of 50 MB was read by one thread (and written by one, at 1.5x the time);
-# a batch holding a longer line is read again with MAX_LINE_BYTES (`lake.stage_batch`).
+# 128 MB a spool file of 50 MB is read by one thread (and written by one, at 1.5x the time); a
+# batch holding a longer line is read again with MAX_LINE_BYTES (`lake.stage_batch`).
 FAST_LINE_BYTES = 16 << 20
 
 
@@ -166,9 +166,9 @@ def read_json_source(paths_param: str = "?", *, filename: bool = False) -> str:
 def compaction_source(paths_param: str = "?", max_line_bytes: int = MAX_LINE_BYTES) -> str:
     """Every non-blank line of spool files as a row with `filename` and `_valid`, for a
     compaction that reads the spool once: with `route_bad`, `row_select` sends the lines that
-    are no span to BAD_TABLE, where compaction counts and deletes them (it used to read the
-    whole spool a second time to count its lines). Such a row's values stay in the range of a
-    span's (see `_FIELDS`), so no expression of `row_select` fails on them."""
+    are no span to BAD_TABLE, where compaction counts and deletes them (no second read of the
+    spool to count its lines). Such a row's values stay in the range of a span's (see
+    `_FIELDS`), so no expression of `row_select` fails on them."""
     return spool_lines_source(paths_param, filename=True, max_line_bytes=max_line_bytes)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -89,3 +90,18 @@ def test_a_spark_task_that_fails_is_reported_and_redone_in_process(
     assert sum("working in this process instead" in line for line in said) == 2
     assert result.streamed and len(result.facts) == len(result.runs) > 40
     result.runs.close()
+
+
+def test_a_local_session_that_cannot_start_says_what_it_needs(monkeypatch: pytest.MonkeyPatch):
+    from pyspark.sql import SparkSession
+
+    def no_java(self):
+        raise RuntimeError("[JAVA_GATEWAY_EXITED] Java gateway process exited")
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
+    monkeypatch.setattr(SparkSession.Builder, "getOrCreate", no_java)
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    starting = spark_tasks.spark_session(1)
+    with pytest.raises(RuntimeError, match=r"JAVA_GATEWAY_EXITED.*tracegym\[spark\]"):
+        starting.__enter__()
+    assert "PYSPARK_PYTHON" not in os.environ  # set for the start only, and put back
