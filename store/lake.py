@@ -153,7 +153,7 @@ class StagedPart:
     day: str  # `day=YYYY-MM-DD`, the folder name
     stem: str
     index: str
-    rows: int = 0
+    rows: int
 
     @property
     def name(self) -> str:
@@ -167,8 +167,11 @@ class StagedBatch:
     no span (garbage, a cut line, a wrong type: counted, not kept) it read."""
 
     parts: list[StagedPart]
-    spans: int
     bad_lines: int
+
+    @property
+    def spans(self) -> int:
+        return sum(p.rows for p in self.parts)
 
 
 def stage_batch(con: duckdb.DuckDBPyConnection, staging: Path, paths: list[Path]) -> StagedBatch:
@@ -177,7 +180,7 @@ def stage_batch(con: duckdb.DuckDBPyConnection, staging: Path, paths: list[Path]
     the COPY's statistics and deleted. Used by this lake and the object lake."""
     nonempty = [str(p) for p in paths if p.stat().st_size]
     if not nonempty:
-        return StagedBatch([], 0, 0)
+        return StagedBatch([], 0)
     try:
         written = _copy(con, staging, nonempty, FAST_LINE_BYTES)
     except duckdb.InvalidInputException as exc:
@@ -200,7 +203,7 @@ def stage_batch(con: duckdb.DuckDBPyConnection, staging: Path, paths: list[Path]
         index = part.stem.rsplit("_", 1)[-1]  # data_<i>
         parts.append(StagedPart(part, table.split("=", 1)[1], day, source.split("=", 1)[1],
                                 index, count))  # fmt: skip
-    return StagedBatch(parts, sum(p.rows for p in parts), bad_lines)
+    return StagedBatch(parts, bad_lines)
 
 
 def _copy(
